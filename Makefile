@@ -1,0 +1,49 @@
+# The targets are the documentation of how to work on jobrun.
+# Every target bootstraps .venv from python3 when it is missing.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+GENERATED := jobrun/postgres/sqlc
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+.PHONY: venv
+venv: $(STAMP) ## create .venv with jobrun (editable) and the dev tools
+
+.PHONY: generate
+generate: $(STAMP) ## regenerate jobrun/postgres/sqlc from db/query and db/migrations
+	rm -rf $(GENERATED)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/sqlc generate
+	$(PY) tools/check_sqlc_schema.py
+
+.PHONY: check
+check: $(STAMP) ## ruff, mypy strict, and the generated code is fresh
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) tools/check_generated.py
+
+.PHONY: fmt
+fmt: $(STAMP) ## format and auto-fix
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+.PHONY: test
+test: $(STAMP) ## the whole test suite against a real PostgreSQL it starts itself
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: clean
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist build

@@ -1,0 +1,113 @@
+"""The jobrun error tree.
+
+Every error jobrun raises on purpose derives from :class:`JobrunError`, and
+carries its context as attributes rather than only in the message::
+
+    JobrunError
+    ├── ValidationError        bad input, raised before anything is written
+    ├── NotFound               no job (or schedule) with that id
+    ├── InvalidState           the operation does not apply to the job's current state
+    ├── IdempotencyConflict    the key is taken by a job with a different body
+    ├── LeaseLost              the caller no longer holds the job's lease (the fence)
+    ├── CommitRefused          a commit callable ended the transaction it was given
+    └── DatabaseError          the database could not do it
+        ├── TransientError     connection lost, server shutting down, read-only, pool timeout:
+        │                      retry later, nothing was decided
+        └── OutcomeUnknown     the connection died during COMMIT: the change may or may not
+                               have landed; retry with the same idempotency key
+
+``ValidationError`` is also a ``ValueError`` so that callers who treat bad
+arguments generically still catch it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+
+class JobrunError(Exception):
+    """Base class of every error jobrun raises on purpose."""
+
+
+class ValidationError(JobrunError, ValueError):
+    """Bad input: nothing was written, no event, no notification."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class NotFound(JobrunError):
+    """No job or schedule with that id exists (any more)."""
+
+    def __init__(self, what: str, ident: object) -> None:
+        super().__init__(f"{what} {ident} not found")
+        self.what = what
+        self.ident = ident
+
+
+class InvalidState(JobrunError):
+    """The operation does not apply to the job in its current state (retry of a leased job)."""
+
+    def __init__(self, job_id: uuid.UUID, state: str, operation: str) -> None:
+        super().__init__(f"cannot {operation} job {job_id}: it is {state}")
+        self.job_id = job_id
+        self.state = state
+        self.operation = operation
+
+
+class IdempotencyConflict(JobrunError):
+    """The (queue, idempotency key) pair is held by a job with a different body."""
+
+    def __init__(self, queue: str, key: str, existing_id: uuid.UUID | None = None) -> None:
+        super().__init__(
+            f"idempotency key {key!r} in queue {queue!r} is already used by "
+            f"job {existing_id} with a different body"
+            if existing_id
+            else f"idempotency key {key!r} in queue {queue!r} is already used with a different body"
+        )
+        self.queue = queue
+        self.key = key
+        self.existing_id = existing_id
+
+
+class LeaseLost(JobrunError):
+    """The caller's lease (owner + token) no longer holds: another owner or the reaper has the job.
+
+    Nothing was changed; on the transactional path the commit callable's writes
+    were rolled back with everything else.
+    """
+
+    def __init__(self, job_id: uuid.UUID) -> None:
+        super().__init__(f"lease of job {job_id} was lost")
+        self.job_id = job_id
+
+
+class CommitRefused(JobrunError):
+    """A commit callable committed or rolled back the connection it was lent.
+
+    The callable must only run statements: Complete owns the transaction, so
+    that the effect row, the callable's writes and the job's new state land
+    together or not at all.
+    """
+
+
+class DatabaseError(JobrunError):
+    """The database could not complete the operation."""
+
+
+class TransientError(DatabaseError):
+    """A connection fault (lost connection, shutdown, read-only server, pool timeout).
+
+    Nothing was decided; the same call may succeed later.
+    """
+
+
+class OutcomeUnknown(DatabaseError):
+    """The connection was lost while COMMIT was in flight.
+
+    The transaction may or may not have committed. Retrying is safe: enqueue is
+    deduplicated by its idempotency key and the effect ledger never runs a
+    commit callable twice.
+    """

@@ -1,0 +1,342 @@
+"""The job domain: value objects with no I/O.
+
+A job moves through these states (a claim burns one attempt)::
+
+               enqueue                claim (attempts += 1)
+    (new) ───────────────▶ queued ─────────────────────────▶ leased
+                             ▲  ▲                              │
+              retry (admin)  │  └── fail / reap: attempts left ─┤
+                             │                                 ├── complete ──────────▶ succeeded
+    succeeded/dead/cancelled ┘                                 ├── fail / reap, none left ─▶ dead
+                                                               └── cancel requested ──▶ cancelled
+
+``cancel`` on a queued job ends it ``cancelled`` at once; on a leased job it
+only sets ``cancel_requested``, and whichever of complete, fail or the reaper
+comes next ends the job ``cancelled`` (cancel wins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import math
+import random
+import uuid
+from collections.abc import Mapping
+from typing import Any, Literal, TypeAlias
+
+import uuid6
+
+from jobrun.job import validate
+from jobrun.job.errors import ValidationError
+
+JSONValue: TypeAlias = Any
+"""A value that serialises to JSON (dict, list, str, int, float, bool, None)."""
+
+
+class State(enum.StrEnum):
+    """Where a job is in its life; the values are the Postgres ``job_state`` labels."""
+
+    QUEUED = "queued"
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """A terminal job never runs again unless an operator retries it."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({State.SUCCEEDED, State.DEAD, State.CANCELLED})
+TERMINAL_STATES: frozenset[State] = _TERMINAL
+
+
+BackoffKind: TypeAlias = Literal["exponential", "linear", "constant"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Backoff:
+    """How long to wait before the next attempt of a failed job.
+
+    The policy travels with the job (stored in its row), so a job enqueued
+    under one policy keeps it whatever the worker that fails it is configured
+    with. Delay for the attempt that just failed (1-based)::
+
+        exponential: base * factor ** (attempt - 1)
+        linear:      base * attempt
+        constant:    base
+
+    capped at ``max_delay``, then spread by ``jitter`` (a fraction: 0.1 means
+    the delay is drawn uniformly from [0.9 d, 1.1 d]) so that jobs that failed
+    together do not all come back together.
+    """
+
+    kind: BackoffKind = "exponential"
+    base: float = 1.0
+    """Seconds."""
+    factor: float = 2.0
+    max_delay: float = 3600.0
+    """Seconds."""
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("exponential", "linear", "constant"):
+            raise ValidationError(
+                "backoff.kind", f"must be exponential, linear or constant, not {self.kind!r}"
+            )
+        for name in ("base", "factor", "max_delay", "jitter"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise ValidationError(f"backoff.{name}", f"must be a finite number, not {value!r}")
+            if value < 0:
+                raise ValidationError(f"backoff.{name}", f"must not be negative, not {value!r}")
+        if self.factor < 1:
+            raise ValidationError("backoff.factor", "must be at least 1")
+        if self.jitter > 1:
+            raise ValidationError("backoff.jitter", "must be a fraction between 0 and 1")
+        if self.max_delay > validate.MAX_DELAY_SECONDS:
+            raise ValidationError(
+                "backoff.max_delay", f"must be at most {validate.MAX_DELAY_SECONDS} s"
+            )
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> dt.timedelta:
+        """The wait before retrying after failed attempt number ``attempt`` (1-based)."""
+        attempt = max(attempt, 1)
+        if self.kind == "exponential":
+            # Cap the exponent before computing it: factor ** 10_000 overflows.
+            exponent = min(attempt - 1, 1024)
+            try:
+                seconds = self.base * self.factor**exponent
+            except OverflowError:
+                seconds = self.max_delay
+        elif self.kind == "linear":
+            seconds = self.base * attempt
+        else:
+            seconds = self.base
+        seconds = min(seconds, self.max_delay)
+        if self.jitter:
+            spread = seconds * self.jitter
+            seconds += (rng or random).uniform(-spread, spread)
+        return dt.timedelta(seconds=max(seconds, 0.0))
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form (the ``backoff`` jsonb column)."""
+        return {
+            "kind": self.kind,
+            "base": float(self.base),
+            "factor": float(self.factor),
+            "max_delay": float(self.max_delay),
+            "jitter": float(self.jitter),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Backoff:
+        """Rebuild a policy from its stored form; unknown keys are a ValidationError."""
+        if not isinstance(data, Mapping):
+            raise ValidationError("backoff", f"must be an object, not {type(data).__name__}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - fields
+        if unknown:
+            raise ValidationError("backoff", f"unknown keys {sorted(unknown)}")
+        return cls(**data)
+
+
+DEFAULT_BACKOFF = Backoff()
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 25
+DEFAULT_PRIORITY = 0
+
+
+def new_job_id() -> uuid.UUID:
+    """A time-ordered UUIDv7, so ids sort roughly by creation and index inserts stay local."""
+    return uuid.UUID(int=uuid6.uuid7().int)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NewJob:
+    """A job to enqueue: everything the client decides. Validated on construction.
+
+    ``run_at`` (an aware datetime) and ``delay`` are mutually exclusive; with
+    neither, the job runs as soon as a worker is free. ``delay`` counts from
+    the database clock at insert time, not from this host's clock.
+    """
+
+    type: str
+    payload: JSONValue = dataclasses.field(default_factory=dict)
+    queue: str = DEFAULT_QUEUE
+    priority: int = DEFAULT_PRIORITY
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff: Backoff = DEFAULT_BACKOFF
+    run_at: dt.datetime | None = None
+    delay: dt.timedelta | None = None
+    idempotency_key: str | None = None
+    id: uuid.UUID = dataclasses.field(default_factory=new_job_id)
+
+    def __post_init__(self) -> None:
+        validate.job_type(self.type)
+        validate.queue_name(self.queue)
+        validate.priority(self.priority)
+        validate.max_attempts(self.max_attempts)
+        if not isinstance(self.backoff, Backoff):
+            raise ValidationError("backoff", "must be a jobrun.Backoff")
+        if self.run_at is not None and self.delay is not None:
+            raise ValidationError("run_at", "give run_at or delay, not both")
+        if self.run_at is not None:
+            validate.aware_datetime("run_at", self.run_at)
+        if self.delay is not None:
+            validate.delay(self.delay)
+        if self.idempotency_key is not None:
+            validate.idempotency_key(self.idempotency_key)
+        if not isinstance(self.id, uuid.UUID):
+            raise ValidationError("id", "must be a uuid.UUID")
+        # Normalise (tuples become lists) and check the payload once, here,
+        # so that nothing downstream can meet a payload jsonb would refuse.
+        object.__setattr__(self, "payload", validate.payload(self.payload))
+
+    @property
+    def delay_seconds(self) -> float:
+        """The delay as seconds for SQL (0 when none)."""
+        return self.delay.total_seconds() if self.delay is not None else 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A stored job as the database last returned it. Timestamps are aware UTC."""
+
+    id: uuid.UUID
+    queue: str
+    type: str
+    payload: JSONValue
+    priority: int
+    state: State
+    attempts: int
+    max_attempts: int
+    backoff: Backoff
+    run_at: dt.datetime
+    lease_owner: str | None
+    lease_token: uuid.UUID | None
+    lease_expires_at: dt.datetime | None
+    cancel_requested: bool
+    idempotency_key: str | None
+    last_error: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+    @property
+    def attempts_left(self) -> int:
+        """Attempts that may still be made after the current one."""
+        return max(self.max_attempts - self.attempts, 0)
+
+
+class EventKind(enum.StrEnum):
+    """What a ``job_events`` row records."""
+
+    ENQUEUED = "enqueued"
+    CLAIMED = "claimed"
+    SUCCEEDED = "succeeded"
+    RETRYING = "retrying"
+    """An attempt failed and the job is queued again for a later attempt."""
+    DEAD = "dead"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLED = "cancelled"
+    RETRIED = "retried"
+    """An operator made a job runnable again."""
+    REAPED = "reaped"
+    """The lease expired; ``detail.verdict`` is the state the reaper chose."""
+
+    @property
+    def terminal(self) -> bool:
+        return self in (EventKind.SUCCEEDED, EventKind.DEAD, EventKind.CANCELLED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One row of a job's audit trail."""
+
+    id: int
+    job_id: uuid.UUID
+    kind: EventKind
+    attempt: int
+    at: dt.datetime
+    detail: JSONValue
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EffectKey:
+    """The key of a job's effect in the ``processed_effects`` ledger.
+
+    ``("job:" + type, idempotency_key or id)``. The ledger is keyed across
+    queues: two jobs of the same type and idempotency key in different queues
+    share one effect, so only the first to complete runs its commit callable.
+    """
+
+    scope: str
+    key: str
+
+    @classmethod
+    def of(cls, job: Job) -> EffectKey:
+        return cls("job:" + job.type, job.idempotency_key or str(job.id))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """A cron schedule and the template of the job each occurrence enqueues."""
+
+    id: str
+    cron: str
+    timezone: str
+    queue: str
+    type: str
+    payload: JSONValue
+    priority: int
+    max_attempts: int
+    backoff: Backoff
+    next_run_at: dt.datetime
+    paused: bool
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QueueDepth:
+    """Per-queue counts, as ``depth`` reports them."""
+
+    queue: str
+    ready: int
+    """Queued and runnable now."""
+    scheduled: int
+    """Queued with run_at in the future."""
+    leased: int
+    dead: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReapResult:
+    """What one ``reap_expired`` call did, per verdict."""
+
+    requeued: list[uuid.UUID]
+    dead: list[uuid.UUID]
+    cancelled: list[uuid.UUID]
+
+    @property
+    def total(self) -> int:
+        return len(self.requeued) + len(self.dead) + len(self.cancelled)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CompleteManyResult:
+    """The three outcomes of ``complete_many``, as sets of job ids."""
+
+    completed: frozenset[uuid.UUID]
+    cancelled: frozenset[uuid.UUID]
+    """Cancel was requested: the job ended cancelled, not succeeded."""
+    lease_lost: frozenset[uuid.UUID]
+    """The caller no longer held the lease; nothing was changed for these."""

