@@ -94,6 +94,11 @@ def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> None:
         ) from None
 
 
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    # Timestamps come back in UTC whatever the server's or role's TimeZone.
+    conn.execute("SET TIME ZONE 'UTC'")
+
+
 def open_pool(
     conninfo: str,
     *,
@@ -112,8 +117,12 @@ def open_pool(
     full = conninfo_with(conninfo, application_name=application_name)
     ping(conninfo, application_name=application_name)
     max_size = concurrency + RESERVED_CONNECTIONS
+    # Autocommit: a lone statement is its own transaction (one round trip);
+    # Store._with_tx opens explicit transactions where it needs more.
     pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
         full,
+        kwargs={"autocommit": True},
+        configure=_configure,
         min_size=min(min_size if min_size is not None else 4, max_size),
         max_size=max_size,
         timeout=timeout,

@@ -1,0 +1,289 @@
+-- Jobs: enqueue, claim, lease upkeep and the terminal transitions.
+-- Every time is the database clock (now()) or "db now as read by the caller".
+
+-- name: EnqueueJob :one
+-- One statement, one round trip: the insert, its "enqueued" event (when
+-- write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
+-- so no worker can wake before the row is visible; a replay (the key already
+-- taken) inserts nothing, writes no event and notifies nobody.
+WITH ins AS (
+    INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+                      idempotency_key)
+    VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(type), sqlc.arg(payload),
+            sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
+            COALESCE(sqlc.narg(run_at)::timestamptz,
+                     now() + make_interval(secs => sqlc.arg(delay_seconds)::float8)),
+            sqlc.narg(idempotency_key))
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), ev AS (
+    INSERT INTO job_events (job_id, kind, attempt)
+    SELECT ins.id, 'enqueued', 0 FROM ins WHERE sqlc.arg(write_event)::boolean
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, ins.queue) FROM ins WHERE ins.run_at <= now()
+)
+SELECT ins.* FROM ins WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: GetJobByKey :one
+SELECT * FROM jobs WHERE queue = sqlc.arg(queue) AND idempotency_key = sqlc.arg(idempotency_key);
+
+-- name: GetJobsByKeys :many
+SELECT jobs.* FROM jobs
+JOIN (SELECT unnest(sqlc.arg(queues)::text[]) AS queue,
+             unnest(sqlc.arg(idempotency_keys)::text[]) AS idempotency_key) AS k
+  ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key;
+
+-- name: InsertKeyedJobs :many
+-- The keyed part of a batch, in (queue, key) order so that two batches with
+-- overlapping keys take the unique-index locks in the same order (no
+-- deadlock). Returns the ids actually inserted; the others are replays or
+-- conflicts, which the store tells apart by comparing bodies.
+INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+                  idempotency_key)
+SELECT unnest(sqlc.arg(ids)::uuid[]), unnest(sqlc.arg(queues)::text[]),
+       unnest(sqlc.arg(types)::text[]), unnest(sqlc.arg(payloads)::jsonb[]),
+       unnest(sqlc.arg(priorities)::int4[]), unnest(sqlc.arg(max_attempts)::int4[]),
+       unnest(sqlc.arg(backoffs)::jsonb[]), unnest(sqlc.arg(run_ats)::timestamptz[]),
+       unnest(sqlc.arg(idempotency_keys)::text[])
+ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: CopyJobs :copyfrom
+INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: ClaimJobs :many
+-- One statement claims up to max_jobs: queued -> leased, one attempt burned,
+-- a fresh lease token (the fence) per claim, and the "claimed" events when
+-- write_events. LIMIT inside a FOR UPDATE SKIP LOCKED CTE, never IN
+-- (subquery), so a claim can never return more than max_jobs rows.
+WITH next AS (
+    SELECT id FROM jobs
+    WHERE state = 'queued' AND queue = ANY(sqlc.arg(queues)::text[]) AND run_at <= now()
+    ORDER BY priority, run_at, id
+    LIMIT sqlc.arg(max_jobs)
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE jobs
+    SET state = 'leased',
+        attempts = jobs.attempts + 1,
+        lease_owner = sqlc.arg(owner)::text,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => sqlc.arg(ttl_seconds)::float8),
+        updated_at = now()
+    FROM next
+    WHERE jobs.id = next.id
+    RETURNING jobs.*
+), ev AS (
+    INSERT INTO job_events (job_id, kind, attempt)
+    SELECT claimed.id, 'claimed', claimed.attempts FROM claimed
+    WHERE sqlc.arg(write_events)::boolean
+)
+SELECT * FROM claimed;
+
+-- name: HeartbeatJobs :many
+-- Extends only live leases held by this owner and token whose cancel was not
+-- requested; the ids it omits are the jobs the worker must cancel. Rows are
+-- locked in id order, like every multi-row update, so concurrent batches
+-- cannot deadlock.
+WITH lease AS (
+    SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token
+), live AS (
+    SELECT jobs.id FROM jobs JOIN lease ON jobs.id = lease.id AND jobs.lease_token = lease.token
+    WHERE jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
+      AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
+    ORDER BY jobs.id
+    FOR UPDATE OF jobs
+)
+UPDATE jobs SET lease_expires_at = sqlc.arg(until)::timestamptz, updated_at = now()
+FROM live WHERE jobs.id = live.id
+RETURNING jobs.id;
+
+-- name: LockJob :one
+SELECT * FROM jobs WHERE id = sqlc.arg(id) FOR UPDATE;
+
+-- name: InsertEffect :one
+-- The ledger row of the transactional path; no row back means the effect
+-- already committed once, and the commit callable must not run again.
+INSERT INTO processed_effects (scope, key, job_id)
+VALUES (sqlc.arg(scope), sqlc.arg(key), sqlc.arg(job_id))
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING job_id;
+
+-- name: FinishLeasedJob :one
+-- The owner- and token-guarded end of a lease: succeeded, dead or cancelled,
+-- or queued again at run_at. Owner and token are cleared with the lease.
+UPDATE jobs
+SET state = sqlc.arg(state)::job_state,
+    run_at = COALESCE(sqlc.narg(run_at)::timestamptz, run_at),
+    finished_at = CASE WHEN sqlc.arg(state)::job_state = 'queued' THEN NULL ELSE now() END,
+    last_error = COALESCE(sqlc.narg(last_error)::text, last_error),
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE id = sqlc.arg(id) AND state = 'leased'
+  AND lease_owner = sqlc.arg(owner)::text AND lease_token = sqlc.arg(token)::uuid
+RETURNING *;
+
+-- name: FailJob :one
+-- The owner- and token-guarded failure of an attempt, verdict included, in
+-- one statement: cancelled when cancel was requested (cancel wins), dead when
+-- permanent or no attempts are left, otherwise queued again at retry_at. The
+-- SET expressions read the row as it was before the update. Its event is
+-- written in the same statement ("retrying" only when write_all).
+WITH failed AS (
+    UPDATE jobs
+    SET state = CASE
+            WHEN cancel_requested THEN 'cancelled'
+            WHEN sqlc.arg(permanent)::boolean OR attempts >= max_attempts THEN 'dead'
+            ELSE 'queued' END::job_state,
+        run_at = CASE
+            WHEN cancel_requested OR sqlc.arg(permanent)::boolean OR attempts >= max_attempts
+            THEN run_at
+            ELSE COALESCE(sqlc.narg(retry_at)::timestamptz, now()) END,
+        finished_at = CASE
+            WHEN cancel_requested OR sqlc.arg(permanent)::boolean OR attempts >= max_attempts
+            THEN now()
+            ELSE NULL END,
+        last_error = sqlc.arg(error)::text,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
+      AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
+    RETURNING *
+), ev AS (
+    INSERT INTO job_events (job_id, kind, attempt, detail)
+    SELECT failed.id,
+           CASE failed.state WHEN 'queued' THEN 'retrying' ELSE failed.state::text END,
+           failed.attempts,
+           jsonb_build_object('via', 'fail', 'error', left(sqlc.arg(error)::text, 1000),
+                              'permanent', sqlc.arg(permanent)::boolean)
+    FROM failed
+    WHERE sqlc.arg(write_all)::boolean OR failed.state <> 'queued'
+)
+SELECT * FROM failed;
+
+-- name: CompleteJobs :many
+-- complete_many: every job still leased by this owner and token ends
+-- succeeded (or cancelled when cancel was requested), with its effect row
+-- and events, in one statement. Ids not returned lost their lease.
+WITH input AS (
+    SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
+           unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key
+), owned AS (
+    SELECT jobs.id, jobs.cancel_requested FROM jobs
+    JOIN input ON jobs.id = input.id AND jobs.lease_token = input.token
+    WHERE jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
+    ORDER BY jobs.id
+    FOR UPDATE OF jobs
+), effects AS (
+    INSERT INTO processed_effects (scope, key, job_id)
+    SELECT input.scope, input.key, input.id FROM input JOIN owned ON owned.id = input.id
+    WHERE NOT owned.cancel_requested
+    ON CONFLICT (scope, key) DO NOTHING
+), done AS (
+    UPDATE jobs
+    SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::job_state,
+        finished_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    FROM owned WHERE jobs.id = owned.id
+    RETURNING jobs.id, jobs.state, jobs.attempts
+), ev AS (
+    INSERT INTO job_events (job_id, kind, attempt, detail)
+    SELECT done.id, done.state::text, done.attempts,
+           CASE WHEN done.state = 'cancelled'
+                THEN '{"via": "complete"}'::jsonb END
+    FROM done
+)
+SELECT done.id, done.state FROM done;
+
+-- name: SelectExpiredLeases :many
+-- The reaper's first step: expired leases, locked, skipping rows another
+-- transaction holds (a Complete in flight wins the race).
+SELECT * FROM jobs
+WHERE state = 'leased' AND lease_expires_at < sqlc.arg(now)::timestamptz
+ORDER BY id
+LIMIT sqlc.arg(max_jobs)
+FOR UPDATE SKIP LOCKED;
+
+-- name: ReapJob :batchone
+-- One per expired lease, sent as one batch. It re-checks the lease it
+-- selected (state, token, expiry) in the same statement, so a row that
+-- finished in between is never rewritten.
+UPDATE jobs
+SET state = sqlc.arg(state)::job_state,
+    run_at = COALESCE(sqlc.narg(run_at)::timestamptz, run_at),
+    finished_at = CASE WHEN sqlc.arg(state)::job_state = 'queued' THEN NULL ELSE now() END,
+    last_error = sqlc.arg(last_error)::text,
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE id = sqlc.arg(id) AND state = 'leased' AND lease_token = sqlc.arg(token)::uuid
+  AND lease_expires_at < sqlc.arg(now)::timestamptz
+RETURNING id;
+
+-- name: GetJob :one
+SELECT * FROM jobs WHERE id = sqlc.arg(id);
+
+-- name: ListJobs :many
+-- Keyset pagination by id (time-ordered ids: oldest first).
+SELECT * FROM jobs
+WHERE (sqlc.narg(queue)::text IS NULL OR queue = sqlc.narg(queue)::text)
+  AND (sqlc.narg(state)::job_state IS NULL OR state = sqlc.narg(state)::job_state)
+  AND (sqlc.narg(type)::text IS NULL OR type = sqlc.narg(type)::text)
+  AND (sqlc.narg(after)::uuid IS NULL OR id > sqlc.narg(after)::uuid)
+ORDER BY id
+LIMIT sqlc.arg(max_rows);
+
+-- name: CancelQueuedJob :one
+UPDATE jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
+WHERE id = sqlc.arg(id) AND state = 'queued'
+RETURNING *;
+
+-- name: RequestCancel :one
+UPDATE jobs SET cancel_requested = true, updated_at = now()
+WHERE id = sqlc.arg(id) AND state = 'leased'
+RETURNING *;
+
+-- name: RequeueJob :one
+-- Retry: make the job runnable now. From a terminal state the attempts start
+-- again from zero and the cancel flag is cleared; last_error is kept until
+-- the next attempt overwrites it.
+UPDATE jobs
+SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
+    cancel_requested = false, finished_at = NULL, updated_at = now()
+WHERE id = sqlc.arg(id) AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
+RETURNING *;
+
+-- name: PurgeJobs :execrows
+-- Terminal jobs finished longer ago than the age, oldest first, at most
+-- max_jobs per call (short locks; the caller loops).
+DELETE FROM jobs WHERE id IN (
+    SELECT id FROM jobs
+    WHERE finished_at IS NOT NULL
+      AND finished_at < now() - make_interval(secs => sqlc.arg(age_seconds)::float8)
+    ORDER BY finished_at
+    LIMIT sqlc.arg(max_jobs)
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: QueueDepth :many
+SELECT queue,
+       count(*) FILTER (WHERE state = 'queued' AND run_at <= now())::int8 AS ready,
+       count(*) FILTER (WHERE state = 'queued' AND run_at > now())::int8 AS scheduled,
+       count(*) FILTER (WHERE state = 'leased')::int8 AS leased,
+       count(*) FILTER (WHERE state = 'dead')::int8 AS dead
+FROM jobs
+WHERE state IN ('queued', 'leased', 'dead')
+GROUP BY queue
+ORDER BY queue;
+
+-- name: DbNow :one
+SELECT now()::timestamptz AS now;
+
+-- name: Notify :exec
+SELECT pg_notify(sqlc.arg(channel)::text, sqlc.arg(payload)::text);
+
+-- name: SetStatementTimeout :exec
+-- Transaction-local (is_local = true): it ends with the transaction and
+-- never leaks to the next user of the pooled connection.
+SELECT set_config('statement_timeout', sqlc.arg(timeout_ms)::text, true);

@@ -1,0 +1,204 @@
+"""Row <-> domain conversion, and the one translator of psycopg errors.
+
+The translator is the only place that knows which database errors mean what
+to a jobrun caller::
+
+    PoolTimeout, connection lost, admin shutdown,
+    cannot connect now, read-only transaction      -> TransientError (retry later)
+    connection lost while COMMIT was in flight     -> OutcomeUnknown
+    query canceled (statement_timeout)             -> DatabaseError
+    deadlock, serialization failure                -> retried once by the store,
+                                                      then DatabaseError
+    anything else (a commit callable's own error)  -> unchanged
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+from collections.abc import Iterator, Mapping
+import uuid
+from typing import Any, Protocol
+
+import psycopg
+import psycopg.errors
+from psycopg_pool import PoolTimeout
+
+from jobrun.job.errors import DatabaseError, OutcomeUnknown, TransientError
+from jobrun.job.model import Backoff, Event, EventKind, Job, Schedule, State
+from jobrun.postgres.pool import redact
+from jobrun.postgres.sqlc import models
+
+UTC = dt.UTC
+
+_backoffs: dict[tuple[Any, ...], Backoff] = {}
+
+
+def backoff_from_row(data: Mapping[str, Any]) -> Backoff:
+    """The policy stored in a row; cached, because a claim converts many identical ones."""
+    key = tuple(sorted(data.items()))
+    policy = _backoffs.get(key)
+    if policy is None:
+        policy = Backoff.from_json(data)
+        if len(_backoffs) < 1024:
+            _backoffs[key] = policy
+    return policy
+
+
+def utc(value: dt.datetime) -> dt.datetime:
+    """Normalise an aware timestamp to UTC (our pool's sessions already are)."""
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
+def utc_or_none(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else utc(value)
+
+
+class JobRow(Protocol):
+    """The columns of a jobs row, whichever query returned them."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def payload(self) -> Any: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def state(self) -> models.JobState: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def backoff(self) -> Any: ...
+    @property
+    def run_at(self) -> dt.datetime: ...
+    @property
+    def lease_owner(self) -> str | None: ...
+    @property
+    def lease_token(self) -> uuid.UUID | None: ...
+    @property
+    def lease_expires_at(self) -> dt.datetime | None: ...
+    @property
+    def cancel_requested(self) -> bool: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def created_at(self) -> dt.datetime: ...
+    @property
+    def updated_at(self) -> dt.datetime: ...
+    @property
+    def finished_at(self) -> dt.datetime | None: ...
+
+
+def job_from_row(row: JobRow) -> Job:
+    return Job(
+        id=row.id,
+        queue=row.queue,
+        type=row.type,
+        payload=row.payload,
+        priority=row.priority,
+        state=State(row.state),
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        backoff=backoff_from_row(row.backoff),
+        run_at=utc(row.run_at),
+        lease_owner=row.lease_owner,
+        lease_token=row.lease_token,
+        lease_expires_at=utc_or_none(row.lease_expires_at),
+        cancel_requested=row.cancel_requested,
+        idempotency_key=row.idempotency_key,
+        last_error=row.last_error,
+        created_at=utc(row.created_at),
+        updated_at=utc(row.updated_at),
+        finished_at=utc_or_none(row.finished_at),
+    )
+
+
+def event_from_row(row: models.JobEvent) -> Event:
+    return Event(
+        id=row.id,
+        job_id=row.job_id,
+        kind=EventKind(row.kind),
+        attempt=row.attempt,
+        at=utc(row.at),
+        detail=row.detail,
+    )
+
+
+def schedule_from_row(row: models.Schedule) -> Schedule:
+    return Schedule(
+        id=row.id,
+        cron=row.cron,
+        timezone=row.timezone,
+        queue=row.queue,
+        type=row.type,
+        payload=row.payload,
+        priority=row.priority,
+        max_attempts=row.max_attempts,
+        backoff=backoff_from_row(row.backoff),
+        next_run_at=utc(row.next_run_at),
+        paused=row.paused,
+        created_at=utc(row.created_at),
+        updated_at=utc(row.updated_at),
+    )
+
+
+def canonical_json(value: Any) -> str:
+    """A comparison form of a JSON value: key order does not matter, types do."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+# SQLSTATEs that mean "the server cannot do anything for you right now".
+_TRANSIENT = (
+    psycopg.errors.AdminShutdown,  # 57P01: terminated by administrator / server restart
+    psycopg.errors.CrashShutdown,  # 57P02
+    psycopg.errors.CannotConnectNow,  # 57P03: starting up / shutting down
+    psycopg.errors.ReadOnlySqlTransaction,  # 25006: a read-only (or demoted) primary
+    psycopg.errors.IdleInTransactionSessionTimeout,  # 25P03: session killed by the server
+    psycopg.errors.TooManyConnections,  # 53300
+)
+
+RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, RETRYABLE)
+
+
+@contextlib.contextmanager
+def translate_errors(*, committing: list[bool] | None = None) -> Iterator[None]:
+    """Map psycopg's errors to jobrun's (see the module docstring).
+
+    ``committing`` is a one-element flag the caller sets just before COMMIT,
+    so a connection lost at that moment becomes OutcomeUnknown.
+    """
+    try:
+        yield
+    except PoolTimeout as exc:
+        raise TransientError(f"no database connection available: {exc}") from exc
+    except _TRANSIENT as exc:
+        if committing and committing[0]:
+            raise OutcomeUnknown(f"connection lost during COMMIT: {_first_line(exc)}") from exc
+        raise TransientError(_first_line(exc)) from exc
+    except psycopg.errors.QueryCanceled as exc:
+        raise DatabaseError(f"statement canceled: {_first_line(exc)}") from exc
+    except RETRYABLE as exc:
+        raise DatabaseError(_first_line(exc)) from exc
+    except psycopg.OperationalError as exc:
+        # Connection-level failures carry no SQLSTATE (or class 08).
+        if committing and committing[0]:
+            raise OutcomeUnknown(f"connection lost during COMMIT: {_first_line(exc)}") from exc
+        raise TransientError(_first_line(exc)) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return redact(text.splitlines()[0] if text else type(exc).__name__)

@@ -1,0 +1,54 @@
+"""The processed_effects ledger: the exactly-once half of the transactional path.
+
+Complete inserts ``(scope, key) = EffectKey(job)`` in its transaction *before*
+running the handler's commit callable, and runs the callable only when that
+row is new. Both commit together or not at all, so a callable's writes land
+at most once per key, however many times the job runs (a crash, a lost
+COMMIT reply, an operator's retry). Keys are ``("job:" + type,
+idempotency_key or id)``: across queues, two jobs of one type and key share
+one effect.
+
+A commit callable gets the connection *inside* Complete's transaction and may
+only run statements on it: committing or rolling back there would split the
+effect from the job's own state change, and is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from jobrun.job.errors import CommitRefused
+from jobrun.job.model import EffectKey, Job
+from jobrun.job.ports import CommitCallable
+from jobrun.postgres.sqlc import effects as q
+from jobrun.postgres.sqlc import jobs as jq
+
+
+def claim_effect(conn: psycopg.Connection[Any], job: Job) -> bool:
+    """Insert the job's ledger row; True when it is new (the callable must run)."""
+    key = EffectKey.of(job)
+    return jq.insert_effect(conn, scope=key.scope, key=key.key, job_id=job.id) is not None
+
+
+def run_commit(conn: psycopg.Connection[Any], commit: CommitCallable, job: Job) -> None:
+    """Run the handler's commit callable and check that it left the transaction open."""
+    try:
+        commit(conn)
+    except psycopg.ProgrammingError as exc:
+        if "forbidden" in str(exc) and ("commit" in str(exc) or "rollback" in str(exc)):
+            raise CommitRefused(
+                f"the commit callable of job {job.id} tried to end Complete's transaction"
+            ) from exc
+        raise
+    if conn.info.transaction_status != TransactionStatus.INTRANS:
+        raise CommitRefused(
+            f"the commit callable of job {job.id} committed or rolled back Complete's "
+            "transaction; it may only run statements on the connection"
+        )
+
+
+def effect_done(conn: psycopg.Connection[Any], key: EffectKey) -> bool:
+    return bool(q.effect_done(conn, scope=key.scope, key=key.key))

@@ -1,0 +1,62 @@
+"""The job_events audit trail: which transitions are recorded, and how.
+
+``EventMode.ALL`` (the default, ``JOB_EVENTS=all``) records a row for every
+transition: enqueued, claimed, succeeded, retrying, dead, cancel_requested,
+cancelled, retried, and reaped (with the reaper's verdict in ``detail``; a
+terminal verdict also gets its terminal row). ``EventMode.TERMINAL`` records
+only succeeded, dead and cancelled, whichever path got the job there
+(complete, complete_many, fail, the reaper), so a busy queue writes one event
+row per job instead of about four.
+
+The hot paths (enqueue, claim, fail, complete_many) write their events inside
+their own statement (a data-modifying CTE); the others go through
+:func:`record`, one batched INSERT per transaction.
+
+Event rows can hold payload fragments and error text: they are capped in
+size, and ``prune_events`` deletes them by age (retention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+from jobrun.job.model import EventKind
+from jobrun.postgres.sqlc import events as q
+
+
+class EventMode(enum.StrEnum):
+    """Which transitions get a job_events row (``JOB_EVENTS``)."""
+
+    ALL = "all"
+    TERMINAL = "terminal"
+
+    def wants(self, kind: EventKind) -> bool:
+        return self is EventMode.ALL or kind.terminal
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventRow:
+    job_id: uuid.UUID
+    kind: EventKind
+    attempt: int
+    detail: dict[str, Any] | None = None
+
+
+def record(conn: psycopg.Connection[Any], mode: EventMode, rows: Iterable[EventRow]) -> int:
+    """Insert the rows ``mode`` wants, in one statement; returns how many."""
+    wanted = [r for r in rows if mode.wants(r.kind)]
+    if wanted:
+        q.insert_events(
+            conn,
+            job_ids=[r.job_id for r in wanted],
+            kinds=[str(r.kind) for r in wanted],
+            attempts=[r.attempt for r in wanted],
+            details=[r.detail for r in wanted],
+        )
+    return len(wanted)

@@ -1,0 +1,779 @@
+"""Store: the job.Store port on PostgreSQL.
+
+Transaction boundaries
+----------------------
+A transaction opens only here, through :meth:`Store._with_tx`, and every
+mutating method is exactly one transaction. Where the spec's statements can
+be folded into one statement (data-modifying CTEs), they are: one statement
+is one transaction and one round trip.
+
+========================  =====================================================
+enqueue                   one statement: INSERT ... ON CONFLICT DO NOTHING +
+                          its event + pg_notify (then a re-read on a replay)
+enqueue_batch             SELECT now() + COPY jobs + COPY job_events, the keyed
+                          jobs by INSERT ... ON CONFLICT in key order, one
+                          pg_notify per distinct queue
+claim                     one statement: the FOR UPDATE SKIP LOCKED claim CTE,
+                          attempts + 1, new lease token, claimed events
+complete                  set_config(statement_timeout, local) + SELECT FOR
+                          UPDATE (owner + token check) + INSERT
+                          processed_effects + commit callable (skipped when the
+                          effect row existed) + guarded UPDATE + event
+complete_many             one statement: lock owned rows in id order + effect
+                          rows + UPDATE + events
+fail                      one statement: the guarded UPDATE with its verdict +
+                          event
+reap_expired              SELECT expired FOR UPDATE SKIP LOCKED + one pipelined
+                          batch of guarded per-row UPDATEs + batched events
+cancel / retry            SELECT FOR UPDATE + UPDATE + event (+ pg_notify)
+========================  =====================================================
+
+heartbeat, purge, depth, get, list, events, prune_events and effect_done are
+single statements on the pool.
+
+Leases and fencing
+------------------
+A claim flips queued -> leased, burns one attempt and gives the job a fresh
+``lease_token`` made by the database. Complete, Fail and Heartbeat match
+owner *and* token: after the reaper requeued a job and anyone (the same
+worker included) claimed it again, the old claim's token no longer matches,
+so its Complete/Fail raise LeaseLost and change nothing, and its Heartbeat
+omits the id. Owner and token are cleared whenever a job leaves ``leased``.
+Complete and Fail never raise NotFound: a job that vanished (purged) is a
+lost lease too.
+
+Cancel wins: a job whose cancel was requested ends ``cancelled`` whichever of
+Complete, complete_many, Fail or the reaper comes next; Complete then runs no
+commit callable and writes no effect row.
+
+The clock rule
+--------------
+Every default and comparison uses the database clock; the time arguments
+(``until``, ``now``, ``retry_at``) are "db now as read by the caller"
+(:meth:`now`). Naive datetimes are refused; results are aware UTC.
+
+Idempotency
+-----------
+``jobs_idem_uniq`` (queue, idempotency_key) is the ON CONFLICT target. A
+replay with the same type, payload (as JSON), priority, max_attempts and
+backoff returns the stored job (its id differs from the one sent); a
+different body raises IdempotencyConflict. A key stays taken as long as its
+job exists (until purge), whatever the job's state.
+
+Retry and effects: a retried job whose effect already committed completes
+without running its commit callable again.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import datetime as dt
+import itertools
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool
+
+from jobrun.job import validate
+from jobrun.job.errors import (
+    DatabaseError,
+    IdempotencyConflict,
+    InvalidState,
+    LeaseLost,
+    NotFound,
+    ValidationError,
+)
+from jobrun.job.model import (
+    CompleteManyResult,
+    EffectKey,
+    Event,
+    EventKind,
+    Job,
+    NewJob,
+    QueueDepth,
+    ReapResult,
+    State,
+)
+from jobrun.job.ports import CommitCallable
+from jobrun.postgres import effects
+from jobrun.postgres.convert import (
+    canonical_json,
+    event_from_row,
+    is_retryable,
+    job_from_row,
+    translate_errors,
+)
+from jobrun.postgres.events import EventMode, EventRow, record
+from jobrun.postgres.schedules import SchedulesMixin
+from jobrun.postgres.sqlc import events as eq
+from jobrun.postgres.sqlc import jobs as q
+from jobrun.postgres.sqlc import models
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_NOTIFY_CHANNEL = "jobrun_jobs"
+DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
+CHANNEL_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+BATCH_CHUNK = 5000
+MAX_HEARTBEAT_IDS = 100_000
+MAX_LIST_LIMIT = 10_000
+
+
+def validate_channel(name: object) -> str:
+    """A NOTIFY channel is an identifier: lower-case, <= 63 bytes, no quoting tricks."""
+    if not isinstance(name, str) or not CHANNEL_PATTERN.fullmatch(name):
+        raise ValidationError(
+            "notify_channel",
+            f"{name!r} is not a valid channel name (1-63 characters of a-z 0-9 _, "
+            "not starting with a digit)",
+        )
+    return name
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BatchResult:
+    """What ``enqueue_batch`` did.
+
+    ``inserted`` counts new jobs (their ids are the ones the caller chose);
+    ``replayed`` holds the stored job for every idempotency key that was
+    already taken by an identical job.
+    """
+
+    inserted: int
+    replayed: tuple[Job, ...] = ()
+
+
+class Store(SchedulesMixin):
+    """Durable job storage on a psycopg pool (see the module docstring)."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool[Any],
+        *,
+        event_mode: EventMode | str = EventMode.ALL,
+        commit_timeout: dt.timedelta | None = DEFAULT_COMMIT_TIMEOUT,
+        notify_channel: str = DEFAULT_NOTIFY_CHANNEL,
+    ) -> None:
+        try:
+            self.event_mode = EventMode(event_mode)
+        except ValueError:
+            raise ValidationError("event_mode", "must be 'all' or 'terminal'") from None
+        if commit_timeout is not None:
+            validate.positive_duration("commit_timeout", commit_timeout)
+        self.commit_timeout = commit_timeout
+        self.notify_channel = validate_channel(notify_channel)
+        self.pool = pool
+
+    # -- transactions ---------------------------------------------------------
+
+    def _with_tx(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``fn`` in one transaction on a pooled connection.
+
+        A deadlock or serialization failure is retried once (the whole
+        transaction again); a connection lost during COMMIT raises
+        OutcomeUnknown.
+        """
+        for attempt in (1, 2):
+            committing = [False]
+            try:
+                with translate_errors(committing=committing), self.pool.connection() as conn:
+                    with conn.transaction():
+                        result = fn(conn)
+                        committing[0] = True
+                    return result
+            except DatabaseError as exc:
+                if attempt == 1 and is_retryable(exc.__cause__ or exc):
+                    log.info("retrying a transaction after %s", exc)
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _on_pool(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run a single statement (its own transaction: the pool is autocommit)."""
+        for attempt in (1, 2):
+            committing = [True]  # a lone statement commits as it returns
+            try:
+                with translate_errors(committing=committing), self.pool.connection() as conn:
+                    return fn(conn)
+            except DatabaseError as exc:
+                if attempt == 1 and is_retryable(exc.__cause__ or exc):
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _on_pool_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """A read: no commit outcome to be unsure about."""
+        with translate_errors(), self.pool.connection() as conn:
+            return fn(conn)
+
+    @staticmethod
+    def _in_caller_tx(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``fn`` on the caller's connection.
+
+        Inside the caller's open transaction it runs in a savepoint (a failure
+        does not abort the caller's transaction), and everything it wrote,
+        notifications included, exists only if the caller commits. On a
+        connection with no transaction open, it opens and commits its own.
+        """
+        if not isinstance(conn, psycopg.Connection):
+            raise ValidationError("conn", "must be a psycopg.Connection")
+        if conn.info.transaction_status == TransactionStatus.INERROR:
+            raise ValidationError("conn", "the caller's transaction is already aborted")
+        with translate_errors(), conn.transaction():
+            return fn(conn)
+
+    def now(self) -> dt.datetime:
+        """The database's clock: the only "now" any decision may use."""
+        value = self._on_pool_read(q.db_now)
+        assert value is not None
+        return value
+
+    # -- enqueue ----------------------------------------------------------------
+
+    def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Job:
+        """Insert a job, or return the stored one on an identical idempotent replay.
+
+        With ``conn``, the job is part of the caller's transaction (see
+        :meth:`_in_caller_tx`).
+        """
+        if not isinstance(job, NewJob):
+            raise ValidationError("job", f"must be a jobrun.NewJob, not {type(job).__name__}")
+        if conn is not None:
+            return self._in_caller_tx(conn, lambda c: self._enqueue_on(c, job))
+        return self._on_pool(lambda c: self._enqueue_on(c, job))
+
+    def _enqueue_on(self, conn: psycopg.Connection[Any], job: NewJob) -> Job:
+        # A replay whose stored job is purged in between finds no row either
+        # way; the second round then inserts.
+        for _ in range(3):
+            row = q.enqueue_job(
+                conn,
+                id=job.id,
+                queue=job.queue,
+                type=job.type,
+                payload=job.payload,
+                priority=job.priority,
+                max_attempts=job.max_attempts,
+                backoff=job.backoff.to_json(),
+                run_at=job.run_at,
+                delay_seconds=job.delay_seconds,
+                idempotency_key=job.idempotency_key,
+                write_event=self.event_mode is EventMode.ALL,
+                channel=self.notify_channel,
+            )
+            if row is not None:
+                return job_from_row(row)
+            assert job.idempotency_key is not None
+            stored = q.get_job_by_key(conn, queue=job.queue, idempotency_key=job.idempotency_key)
+            if stored is not None:
+                return self._replay(job, job_from_row(stored))
+        raise DatabaseError(f"idempotency key {job.idempotency_key!r} kept changing hands")
+
+    @staticmethod
+    def _replay(job: NewJob, stored: Job) -> Job:
+        if same_body(job, stored):
+            return stored
+        assert job.idempotency_key is not None
+        raise IdempotencyConflict(job.queue, job.idempotency_key, stored.id)
+
+    def enqueue_batch(
+        self, jobs: Iterable[NewJob], *, conn: psycopg.Connection[Any] | None = None
+    ) -> BatchResult:
+        """Insert many jobs in one transaction, all or nothing, streamed through COPY.
+
+        Jobs without an idempotency key are streamed in chunks (bounded
+        memory, whatever the iterable's length). Keyed jobs are held back and
+        inserted last, sorted by (queue, key), so that two batches with
+        overlapping keys never deadlock; a key already stored with an
+        identical body is a replay (the stored job comes back in
+        ``replayed``), a different body fails the whole batch with
+        IdempotencyConflict. An empty batch and a key repeated inside the
+        batch are ValidationErrors.
+        """
+        if isinstance(jobs, Sequence):
+            _check_batch(jobs)
+        iterator = iter(jobs)
+        first = next(iterator, None)
+        if first is None:
+            raise ValidationError("jobs", "the batch is empty")
+        stream = itertools.chain([first], iterator)
+
+        def run(c: psycopg.Connection[Any]) -> BatchResult:
+            return self._enqueue_batch_on(c, stream)
+
+        if conn is not None:
+            return self._in_caller_tx(conn, run)
+        return self._with_tx(run)
+
+    def _enqueue_batch_on(self, conn: psycopg.Connection[Any], jobs: Iterator[NewJob]) -> BatchResult:
+        db_now = q.db_now(conn)
+        assert db_now is not None
+        write_events = self.event_mode is EventMode.ALL
+        keyed: dict[tuple[str, str], NewJob] = {}
+        queues: set[str] = set()
+        inserted = 0
+        for chunk in _chunks(jobs, BATCH_CHUNK):
+            plain: list[NewJob] = []
+            for job in chunk:
+                if not isinstance(job, NewJob):
+                    raise ValidationError("jobs", f"every item must be a NewJob, not {type(job).__name__}")
+                if job.idempotency_key is None:
+                    plain.append(job)
+                    continue
+                slot = (job.queue, job.idempotency_key)
+                if slot in keyed:
+                    raise ValidationError(
+                        "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
+                    )
+                keyed[slot] = job
+            if not plain:
+                continue
+            q.copy_jobs(conn, (_copy_row(j, db_now) for j in plain))
+            if write_events:
+                eq.copy_events(
+                    conn,
+                    (eq.CopyEventsParams(job_id=j.id, kind="enqueued", attempt=0) for j in plain),
+                )
+            queues.update(j.queue for j in plain)
+            inserted += len(plain)
+        replayed: list[Job] = []
+        ordered = [keyed[slot] for slot in sorted(keyed)]
+        for chunk in _chunks(iter(ordered), BATCH_CHUNK):
+            new_ids = set(
+                q.insert_keyed_jobs(
+                    conn,
+                    ids=[j.id for j in chunk],
+                    queues=[j.queue for j in chunk],
+                    types=[j.type for j in chunk],
+                    payloads=[j.payload for j in chunk],
+                    priorities=[j.priority for j in chunk],
+                    max_attempts=[j.max_attempts for j in chunk],
+                    backoffs=[j.backoff.to_json() for j in chunk],
+                    run_ats=[_run_at(j, db_now) for j in chunk],
+                    idempotency_keys=[j.idempotency_key or "" for j in chunk],
+                )
+            )
+            taken = [j for j in chunk if j.id not in new_ids]
+            if taken:
+                stored = {
+                    (s.queue, s.idempotency_key): job_from_row(s)
+                    for s in q.get_jobs_by_keys(
+                        conn,
+                        queues=[j.queue for j in taken],
+                        idempotency_keys=[j.idempotency_key or "" for j in taken],
+                    )
+                }
+                for j in taken:
+                    found = stored.get((j.queue, j.idempotency_key))
+                    if found is None:  # pragma: no cover - the conflicting row is committed
+                        raise DatabaseError(f"idempotency key {j.idempotency_key!r} vanished")
+                    replayed.append(self._replay(j, found))
+            fresh = [j for j in chunk if j.id in new_ids]
+            if fresh and write_events:
+                record(
+                    conn,
+                    self.event_mode,
+                    (EventRow(j.id, EventKind.ENQUEUED, 0) for j in fresh),
+                )
+            queues.update(j.queue for j in fresh)
+            inserted += len(fresh)
+        for queue in sorted(queues):
+            q.notify(conn, channel=self.notify_channel, payload=queue)
+        return BatchResult(inserted=inserted, replayed=tuple(replayed))
+
+    # -- leases -----------------------------------------------------------------
+
+    def claim(
+        self, owner: str, queues: Sequence[str], limit: int, ttl: dt.timedelta
+    ) -> builtins.list[Job]:
+        """Lease up to ``limit`` runnable jobs of ``queues`` to ``owner`` for ``ttl``."""
+        validate.owner(owner)
+        if isinstance(queues, str) or not queues:
+            raise ValidationError("queues", "must be a non-empty list of queue names")
+        names = [validate.queue_name(name, "queues") for name in queues]
+        validate.claim_limit(limit)
+        validate.positive_duration("ttl", ttl)
+        rows = self._on_pool(
+            lambda c: q.claim_jobs(
+                c,
+                queues=names,
+                max_jobs=limit,
+                owner=owner,
+                ttl_seconds=ttl.total_seconds(),
+                write_events=self.event_mode is EventMode.ALL,
+            )
+        )
+        return [job_from_row(r) for r in rows]
+
+    def heartbeat(
+        self, owner: str, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], until: dt.datetime
+    ) -> set[uuid.UUID]:
+        """Extend the live leases among ``leases`` (id, token) to ``until``; return the kept ids.
+
+        An id left out was not extended: its lease expired, moved to another
+        claim, or its cancel was requested. The worker cancels those jobs.
+        """
+        validate.owner(owner)
+        validate.aware_datetime("until", until)
+        if not leases:
+            return set()
+        if len(leases) > MAX_HEARTBEAT_IDS:
+            raise ValidationError("leases", f"at most {MAX_HEARTBEAT_IDS} per heartbeat")
+        pairs = dict(leases)  # duplicates collapse
+        kept = self._on_pool(
+            lambda c: q.heartbeat_jobs(
+                c, until=until, ids=list(pairs), tokens=list(pairs.values()), owner=owner
+            )
+        )
+        return set(kept)
+
+    def complete(self, job: Job, commit: CommitCallable | None = None) -> Job:
+        """Finish a claimed job: succeeded, or cancelled when cancel was requested.
+
+        With ``commit``, the handler's callable runs inside this transaction
+        after the effect row is inserted, and only when that row is new. A
+        lost lease, a failing callable or ``commit_timeout`` rolls everything
+        back, the callable's writes included.
+        """
+        owner, token = _lease_of(job)
+        if commit is not None and not callable(commit):
+            raise ValidationError("commit", "must be callable")
+
+        def run(c: psycopg.Connection[Any]) -> Job:
+            if self.commit_timeout is not None:
+                ms = max(int(self.commit_timeout.total_seconds() * 1000), 1)
+                q.set_statement_timeout(c, timeout_ms=str(ms))
+            row = q.lock_job(c, id=job.id)
+            if row is None or not _owns(row, owner, token):
+                raise LeaseLost(job.id)
+            if row.cancel_requested:
+                done = q.finish_leased_job(
+                    c, state=models.JobState.CANCELLED, run_at=None, last_error=None,
+                    id=job.id, owner=owner, token=token,
+                )
+                assert done is not None
+                record(c, self.event_mode, [EventRow(job.id, EventKind.CANCELLED, row.attempts,
+                                                     {"via": "complete"})])
+                return job_from_row(done)
+            fresh = effects.claim_effect(c, job)
+            if fresh and commit is not None:
+                effects.run_commit(c, commit, job)
+            done = q.finish_leased_job(
+                c, state=models.JobState.SUCCEEDED, run_at=None, last_error=None,
+                id=job.id, owner=owner, token=token,
+            )
+            if done is None:  # pragma: no cover - the row is locked by us
+                raise LeaseLost(job.id)
+            detail = None if commit is None else {"effect": "applied" if fresh else "already_applied"}
+            record(c, self.event_mode, [EventRow(job.id, EventKind.SUCCEEDED, row.attempts, detail)])
+            return job_from_row(done)
+
+        return self._with_tx(run)
+
+    def complete_many(self, jobs: Sequence[Job]) -> CompleteManyResult:
+        """Complete many claimed jobs (no commit callables) in one statement, each fenced."""
+        if not jobs:
+            return CompleteManyResult(completed=frozenset(), cancelled=frozenset(),
+                                      lease_lost=frozenset())
+        owners = {_lease_of(j)[0] for j in jobs}
+        if len(owners) != 1:
+            raise ValidationError("jobs", "complete_many takes the jobs of one owner")
+        owner = owners.pop()
+        keys = [EffectKey.of(j) for j in jobs]
+        rows = self._on_pool(
+            lambda c: q.complete_jobs(
+                c,
+                ids=[j.id for j in jobs],
+                tokens=[_lease_of(j)[1] for j in jobs],
+                scopes=[k.scope for k in keys],
+                keys=[k.key for k in keys],
+                owner=owner,
+            )
+        )
+        completed = frozenset(r.id for r in rows if r.state == models.JobState.SUCCEEDED)
+        cancelled = frozenset(r.id for r in rows if r.state == models.JobState.CANCELLED)
+        lost = frozenset(j.id for j in jobs) - completed - cancelled
+        return CompleteManyResult(completed=completed, cancelled=cancelled, lease_lost=lost)
+
+    def fail(
+        self,
+        job: Job,
+        error: str,
+        retry_at: dt.datetime | None,
+        *,
+        permanent: bool = False,
+    ) -> Job:
+        """Fail the current attempt: queued again at ``retry_at``, dead, or cancelled.
+
+        Dead when ``permanent`` or no attempts are left; cancelled when cancel
+        was requested. ``retry_at`` is db now (as read by the caller) plus the
+        job's backoff; None means now.
+        """
+        owner, token = _lease_of(job)
+        if not isinstance(error, str):
+            raise ValidationError("error", "must be a str")
+        if retry_at is not None:
+            validate.aware_datetime("retry_at", retry_at)
+        text = validate.error_text(error)
+        row = self._on_pool(
+            lambda c: q.fail_job(
+                c, permanent=bool(permanent), retry_at=retry_at, error=text, id=job.id,
+                owner=owner, token=token, write_all=self.event_mode is EventMode.ALL,
+            )
+        )
+        if row is None:
+            raise LeaseLost(job.id)
+        return job_from_row(row)
+
+    def reap_expired(self, now: dt.datetime, limit: int) -> ReapResult:
+        """Requeue, kill or cancel up to ``limit`` jobs whose lease expired before ``now``.
+
+        The verdict and backoff come from each job's own policy: cancelled
+        when cancel was requested, dead when no attempts are left, otherwise
+        queued after its backoff. A job that finished between the SELECT and
+        the UPDATE is left alone (the UPDATE re-checks the lease).
+        """
+        validate.aware_datetime("now", now)
+        validate.batch_limit(limit)
+
+        def run(c: psycopg.Connection[Any]) -> ReapResult:
+            rows = [job_from_row(r) for r in q.select_expired_leases(c, now=now, max_jobs=limit)]
+            if not rows:
+                return ReapResult(requeued=[], dead=[], cancelled=[])
+            params = []
+            for job in rows:
+                assert job.lease_token is not None  # leased rows carry a lease (CHECK)
+                if job.cancel_requested:
+                    verdict, run_at = State.CANCELLED, None
+                elif job.attempts >= job.max_attempts:
+                    verdict, run_at = State.DEAD, None
+                else:
+                    verdict, run_at = State.QUEUED, now + job.backoff.delay(job.attempts)
+                params.append(
+                    q.ReapJobParams(
+                        state=models.JobState(verdict.value),
+                        run_at=run_at,
+                        last_error=f"lease expired (owner {job.lease_owner})",
+                        id=job.id,
+                        token=job.lease_token,
+                        now=now,
+                    )
+                )
+            reaped = q.reap_job(c, params)
+            result = ReapResult(requeued=[], dead=[], cancelled=[])
+            events: builtins.list[EventRow] = []
+            for job, p, got in zip(rows, params, reaped, strict=True):
+                if got is None:
+                    continue
+                verdict = State(p.state.value)
+                {State.QUEUED: result.requeued, State.DEAD: result.dead,
+                 State.CANCELLED: result.cancelled}[verdict].append(job.id)
+                events.append(EventRow(job.id, EventKind.REAPED, job.attempts,
+                                       {"verdict": verdict.value, "owner": job.lease_owner}))
+                if verdict.terminal:
+                    events.append(EventRow(job.id, EventKind(verdict.value), job.attempts,
+                                           {"via": "reaper"}))
+            record(c, self.event_mode, events)
+            return result
+
+        return self._with_tx(run)
+
+    # -- administration ---------------------------------------------------------
+
+    def get(self, job_id: uuid.UUID) -> Job:
+        _check_id(job_id)
+        row = self._on_pool_read(lambda c: q.get_job(c, id=job_id))
+        if row is None:
+            raise NotFound("job", job_id)
+        return job_from_row(row)
+
+    def list(
+        self,
+        *,
+        queue: str | None = None,
+        state: State | str | None = None,
+        type: str | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Job]:
+        """Jobs matching the filters, oldest first; pass the last id as ``after`` for the next page."""
+        if queue is not None:
+            validate.queue_name(queue)
+        if type is not None:
+            validate.job_type(type)
+        st = None
+        if state is not None:
+            try:
+                st = models.JobState(State(state).value)
+            except ValueError:
+                raise ValidationError("state", f"unknown state {state!r}") from None
+        if after is not None:
+            _check_id(after)
+        validate.batch_limit(limit, MAX_LIST_LIMIT)
+        rows = self._on_pool_read(
+            lambda c: q.list_jobs(c, queue=queue, state=st, type=type, after=after, max_rows=limit)
+        )
+        return [job_from_row(r) for r in rows]
+
+    def cancel(self, job_id: uuid.UUID) -> Job:
+        """Queued: cancelled now. Leased: cancel requested (the next heartbeat
+        drops it and the worker stops the handler). Terminal: unchanged."""
+        _check_id(job_id)
+
+        def run(c: psycopg.Connection[Any]) -> Job:
+            row = q.lock_job(c, id=job_id)
+            if row is None:
+                raise NotFound("job", job_id)
+            if row.state == models.JobState.QUEUED:
+                done = q.cancel_queued_job(c, id=job_id)
+                assert done is not None
+                record(c, self.event_mode,
+                       [EventRow(job_id, EventKind.CANCELLED, row.attempts, {"via": "cancel"})])
+                return job_from_row(done)
+            if row.state == models.JobState.LEASED and not row.cancel_requested:
+                done = q.request_cancel(c, id=job_id)
+                assert done is not None
+                record(c, self.event_mode,
+                       [EventRow(job_id, EventKind.CANCEL_REQUESTED, row.attempts)])
+                return job_from_row(done)
+            return job_from_row(row)
+
+        return self._with_tx(run)
+
+    def retry(self, job_id: uuid.UUID) -> Job:
+        """Make a job runnable now: from dead, cancelled or succeeded with attempts
+        reset; a queued job just moves up to now. A leased job is InvalidState."""
+        _check_id(job_id)
+
+        def run(c: psycopg.Connection[Any]) -> Job:
+            row = q.lock_job(c, id=job_id)
+            if row is None:
+                raise NotFound("job", job_id)
+            if row.state == models.JobState.LEASED:
+                raise InvalidState(job_id, str(row.state), "retry")
+            done = q.requeue_job(c, id=job_id)
+            assert done is not None
+            record(c, self.event_mode,
+                   [EventRow(job_id, EventKind.RETRIED, done.attempts, {"from": str(row.state)})])
+            q.notify(c, channel=self.notify_channel, payload=done.queue)
+            return job_from_row(done)
+
+        return self._with_tx(run)
+
+    def purge(self, older_than: dt.timedelta, limit: int) -> int:
+        """Delete up to ``limit`` terminal jobs that finished more than ``older_than`` ago."""
+        validate.delay(older_than, "older_than")
+        validate.batch_limit(limit)
+        return self._on_pool(
+            lambda c: q.purge_jobs(c, age_seconds=older_than.total_seconds(), max_jobs=limit)
+        )
+
+    def depth(self) -> builtins.list[QueueDepth]:
+        rows = self._on_pool_read(q.queue_depth)
+        return [
+            QueueDepth(queue=r.queue, ready=r.ready, scheduled=r.scheduled, leased=r.leased,
+                       dead=r.dead)
+            for r in rows
+        ]
+
+    def events(self, job_id: uuid.UUID) -> builtins.list[Event]:
+        _check_id(job_id)
+        return [event_from_row(r) for r in self._on_pool_read(lambda c: eq.list_events(c, job_id=job_id))]
+
+    def prune_events(self, older_than: dt.timedelta, limit: int) -> int:
+        validate.delay(older_than, "older_than")
+        validate.batch_limit(limit)
+        return self._on_pool(
+            lambda c: eq.prune_events(c, age_seconds=older_than.total_seconds(), max_events=limit)
+        )
+
+    def effect_done(self, job: Job | EffectKey) -> bool:
+        """Whether the job's (or key's) effect has committed."""
+        key = job if isinstance(job, EffectKey) else EffectKey.of(job)
+        return self._on_pool_read(lambda c: effects.effect_done(c, key))
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def same_body(job: NewJob, stored: Job) -> bool:
+    """Whether a replay carries the stored job's body (payload compared as JSON)."""
+    return (
+        stored.type == job.type
+        and stored.priority == job.priority
+        and stored.max_attempts == job.max_attempts
+        and stored.backoff == job.backoff
+        and canonical_json(stored.payload) == canonical_json(job.payload)
+    )
+
+
+def _check_id(job_id: object) -> None:
+    if not isinstance(job_id, uuid.UUID):
+        raise ValidationError("job_id", f"must be a uuid.UUID, not {type(job_id).__name__}")
+
+
+def _lease_of(job: Job) -> tuple[str, uuid.UUID]:
+    if not isinstance(job, Job):
+        raise ValidationError("job", f"must be a jobrun.Job, not {type(job).__name__}")
+    if job.lease_owner is None or job.lease_token is None:
+        raise ValidationError("job", f"job {job.id} carries no lease (it was not claimed)")
+    return job.lease_owner, job.lease_token
+
+
+def _owns(row: models.Job, owner: str, token: uuid.UUID) -> bool:
+    return (
+        row.state == models.JobState.LEASED
+        and row.lease_owner == owner
+        and row.lease_token == token
+    )
+
+
+def _run_at(job: NewJob, db_now: dt.datetime) -> dt.datetime:
+    if job.run_at is not None:
+        return job.run_at
+    if job.delay is not None:
+        return db_now + job.delay
+    return db_now
+
+
+def _copy_row(job: NewJob, db_now: dt.datetime) -> q.CopyJobsParams:
+    return q.CopyJobsParams(
+        id=job.id,
+        queue=job.queue,
+        type=job.type,
+        payload=job.payload,
+        priority=job.priority,
+        max_attempts=job.max_attempts,
+        backoff=job.backoff.to_json(),
+        run_at=_run_at(job, db_now),
+    )
+
+
+def _chunks(items: Iterator[T], size: int) -> Iterator[builtins.list[T]]:
+    while chunk := builtins.list(itertools.islice(items, size)):
+        yield chunk
+
+
+def _check_batch(jobs: Sequence[NewJob]) -> None:
+    """Up-front checks for a batch we can see whole: before any SQL runs."""
+    if not jobs:
+        raise ValidationError("jobs", "the batch is empty")
+    seen: set[tuple[str, str]] = set()
+    for job in jobs:
+        if not isinstance(job, NewJob):
+            raise ValidationError("jobs", f"every item must be a NewJob, not {type(job).__name__}")
+        if job.idempotency_key is not None:
+            slot = (job.queue, job.idempotency_key)
+            if slot in seen:
+                raise ValidationError(
+                    "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
+                )
+            seen.add(slot)

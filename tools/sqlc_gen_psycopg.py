@@ -1,0 +1,1194 @@
+#!/usr/bin/env python3
+"""sqlc-gen-psycopg: a sqlc process plugin that writes typed psycopg 3 code.
+
+sqlc (``format: json``) runs this file with its GenerateRequest as protojson on
+stdin and reads a GenerateResponse as JSON on stdout. The plugin writes, into
+the codegen ``out`` directory:
+
+- ``models.py``: a ``StrEnum`` per PostgreSQL enum and a frozen dataclass per
+  table (its row);
+- one module per query file (``db/query/jobs.sql`` -> ``jobs.py``) with, per
+  named query, the SQL text as a constant and a typed function running it
+  through a ``psycopg.RawCursor`` (server-side binding, sqlc's ``$n``
+  placeholders unchanged);
+- ``__init__.py``.
+
+Everything it cannot map (a type, a command, an ``any`` column) is an error
+naming the query: the plugin exits 1 with all problems on stderr.
+
+Plugin options (``codegen[].options`` in sqlc.yaml):
+
+- ``package`` (required): the dotted import name of the ``out`` directory; the
+  query modules import their models from ``<package>.models``.
+
+Stdlib only, Python 3.11+.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import keyword
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+GENERATOR = "sqlc-gen-psycopg"
+# Bump when the generated code changes shape, so that the header tells apart
+# outputs of different plugin versions.
+GENERATOR_VERSION = "1"
+
+# The generated code follows ruff format's style at this line length.
+LINE_LENGTH = 100
+
+SUPPORTED_COMMANDS = (
+    ":one",
+    ":many",
+    ":exec",
+    ":execrows",
+    ":copyfrom",
+    ":batchexec",
+    ":batchone",
+    ":batchmany",
+)
+
+# Schemas whose tables are PostgreSQL's own, not the project's.
+_SYSTEM_SCHEMAS = frozenset({"pg_catalog", "information_schema", "pg_temp", "pg_toast"})
+
+
+class PluginError(Exception):
+    """A problem with the request: reported on stderr, exit status 1."""
+
+
+# --------------------------------------------------------------------------- types
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """How one PostgreSQL base type maps to Python."""
+
+    annotation: str  # the Python annotation of one value
+    imports: tuple[str, ...]  # modules the annotation needs (`import x`)
+    copy_type: str  # the type name for Copy.set_types()
+    json_wrapper: str | None = None  # psycopg wrapper for parameters (Jsonb, Json)
+
+
+_SCALARS: dict[str, Scalar] = {
+    "uuid": Scalar("uuid.UUID", ("uuid",), "uuid"),
+    "text": Scalar("str", (), "text"),
+    "varchar": Scalar("str", (), "text"),
+    "bpchar": Scalar("str", (), "text"),
+    "name": Scalar("str", (), "text"),
+    "citext": Scalar("str", (), "text"),
+    "int2": Scalar("int", (), "int2"),
+    "int4": Scalar("int", (), "int4"),
+    "int8": Scalar("int", (), "int8"),
+    "bool": Scalar("bool", (), "bool"),
+    "float4": Scalar("float", (), "float4"),
+    "float8": Scalar("float", (), "float8"),
+    "numeric": Scalar("decimal.Decimal", ("decimal",), "numeric"),
+    "jsonb": Scalar("Any", (), "jsonb", "Jsonb"),
+    "json": Scalar("Any", (), "json", "Json"),
+    "timestamptz": Scalar("datetime.datetime", ("datetime",), "timestamptz"),
+    "timestamp": Scalar("datetime.datetime", ("datetime",), "timestamp"),
+    "date": Scalar("datetime.date", ("datetime",), "date"),
+    "time": Scalar("datetime.time", ("datetime",), "time"),
+    "timetz": Scalar("datetime.time", ("datetime",), "timetz"),
+    "interval": Scalar("datetime.timedelta", ("datetime",), "interval"),
+    "bytea": Scalar("bytes", (), "bytea"),
+    "void": Scalar("None", (), ""),
+}
+
+# The spellings sqlc passes through from the SQL (it keeps what the schema or
+# a cast wrote), mapped to the names above.
+_ALIASES: dict[str, str] = {
+    "smallint": "int2",
+    "smallserial": "int2",
+    "serial2": "int2",
+    "int": "int4",
+    "integer": "int4",
+    "serial": "int4",
+    "serial4": "int4",
+    "bigint": "int8",
+    "bigserial": "int8",
+    "serial8": "int8",
+    "boolean": "bool",
+    "real": "float4",
+    "float": "float8",
+    "double precision": "float8",
+    "decimal": "numeric",
+    "character varying": "varchar",
+    "character": "bpchar",
+    "char": "bpchar",
+    "string": "text",
+    "timestamp with time zone": "timestamptz",
+    "timestamp without time zone": "timestamp",
+    "time without time zone": "time",
+    "time with time zone": "timetz",
+}
+
+_UNKNOWN_TYPES = frozenset({"any", "anyarray", "anyelement", "unknown", "anynonarray", "record"})
+
+
+@dataclass(frozen=True)
+class PyType:
+    """A column or parameter type: a scalar or enum, maybe an array, maybe NULL."""
+
+    base: str  # Python annotation of one element
+    imports: tuple[str, ...]
+    copy_type: str  # element type name for Copy.set_types()
+    json_wrapper: str | None
+    enum: str | None  # the StrEnum class name for an enum
+    dims: int  # array dimensions, 0 for a scalar
+    nullable: bool
+    key: str  # canonical PostgreSQL identity, to compare columns
+
+    @property
+    def annotation(self) -> str:
+        text = self.base
+        for _ in range(self.dims):
+            text = f"list[{text}]"
+        if self.nullable and text not in ("Any", "None"):
+            text += " | None"
+        return text
+
+    @property
+    def is_void(self) -> bool:
+        return self.base == "None" and self.dims == 0
+
+    @property
+    def binary_copy_ok(self) -> bool:
+        # In binary COPY an enum value travels as text (enum_recv reads the
+        # label as text), but an enum *array* carries its element type oid,
+        # which psycopg only knows once the type is registered: text COPY then.
+        return not (self.enum is not None and self.dims > 0)
+
+    @property
+    def set_types_name(self) -> str:
+        return self.copy_type + "[]" * self.dims
+
+
+# --------------------------------------------------------------------------- names
+
+
+_WORD = re.compile(r"[A-Z]{2,}s(?![a-z])|[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+# Names a generated field must not take: Python keywords and the names the
+# annotations use (a field `uuid: uuid.UUID` would shadow the module).
+_FIELD_RESERVED = frozenset(
+    {
+        *keyword.kwlist,
+        "Any",
+        "bool",
+        "bytes",
+        "datetime",
+        "decimal",
+        "float",
+        "int",
+        "list",
+        "str",
+        "uuid",
+    }
+)
+# A parameter must not take those either, nor the generated functions' own
+# locals and the module-level names their bodies use.
+_PARAM_RESERVED = _FIELD_RESERVED | {
+    "Json",
+    "Jsonb",
+    "conn",
+    "copy",
+    "count",
+    "cur",
+    "p",
+    "psycopg",
+    "r",
+    "result",
+    "rows",
+    "tuple_row",
+    "v",
+    "value",
+}
+
+
+def words(name: str) -> list[str]:
+    """Split a CamelCase, snake_case or mixed name into lower-case words."""
+    out: list[str] = []
+    for chunk in re.split(r"[^A-Za-z0-9]+", name):
+        out.extend(w.lower() for w in _WORD.findall(chunk))
+    return out
+
+
+def snake(name: str) -> str:
+    """``ListJobIDs`` -> ``list_job_ids``."""
+    return "_".join(words(name))
+
+
+def camel(name: str) -> str:
+    """``job_state`` -> ``JobState``."""
+    return "".join(w[:1].upper() + w[1:] for w in words(name))
+
+
+def singular(word: str) -> str:
+    """English singular of a table-name word: good enough for table names."""
+    if len(word) <= 3 or word.endswith(("ss", "us", "is")):
+        return word
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if word.endswith(("sses", "xes", "zes", "ches", "shes")):
+        return word[:-2]
+    if word.endswith("s"):
+        return word[:-1]
+    return word
+
+
+def model_class_name(schema: str, name: str, default_schema: str) -> str:
+    """``jobs`` -> ``Job``, ``job_events`` -> ``JobEvent``, ``audit.entries`` -> ``AuditEntry``."""
+    parts = words(name)
+    if not parts:
+        raise PluginError(f"table {name!r}: cannot derive a class name")
+    parts[-1] = singular(parts[-1])
+    prefix = camel(schema) if schema and schema != default_schema else ""
+    return prefix + "".join(w[:1].upper() + w[1:] for w in parts)
+
+
+def enum_class_name(schema: str, name: str, default_schema: str) -> str:
+    prefix = camel(schema) if schema and schema != default_schema else ""
+    result = prefix + camel(name)
+    if not result:
+        raise PluginError(f"enum {name!r}: cannot derive a class name")
+    return result
+
+
+def identifier(name: str, fallback: str, reserved: frozenset[str] = _FIELD_RESERVED) -> str:
+    """A safe snake_case Python identifier for a column or parameter name."""
+    text = "_".join(words(name)) if re.search(r"[A-Z]", name) else name
+    text = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_")
+    if not text:
+        text = fallback
+    if text[0].isdigit():
+        text = "_" + text
+    if text in reserved or text == "_":
+        text += "_"
+    return text
+
+
+def dedupe(names: Iterable[str]) -> list[str]:
+    """``[a, a, b]`` -> ``[a, a_2, b]`` (like sqlc-gen-go's ``Name_2``)."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for name in names:
+        candidate, n = name, 1
+        while candidate in seen:
+            n += 1
+            candidate = f"{name}_{n}"
+        seen.add(candidate)
+        out.append(candidate)
+    return out
+
+
+def enum_member_names(labels: Sequence[str]) -> list[str]:
+    names = []
+    for label in labels:
+        text = re.sub(r"[^0-9A-Za-z]+", "_", label).strip("_").upper()
+        if not text:
+            text = "EMPTY"
+        if text[0].isdigit():
+            text = "V_" + text
+        names.append(text)
+    return dedupe(names)
+
+
+def py_string(text: str) -> str:
+    """A Python literal for ``text``: triple-quoted when multi-line, else double-quoted."""
+    if "\n" in text and all(c.isprintable() or c in "\n\t" for c in text):
+        body = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+        if body.endswith('"'):
+            body = body[:-1] + '\\"'
+        return '"""\\\n' + body + '"""'
+    # JSON string escapes are valid Python escapes.
+    return json.dumps(text, ensure_ascii=False)
+
+
+def assignment(name: str, literal: str) -> list[str]:
+    """``NAME: Final = literal``, parenthesized like ruff format when too long."""
+    line = f"{name}: Final = {literal}"
+    if len(line) <= LINE_LENGTH or "\n" in literal or len(literal) + 4 > LINE_LENGTH:
+        return [line]
+    return [f"{name}: Final = (", f"    {literal}", ")"]
+
+
+# --------------------------------------------------------------------------- request
+
+
+@dataclass
+class Enum:
+    schema: str
+    name: str
+    class_name: str
+    labels: list[str]
+    members: list[str]
+
+
+@dataclass
+class Field:
+    name: str  # the Python field / parameter name
+    type: PyType
+
+
+@dataclass
+class Table:
+    schema: str
+    name: str
+    class_name: str
+    fields: list[Field]
+    column_names: list[str]
+
+
+@dataclass
+class Param:
+    number: int
+    name: str
+    column_name: str  # the table column it is bound to, if sqlc knows one
+    type: PyType
+
+
+@dataclass
+class Query:
+    name: str
+    cmd: str
+    text: str
+    filename: str
+    comments: list[str]
+    params: list[Param]
+    columns: list[Field]
+    # The shared model the result reuses, when the columns are a table's.
+    model: Table | None = None
+    copy_columns: list[str] = field(default_factory=list)
+    copy_table: str = ""
+
+
+class Context:
+    """The catalog of one request: enums and tables by name."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        catalog = request.get("catalog") or {}
+        self.default_schema: str = catalog.get("default_schema") or "public"
+        self.enums: dict[tuple[str, str], Enum] = {}
+        self.tables: dict[tuple[str, str], Table] = {}
+        self.needs_enum_array_parser = False
+        schemas = [s for s in catalog.get("schemas") or [] if s["name"] not in _SYSTEM_SCHEMAS]
+        for schema in schemas:
+            sname = schema["name"] or self.default_schema
+            for e in schema.get("enums") or []:
+                labels = list(e.get("vals") or [])
+                self.enums[(sname, e["name"])] = Enum(
+                    schema=sname,
+                    name=e["name"],
+                    class_name=enum_class_name(sname, e["name"], self.default_schema),
+                    labels=labels,
+                    members=enum_member_names(labels),
+                )
+        for schema in schemas:
+            sname = schema["name"] or self.default_schema
+            for t in schema.get("tables") or []:
+                rel = t["rel"]
+                tname = rel["name"]
+                tschema = rel.get("schema") or sname
+                where = f"table {tschema}.{tname}"
+                columns = t.get("columns") or []
+                names = dedupe(
+                    identifier(c["name"], f"column_{i + 1}") for i, c in enumerate(columns)
+                )
+                fields = [
+                    Field(n, self.resolve(c, where=f"{where}: column {c['name']!r}"))
+                    for n, c in zip(names, columns, strict=True)
+                ]
+                self.tables[(tschema, tname)] = Table(
+                    schema=tschema,
+                    name=tname,
+                    class_name=model_class_name(tschema, tname, self.default_schema),
+                    fields=fields,
+                    column_names=[c["name"] for c in columns],
+                )
+        self._check_model_names()
+
+    def _check_model_names(self) -> None:
+        seen: dict[str, str] = {}
+        for key, e in self.enums.items():
+            seen.setdefault(e.class_name, f"enum {key[0]}.{key[1]}")
+        for key, t in self.tables.items():
+            other = seen.get(t.class_name)
+            if other is not None:
+                raise PluginError(
+                    f"table {key[0]}.{key[1]} and {other} both map to the Python class "
+                    f"{t.class_name!r}; rename one of them"
+                )
+            seen[t.class_name] = f"table {key[0]}.{key[1]}"
+
+    def resolve(self, column: dict[str, Any], *, where: str) -> PyType:
+        """The PyType of a sqlc Column (of a table, a result or a parameter)."""
+        if column.get("embed_table"):
+            raise PluginError(f"{where}: sqlc.embed() is not supported by {GENERATOR}")
+        if column.get("is_sqlc_slice"):
+            raise PluginError(
+                f"{where}: sqlc.slice() is not supported on PostgreSQL; "
+                "use = ANY(sqlc.arg(x)::type[])"
+            )
+        t = column.get("type") or {}
+        schema = t.get("schema") or ""
+        raw = t.get("name") or ""
+        if not schema and "." in raw:
+            # Parameters carry the qualified name in `name`: "pg_catalog.int4".
+            schema, raw = raw.split(".", 1)
+        name = raw.lower()
+        is_array = bool(column.get("is_array"))
+        dims = int(column.get("array_dims") or 0) if is_array else 0
+        if is_array and dims == 0:
+            dims = 1
+        nullable = not column.get("not_null")
+        shown = f"{schema}.{raw}" if schema else raw
+        if name.endswith("[]"):  # defensive: sqlc normally uses is_array
+            stripped = name.rstrip("[]")
+            dims += (len(name) - len(stripped)) // 2
+            name = stripped
+        if schema in ("", "pg_catalog") and name in _UNKNOWN_TYPES:
+            raise PluginError(
+                f"{where}: type {shown!r} is unknown (sqlc could not infer it); "
+                "add an explicit cast in the SQL, e.g. expr::int"
+            )
+        enum = self.enums.get((schema or self.default_schema, raw))
+        if enum is None and not schema:
+            # Unqualified: search the other user schemas like search_path would.
+            matches = [e for (s, n), e in sorted(self.enums.items()) if n == raw]
+            enum = matches[0] if len(matches) == 1 else None
+        if enum is not None:
+            return PyType(
+                base=enum.class_name,
+                imports=(),
+                copy_type="text",
+                json_wrapper=None,
+                enum=enum.class_name,
+                dims=dims,
+                nullable=nullable,
+                key=f"enum:{enum.schema}.{enum.name}",
+            )
+        if schema not in ("", "pg_catalog"):
+            raise PluginError(f"{where}: cannot map type {shown!r} to a Python type")
+        canonical = _ALIASES.get(name, name)
+        scalar = _SCALARS.get(canonical)
+        if scalar is None:
+            raise PluginError(
+                f"{where}: cannot map type {shown!r} to a Python type "
+                f"(known: {', '.join(sorted(_SCALARS))} and the schema's enums)"
+            )
+        if canonical == "void" and dims:
+            raise PluginError(f"{where}: cannot map type {shown!r}[] to a Python type")
+        return PyType(
+            base=scalar.annotation,
+            imports=scalar.imports,
+            copy_type=scalar.copy_type,
+            json_wrapper=scalar.json_wrapper,
+            enum=None,
+            dims=dims,
+            nullable=nullable,
+            key=canonical,
+        )
+
+    def table_of(self, ref: dict[str, Any] | None) -> Table | None:
+        if not ref or not ref.get("name"):
+            return None
+        return self.tables.get((ref.get("schema") or self.default_schema, ref["name"]))
+
+
+def parse_options(raw: str | None) -> dict[str, Any]:
+    """Decode sqlc's base64 ``plugin_options`` (JSON of ``codegen[].options``)."""
+    if not raw:
+        return {}
+    try:
+        decoded = base64.b64decode(raw, validate=True)
+        options = json.loads(decoded) if decoded.strip() else {}
+    except (binascii.Error, ValueError) as exc:
+        raise PluginError(f"plugin_options is not base64-encoded JSON: {exc}") from exc
+    if not isinstance(options, dict):
+        raise PluginError("plugin options must be a mapping")
+    unknown = sorted(set(options) - {"package"})
+    if unknown:
+        raise PluginError(f"unknown plugin option(s): {', '.join(unknown)} (known: package)")
+    return options
+
+
+_INSERT = re.compile(
+    r"""^\s*INSERT\s+INTO\s+
+    (?P<table>(?:"(?:[^"]|"")+"|[A-Za-z_][\w$]*)(?:\s*\.\s*(?:"(?:[^"]|"")+"|[A-Za-z_][\w$]*))?)
+    \s*\((?P<columns>[^)]*)\)\s*
+    VALUES\s*\((?P<values>[^)]*)\)\s*;?\s*$""",
+    re.IGNORECASE | re.VERBOSE | re.DOTALL,
+)
+
+
+def copy_target(query: Query) -> tuple[str, list[str], list[int]]:
+    """Table, columns and, per column, the parameter number of a :copyfrom INSERT."""
+    m = _INSERT.match(query.text)
+    if m is None:
+        raise PluginError(
+            f"query {query.name!r} ({query.filename}): :copyfrom needs a plain "
+            "INSERT INTO table (columns) VALUES ($1, ...)"
+        )
+    columns = [c.strip() for c in m["columns"].split(",")]
+    values = [v.strip() for v in m["values"].split(",")]
+    numbers = []
+    for v in values:
+        pm = re.fullmatch(r"\$(\d+)", v)
+        if pm is None:
+            raise PluginError(
+                f"query {query.name!r} ({query.filename}): :copyfrom value {v!r} is not a "
+                "plain parameter"
+            )
+        numbers.append(int(pm[1]))
+    if len(columns) != len(values):
+        raise PluginError(f"query {query.name!r} ({query.filename}): columns/values mismatch")
+    if len(set(numbers)) != len(numbers):
+        raise PluginError(
+            f"query {query.name!r} ({query.filename}): :copyfrom uses a parameter twice; "
+            "COPY needs one parameter per column"
+        )
+    return m["table"], columns, numbers
+
+
+def build_queries(request: dict[str, Any], ctx: Context) -> tuple[list[Query], list[str]]:
+    """The queries of the request, validated; and every error found."""
+    queries: list[Query] = []
+    errors: list[str] = []
+    for q in request.get("queries") or []:
+        name, cmd, filename = q.get("name", ""), q.get("cmd", ""), q.get("filename", "")
+        where = f"query {name!r} ({filename})"
+        try:
+            if cmd not in SUPPORTED_COMMANDS:
+                raise PluginError(
+                    f"{where}: command {cmd!r} is not supported "
+                    f"(supported: {' '.join(SUPPORTED_COMMANDS)})"
+                )
+            params = sorted(q.get("params") or [], key=lambda p: p["number"])
+            numbers = [p["number"] for p in params]
+            if numbers != list(range(1, len(params) + 1)):
+                raise PluginError(f"{where}: parameters are not numbered $1..$n: {numbers}")
+            pnames = dedupe(
+                identifier(
+                    p["column"].get("name") or "", f"param_{p['number']}", _PARAM_RESERVED
+                )
+                for p in params
+            )
+            plist = [
+                Param(
+                    number=p["number"],
+                    name=n,
+                    column_name=p["column"].get("name") or "",
+                    type=ctx.resolve(
+                        p["column"], where=f"{where}: parameter ${p['number']} ({n}) of {cmd}"
+                    ),
+                )
+                for n, p in zip(pnames, params, strict=True)
+            ]
+            returns_rows = cmd in (":one", ":many", ":batchone", ":batchmany")
+            columns: list[Field] = []
+            raw_columns = q.get("columns") or []
+            if returns_rows:
+                if not raw_columns:
+                    raise PluginError(f"{where}: {cmd} needs a query that returns columns")
+                cnames = dedupe(
+                    identifier(c.get("name") or "", f"column_{i + 1}")
+                    for i, c in enumerate(raw_columns)
+                )
+                columns = [
+                    Field(
+                        n,
+                        ctx.resolve(
+                            c, where=f"{where}: result column {c.get('name')!r} of {cmd}"
+                        ),
+                    )
+                    for n, c in zip(cnames, raw_columns, strict=True)
+                ]
+                if any(f.type.enum and f.type.dims > 1 for f in columns):
+                    raise PluginError(f"{where}: multi-dimensional enum arrays are not supported")
+                if any(f.type.enum and f.type.dims == 1 for f in columns):
+                    ctx.needs_enum_array_parser = True
+            query = Query(
+                name=name,
+                cmd=cmd,
+                text=q.get("text", ""),
+                filename=filename,
+                comments=[c.strip() for c in q.get("comments") or []],
+                params=plist,
+                columns=columns,
+            )
+            if returns_rows and len(columns) > 1:
+                query.model = matching_model(ctx, raw_columns, columns)
+            if cmd == ":copyfrom":
+                table, cols, nums = copy_target(query)
+                query.copy_table = table
+                query.copy_columns = cols
+                if sorted(nums) != [p.number for p in plist]:
+                    raise PluginError(f"{where}: :copyfrom parameters do not match the columns")
+                # COPY writes values in the text's column order.
+                order = {n: i for i, n in enumerate(nums)}
+                query.params = sorted(plist, key=lambda p: order[p.number])
+            queries.append(query)
+        except PluginError as exc:
+            errors.append(str(exc))
+    return queries, errors
+
+
+def matching_model(
+    ctx: Context, raw_columns: list[dict[str, Any]], columns: list[Field]
+) -> Table | None:
+    """The table whose row these result columns exactly are, if any."""
+    table = ctx.table_of(raw_columns[0].get("table"))
+    if table is None or len(table.fields) != len(columns):
+        return None
+    for raw, col, tfield, tname in zip(
+        raw_columns, columns, table.fields, table.column_names, strict=True
+    ):
+        ref = ctx.table_of(raw.get("table"))
+        if ref is not table or raw.get("name") != tname or col.type != tfield.type:
+            return None
+    return table
+
+
+# --------------------------------------------------------------------------- emit
+
+
+class Module:
+    """Lines of one generated module plus the imports they need."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.imports: set[str] = set()  # `import x`
+        self.from_imports: dict[str, set[str]] = {}  # `from x import y`
+
+    def need(self, module: str, name: str | None = None) -> None:
+        if name is None:
+            self.imports.add(module)
+        else:
+            self.from_imports.setdefault(module, set()).add(name)
+
+    def need_type(self, t: PyType) -> None:
+        self.imports.update(t.imports)
+        if t.base == "Any":
+            self.need("typing", "Any")
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def render(self, header: list[str], docstring: str) -> str:
+        """The module text: header, docstring, isort-style imports, body."""
+
+        def group(module: str) -> int:
+            top = module.split(".")[0]
+            if top == "psycopg":
+                return 1
+            return 0 if top in sys.stdlib_module_names else 2
+
+        blocks: list[list[str]] = [[], [], []]
+        for m in sorted(self.imports):
+            blocks[group(m)].append(f"import {m}")
+        for m, names in sorted(self.from_imports.items()):
+            blocks[group(m)].append(f"from {m} import {', '.join(sorted(names))}")
+        out = [*header, f'"""{docstring}"""']
+        for block in blocks:
+            if block:
+                # isort order: `import x` lines first, then `from x import y`.
+                out.extend(["", *sorted(block, key=lambda line: line.startswith("from "))])
+        body = list(self.lines)
+        while body and body[0] == "":
+            body.pop(0)
+        if body:
+            # isort: two blank lines before a def or class, one before the rest.
+            gap = 2 if re.match(r"(@|def |class )", body[0]) else 1
+            out.extend(["" for _ in range(gap)] + body)
+        return "\n".join(out).rstrip("\n") + "\n"
+
+
+def header(request: dict[str, Any], source: str) -> list[str]:
+    version = request.get("sqlc_version") or "unknown"
+    return [
+        f"# Code generated by {GENERATOR} from {source}. DO NOT EDIT.",
+        "# versions:",
+        f"#   sqlc {version}",
+        f"#   {GENERATOR} {GENERATOR_VERSION}",
+    ]
+
+
+def emit_dataclass(mod: Module, class_name: str, fields: list[Field], doc: str | None) -> None:
+    mod.need("dataclasses")
+    mod.add("", "", "@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)")
+    mod.add(f"class {class_name}:")
+    if doc:
+        mod.add(f'    """{doc}"""', "")
+    for f in fields:
+        mod.need_type(f.type)
+        mod.add(f"    {f.name}: {f.type.annotation}")
+    if not fields:
+        mod.add("    pass")
+
+
+def value_expr(t: PyType, src: str, enum_import: set[str]) -> str:
+    """Python expression converting the loaded value ``src`` to ``t``."""
+    if t.is_void:
+        return "None"
+    if t.enum is None:
+        return src
+    enum_import.add(t.enum)
+    if t.dims == 0:
+        conv = f"{t.enum}({src})"
+    else:
+        enum_import.add("parse_enum_array")
+        conv = f"parse_enum_array({t.enum}, {src})"
+    return f"({conv} if {src} is not None else None)" if t.nullable else conv
+
+
+def param_expr(t: PyType, src: str, mod: Module) -> str:
+    """Python expression adapting the argument ``src`` for psycopg."""
+    if t.json_wrapper is None:
+        return src
+    mod.need("psycopg.types.json", t.json_wrapper)
+    w = t.json_wrapper
+    if t.dims == 0:
+        conv = f"{w}({src})"
+    elif t.dims == 1:
+        conv = f"[{w}(v) for v in {src}]"
+    else:
+        raise PluginError(f"multi-dimensional {t.copy_type} arrays are not supported")
+    return f"({conv} if {src} is not None else None)" if t.nullable else conv
+
+
+@dataclass
+class Node:
+    """A bracketed expression the layout may split over lines, ruff-format style."""
+
+    open: str  # "Job(", "[", "("
+    items: list[Node | str]
+    close: str  # ")", "]"
+    comma: bool = True  # items are comma-separated (a call, a tuple), else a comprehension
+
+
+def call(func: str, args: Sequence[Node | str]) -> Node:
+    return Node(f"{func}(", list(args), ")")
+
+
+def tuple_node(items: Sequence[Node | str]) -> Node:
+    return Node("(", list(items), ")")
+
+
+def flat(x: Node | str) -> str:
+    if isinstance(x, str):
+        return x
+    if not x.comma:
+        return x.open + " ".join(flat(i) for i in x.items) + x.close
+    inner = ", ".join(flat(i) for i in x.items)
+    if x.open == "(" and len(x.items) == 1:
+        inner += ","  # a one-element tuple
+    return x.open + inner + x.close
+
+
+def layout(x: Node | str, indent: str, prefix: str = "", suffix: str = "") -> list[str]:
+    """``prefix + x + suffix`` on one line if it fits, else split at brackets."""
+    line = indent + prefix + flat(x) + suffix
+    if isinstance(x, str) or len(line) <= LINE_LENGTH or not x.items:
+        return [line]
+    lines = [indent + prefix + x.open]
+    for item in x.items:
+        lines.extend(layout(item, indent + "    ", suffix="," if x.comma else ""))
+    lines.append(indent + x.close + suffix)
+    return lines
+
+
+def signature(name: str, params: list[str], returns: str) -> list[str]:
+    one = f"def {name}({', '.join(params)}) -> {returns}:"
+    if len(one) <= LINE_LENGTH:
+        return [one]
+    return [f"def {name}(", *[f"    {p}," for p in params], f") -> {returns}:"]
+
+
+def docstring_lines(comments: list[str], indent: str) -> list[str]:
+    text = [c.replace("\\", "\\\\").replace('"""', '\\"\\"\\"') for c in comments]
+    while text and not text[-1]:
+        text.pop()
+    while text and not text[0]:
+        text.pop(0)
+    if not text:
+        return []
+    if text[-1].endswith('"'):
+        text[-1] += " "
+    if len(text) == 1 and len(indent) + len(text[0]) + 6 <= LINE_LENGTH:
+        return [f'{indent}"""{text[0]}"""']
+    rest = [f"{indent}{t}" if t else "" for t in text[1:]]
+    return [f'{indent}"""{text[0]}', *rest, f'{indent}"""']
+
+
+def optional(annotation: str) -> str:
+    """``X`` -> ``X | None``, leaving ``Any``, ``None`` and ``Y | None`` alone."""
+    if annotation in ("Any", "None") or annotation.endswith(" | None"):
+        return annotation
+    return f"{annotation} | None"
+
+
+CURSOR = "with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:"
+
+
+def emit_query(mod: Module, q: Query, enum_import: set[str], model_import: set[str]) -> None:
+    const = snake(q.name).upper()
+    func = snake(q.name)
+    cap = q.name[:1].upper() + q.name[1:]
+    mod.need("typing", "Final")
+    mod.need("typing", "Any")
+    mod.need("psycopg")
+    mod.need("psycopg.rows", "tuple_row")
+    mod.add("", "", *assignment(const, py_string(q.text)))
+
+    # The result: a bare value, a shared model or a per-query Row dataclass.
+    row_class: str | None = None
+    single: Field | None = None
+    if len(q.columns) == 1:
+        single = q.columns[0]
+        mod.need_type(single.type)
+    elif q.model is not None:
+        row_class = q.model.class_name
+        model_import.add(row_class)
+    elif q.columns:
+        row_class = f"{cap}Row"
+        emit_dataclass(mod, row_class, q.columns, None)
+    for f in q.columns:
+        if f.type.enum:
+            enum_import.add(f.type.enum)
+    row_type = single.type.annotation if single is not None else row_class or "None"
+
+    def build(src: str) -> Node | str:
+        """The expression making one result value from the tuple ``src``."""
+        if single is not None:
+            return value_expr(single.type, f"{src}[0]", enum_import)
+        assert row_class is not None
+        return call(
+            row_class,
+            [
+                f"{f.name}={value_expr(f.type, f'{src}[{i}]', enum_import)}"
+                for i, f in enumerate(q.columns)
+            ],
+        )
+
+    def all_rows() -> Node:
+        return Node("[", [build("r"), "for r in cur.fetchall()"], "]", comma=False)
+
+    doc = docstring_lines(q.comments, "    ")
+
+    if q.cmd in (":copyfrom", ":batchexec", ":batchone", ":batchmany"):
+        params_class = f"{cap}Params"
+        fields = [Field(p.name, p.type) for p in q.params]
+        emit_dataclass(mod, params_class, fields, f"One row of {func}().")
+        for p in q.params:
+            if p.type.enum:
+                enum_import.add(p.type.enum)
+        if q.cmd == ":copyfrom":
+            emit_copy(mod, q, const, func, params_class, doc)
+            return
+        mod.need("collections.abc", "Sequence")
+        args = tuple_node([param_expr(p.type, f"p.{p.name}", mod) for p in q.params])
+        gen = Node("(", [args, "for p in rows"], ")", comma=False)
+        conn_rows = ["conn: psycopg.Connection[Any]", f"rows: Sequence[{params_class}]"]
+        if q.cmd == ":batchexec":
+            mod.add("", "", *signature(func, conn_rows, "None"), *doc, f"    {CURSOR}")
+            mod.add(*layout(call("cur.executemany", [const, gen]), " " * 8))
+            return
+        item = optional(row_type) if q.cmd == ":batchone" else f"list[{row_type}]"
+        mod.add("", "", *signature(func, conn_rows, f"list[{item}]"), *doc)
+        mod.add(
+            f"    result: list[{item}] = []",
+            "    if not rows:",
+            "        return result",
+            f"    {CURSOR}",
+            *layout(call("cur.executemany", [const, gen, "returning=True"]), " " * 8),
+            "        while True:",
+        )
+        if q.cmd == ":batchone":
+            mod.add(
+                "            r = cur.fetchone()",
+                "            if r is None:",
+                "                result.append(None)",
+                "            else:",
+                *layout(call("result.append", [build("r")]), " " * 16),
+            )
+        else:
+            mod.add(*layout(call("result.append", [all_rows()]), " " * 12))
+        mod.add(
+            "            if not cur.nextset():",
+            "                break",
+            "    return result",
+        )
+        return
+
+    sig_params = ["conn: psycopg.Connection[Any]"]
+    if q.params:
+        sig_params.append("*")
+    for p in q.params:
+        mod.need_type(p.type)
+        if p.type.enum:
+            enum_import.add(p.type.enum)
+        sig_params.append(f"{p.name}: {p.type.annotation}")
+    execute_args: list[Node | str] = [const]
+    if q.params:
+        execute_args.append(tuple_node([param_expr(p.type, p.name, mod) for p in q.params]))
+    execute = [f"    {CURSOR}", *layout(call("cur.execute", execute_args), " " * 8)]
+
+    if q.cmd == ":exec":
+        mod.add("", "", *signature(func, sig_params, "None"), *doc, *execute)
+    elif q.cmd == ":execrows":
+        mod.add("", "", *signature(func, sig_params, "int"), *doc, *execute)
+        mod.add("        return cur.rowcount")
+    elif q.cmd == ":one":
+        mod.add("", "", *signature(func, sig_params, optional(row_type)), *doc, *execute)
+        if single is not None and single.type.is_void:
+            mod.add("    return None")
+            return
+        mod.add("        r = cur.fetchone()", "    if r is None:", "        return None")
+        if single is not None and single.type.enum is None and row_type != "Any":
+            # Through a typed local: returning the tuple's Any fails mypy --strict.
+            mod.add(f"    value: {row_type} = r[0]", "    return value")
+        else:
+            mod.add(*layout(build("r"), "    ", prefix="return "))
+    elif q.cmd == ":many":
+        mod.add("", "", *signature(func, sig_params, f"list[{row_type}]"), *doc, *execute)
+        mod.add(*layout(all_rows(), " " * 8, prefix="return "))
+
+
+def emit_copy(
+    mod: Module, q: Query, const: str, func: str, params_class: str, doc: list[str]
+) -> None:
+    mod.need("collections.abc", "Iterable")
+    binary = all(p.type.binary_copy_ok for p in q.params)
+    fmt = " (FORMAT BINARY)" if binary else ""
+    copy_sql = f"COPY {q.copy_table} ({', '.join(q.copy_columns)}) FROM STDIN{fmt}"
+    types = tuple_node([json.dumps(p.type.set_types_name) for p in q.params])
+    mod.add("", "", *assignment(f"{const}_COPY", py_string(copy_sql)))
+    mod.add(*layout(types, "", prefix=f"{const}_COPY_TYPES: Final = "))
+    sig = signature(
+        func, ["conn: psycopg.Connection[Any]", f"rows: Iterable[{params_class}]"], "int"
+    )
+    mod.add("", "", *sig)
+    if doc:
+        mod.add(*doc)
+    else:
+        mod.add(f'    """COPY the rows into {q.copy_table}; return how many were written."""')
+    if not binary:
+        mod.add("    # Text COPY: binary COPY of an enum array needs its type registered.")
+    contexts = [
+        "psycopg.RawCursor(conn, row_factory=tuple_row) as cur",
+        f"cur.copy({const}_COPY) as copy",
+    ]
+    with_line = f"    with {', '.join(contexts)}:"
+    if len(with_line) > LINE_LENGTH:
+        with_lines = ["    with (", *[f"        {c}," for c in contexts], "    ):"]
+    else:
+        with_lines = [with_line]
+    # set_types() picks the dumpers, so values go in as they are, except that a
+    # NOT NULL json value of None means JSON null, as in the other functions.
+    values = tuple_node(
+        [
+            f"{p.type.json_wrapper}(p.{p.name})"
+            if p.type.json_wrapper and not p.type.nullable and not p.type.dims
+            else f"p.{p.name}"
+            for p in q.params
+        ]
+    )
+    for p in q.params:
+        if p.type.json_wrapper and not p.type.nullable and not p.type.dims:
+            mod.need("psycopg.types.json", p.type.json_wrapper)
+    mod.add(
+        "    count = 0",
+        *with_lines,
+        f"        copy.set_types({const}_COPY_TYPES)",
+        "        for p in rows:",
+        *layout(call("copy.write_row", [values]), " " * 12),
+        "            count += 1",
+        "    return count",
+    )
+
+
+ENUM_ARRAY_PARSER = '''
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+_ARRAY_ITEM = re.compile(r'"((?:[^"\\\\]|\\\\.)*)"|([^,]+)')
+
+
+def parse_enum_array(cls: type[_E], value: str | list[Any]) -> list[_E]:
+    """Load a one-dimensional array of an enum.
+
+    psycopg knows no loader for an enum array type it has not registered and
+    returns PostgreSQL's text form, e.g. ``{queued,"odd label"}``.
+    """
+    if isinstance(value, list):
+        return [cls(v) for v in value]
+    body = value[value.index("=") + 1 :] if value.startswith("[") else value
+    if not (body.startswith("{") and body.endswith("}")):
+        raise ValueError(f"not a one-dimensional array: {value!r}")
+    result: list[_E] = []
+    for m in _ARRAY_ITEM.finditer(body[1:-1]):
+        quoted, bare = m.group(1), m.group(2)
+        if bare is not None:
+            if bare == "NULL":
+                raise ValueError(f"NULL element in enum array: {value!r}")
+            result.append(cls(bare))
+        else:
+            result.append(cls(re.sub(r"\\\\(.)", r"\\1", quoted)))
+    return result'''
+
+
+def emit_models(request: dict[str, Any], ctx: Context) -> str:
+    mod = Module()
+    enums = list(ctx.enums.values())
+    if enums:
+        mod.need("enum")
+    for e in enums:
+        mod.add("", "", f"class {e.class_name}(enum.StrEnum):")
+        mod.add(f'    """PostgreSQL enum {e.schema}.{e.name}."""', "")
+        for member, label in zip(e.members, e.labels, strict=True):
+            mod.add(f"    {member} = {json.dumps(label, ensure_ascii=False)}")
+        if not e.labels:
+            mod.add("    pass")
+    for t in ctx.tables.values():
+        emit_dataclass(mod, t.class_name, t.fields, f"A row of {t.schema}.{t.name}.")
+    if ctx.needs_enum_array_parser:
+        mod.need("re")
+        mod.need("enum")
+        mod.need("typing", "Any")
+        mod.need("typing", "TypeVar")
+        mod.add(*ENUM_ARRAY_PARSER.split("\n"))
+    schema = ", ".join((request.get("settings") or {}).get("schema") or []) or "the schema"
+    return mod.render(header(request, schema), "Enums and table rows of the schema.")
+
+
+def query_source(request: dict[str, Any], filename: str) -> str:
+    entries = (request.get("settings") or {}).get("queries") or []
+    files = [e for e in entries if e.endswith(".sql")]
+    for e in files:
+        if e.rsplit("/", 1)[-1] == filename:
+            return e
+    dirs = [e for e in entries if not e.endswith(".sql")]
+    if len(dirs) == 1:
+        return dirs[0].rstrip("/") + "/" + filename
+    return filename
+
+
+def module_name(filename: str) -> str:
+    base = filename.rsplit("/", 1)[-1]
+    base = base[: -len(".sql")] if base.lower().endswith(".sql") else base
+    name = identifier(base, "queries")
+    if name in ("models", "__init__"):
+        raise PluginError(f"query file {filename!r} would overwrite the generated {name}.py")
+    return name
+
+
+def generate(request: dict[str, Any]) -> dict[str, str]:
+    """The files (name -> text) for a GenerateRequest."""
+    options = parse_options(request.get("plugin_options"))
+    package = options.get("package")
+    if not isinstance(package, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", package):
+        raise PluginError(
+            "plugin option 'package' (the dotted import name of the out directory) is "
+            "required, e.g. options: {package: jobrun.postgres.sqlc}"
+        )
+    ctx = Context(request)
+    queries, errors = build_queries(request, ctx)
+
+    by_file: dict[str, list[Query]] = {}
+    for q in queries:
+        by_file.setdefault(q.filename, []).append(q)
+    files: dict[str, str] = {}
+    modules: dict[str, str] = {}
+    for filename in sorted(by_file):
+        try:
+            name = module_name(filename)
+            if name in modules:
+                raise PluginError(
+                    f"query files {modules[name]!r} and {filename!r} both map to {name}.py"
+                )
+            modules[name] = filename
+            files[f"{name}.py"] = emit_query_module(request, ctx, package, filename, by_file[filename])
+        except PluginError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise PluginError("\n".join(errors))
+    files["models.py"] = emit_models(request, ctx)
+    queries_src = ", ".join((request.get("settings") or {}).get("queries") or []) or "queries"
+    init = Module()
+    files["__init__.py"] = init.render(
+        header(request, queries_src), f"Typed psycopg 3 queries ({package}), generated by sqlc."
+    )
+    return dict(sorted(files.items()))
+
+
+def emit_query_module(
+    request: dict[str, Any], ctx: Context, package: str, filename: str, queries: list[Query]
+) -> str:
+    mod = Module()
+    enum_import: set[str] = set()
+    model_import: set[str] = set()
+    names: dict[str, str] = {}
+
+    def claim(name: str, what: str) -> None:
+        if name in names:
+            raise PluginError(f"{what} and {names[name]} both generate the name {name!r}")
+        names[name] = what
+
+    model_names = {t.class_name for t in ctx.tables.values()} | {
+        e.class_name for e in ctx.enums.values()
+    }
+    for q in queries:
+        what = f"query {q.name!r} ({filename})"
+        const = snake(q.name).upper()
+        claim(const, what)
+        claim(snake(q.name), what)
+        if q.cmd == ":copyfrom":
+            claim(f"{const}_COPY", what)
+            claim(f"{const}_COPY_TYPES", what)
+        cap = q.name[:1].upper() + q.name[1:]
+        for cls in (f"{cap}Row", f"{cap}Params"):
+            if cls in model_names:
+                raise PluginError(f"{what}: class {cls!r} clashes with a model in models.py")
+        emit_query(mod, q, enum_import, model_import)
+    imported = sorted(enum_import | model_import)
+    for name in imported:
+        mod.need(f"{package}.models", name)
+    source = query_source(request, filename)
+    return mod.render(header(request, source), f"Queries of {source}.")
+
+
+def run(stdin: bytes) -> bytes:
+    request = json.loads(stdin)
+    files = generate(request)
+    response = {
+        "files": [
+            {"name": name, "contents": base64.b64encode(text.encode()).decode()}
+            for name, text in files.items()
+        ]
+    }
+    return json.dumps(response).encode()
+
+
+def main() -> int:
+    try:
+        sys.stdout.buffer.write(run(sys.stdin.buffer.read()))
+    except PluginError as exc:
+        for line in str(exc).splitlines():
+            print(f"{GENERATOR}: {line}", file=sys.stderr)
+        return 1
+    except json.JSONDecodeError as exc:
+        print(f"{GENERATOR}: the request on stdin is not JSON ({exc}); "
+              "set `format: json` under the plugin's `process:` in sqlc.yaml", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
