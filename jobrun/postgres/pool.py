@@ -104,19 +104,22 @@ def open_pool(
     *,
     concurrency: int = 1,
     min_size: int | None = None,
+    max_size: int | None = None,
     timeout: float = DEFAULT_POOL_TIMEOUT,
     application_name: str = "jobrun-pool",
 ) -> ConnectionPool[psycopg.Connection[Any]]:
     """Open a pool sized for ``concurrency`` handler threads, after a ping.
 
-    ``timeout`` bounds how long a caller waits for a free connection before a
+    ``max_size`` overrides ``concurrency + 8`` (tests and single-purpose
+    tools only: a worker needs the reserve). ``timeout`` bounds how long a caller waits for a free connection before a
     clear ``PoolTimeout`` (mapped to TransientError by the store).
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValidationError("concurrency", "must be a positive int")
     full = conninfo_with(conninfo, application_name=application_name)
     ping(conninfo, application_name=application_name)
-    max_size = concurrency + RESERVED_CONNECTIONS
+    if max_size is None:
+        max_size = concurrency + RESERVED_CONNECTIONS
     # Autocommit: a lone statement is its own transaction (one round trip);
     # Store._with_tx opens explicit transactions where it needs more.
     pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(

@@ -1,0 +1,607 @@
+"""Wake-ups for idle workers over LISTEN/NOTIFY: the :class:`Notifier` (a ``Dispatcher``).
+
+The store sends ``pg_notify(channel, queue)`` in the same transaction as the
+row it announces, so PostgreSQL delivers the notification only at COMMIT (a
+rolled-back enqueue wakes no one) and the payload is a queue name. Here one
+**dedicated listener connection** (never from the pool: a pool would recycle
+it and lose the LISTEN) runs ``LISTEN <channel>`` and a daemon thread
+(``jobrun-listener``) turns notifications into wake-ups.
+
+Waiters
+    A worker registers its queues once with :meth:`Notifier.subscribe` and
+    gets a :class:`Waiter`, a **one-slot channel**: a notification for one of
+    its queues sets the slot, :meth:`Waiter.wait` consumes it. Notifications
+    coalesce (a burst of 10,000 costs one wake-up), and a notification that
+    arrives while the worker is busy claiming is kept in the slot until the
+    next ``wait``, so it is never lost. The port's
+    :meth:`Notifier.wait(queues, timeout) <Notifier.wait>` is a convenience
+    over a per-thread, per-queue-set waiter created on first use (so it
+    inherits the same "kept while busy" guarantee from its second call on).
+
+Notifications are hints
+    Workers poll as well. A payload is only ever compared with the queue
+    names the waiters registered; anything else (another role's garbage, an
+    unknown queue, an empty or oversize payload) is counted and ignored. A
+    payload the driver cannot even decode (possible only in a ``SQL_ASCII``
+    database) is treated like a connection fault: reconnect and wake everyone.
+
+Reconnects
+    Any error while connecting, in ``LISTEN`` (``cannot execute LISTEN during
+    recovery`` on a standby included) or while listening is a connection
+    fault: close the connection, back off (0.1 s doubling to 5 s, with
+    jitter, interruptible by :meth:`Notifier.stop`), connect and ``LISTEN``
+    again. Notifications sent during the gap are lost, so after every
+    successful (re)connect **every waiter is woken once** and polls.
+
+Liveness
+    A half-open network leaves a listener waiting for notifications that will
+    never come, without any error. Every ``liveness_interval`` seconds the
+    listener thread runs a probe on its own session (the channel must still
+    be in ``pg_listening_channels()``); the probe is bounded client-side by
+    ``probe_timeout`` (:func:`interrupt_after` shuts the socket down when the
+    server does not answer), and a failed probe is a connection fault. TCP
+    keepalives (from :func:`~jobrun.postgres.pool.conninfo_with`) back this
+    up at the socket level. A dead connection is therefore noticed within
+    ``liveness_interval + probe_timeout`` (plus one backoff step to recover).
+
+Disabled mode
+    ``Notifier(..., enabled=False)`` (or :class:`NullDispatcher`) opens no
+    connection: ``wait`` sleeps until its timeout and everything works by
+    polling (e.g. behind PgBouncer in transaction mode, where LISTEN does not
+    stick).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import random
+import re
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from jobrun.job import validate
+from jobrun.job.errors import ValidationError
+from jobrun.postgres.pool import conninfo_with, redact
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHANNEL = "jobrun_jobs"
+CHANNEL_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+"""A channel is an identifier: lower-case ASCII so LISTEN cannot case-fold it,
+at most 63 bytes so PostgreSQL cannot truncate it (``pg_notify`` would then
+notify a name nobody listens on)."""
+
+DEFAULT_LIVENESS_INTERVAL = 5.0
+DEFAULT_PROBE_TIMEOUT = 5.0
+DEFAULT_BACKOFF_INITIAL = 0.1
+DEFAULT_BACKOFF_MAX = 5.0
+
+_TICK = 0.5
+"""Longest the listener thread blocks before looking at its stop flag."""
+
+
+def validate_channel(name: object, field: str = "channel") -> str:
+    """``name`` if it is a valid channel identifier, else ValidationError."""
+    if not isinstance(name, str) or not CHANNEL_PATTERN.fullmatch(name):
+        raise ValidationError(
+            field,
+            f"{name!r} is not a valid channel name (1-63 characters of a-z 0-9 _, "
+            "not starting with a digit)",
+        )
+    return name
+
+
+def _positive_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(field, f"must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValidationError(
+            field, f"must be a finite number of seconds {'>=' if allow_zero else '>'} 0"
+        )
+    return seconds
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float) -> float:
+    """The pause before reconnect ``attempt`` (0-based): doubling from ``initial``,
+    capped at ``maximum``, with "equal jitter" (uniform in [d/2, d]) so that many
+    workers that lost the server together do not all come back at once."""
+    delay = min(maximum, initial * (2 ** min(attempt, 32)))
+    return random.uniform(delay / 2, delay)
+
+
+# -- bounding a blocking call client-side ---------------------------------------
+
+
+class ProbeTimeout(psycopg.OperationalError):
+    """The server did not answer in time; the connection was shut down."""
+
+
+def _shutdown_socket(conn: psycopg.Connection[Any]) -> None:
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:
+        return  # already closed
+    # fromfd duplicates the descriptor; shutdown() acts on the shared socket,
+    # so the thread blocked in select() on the original sees EOF and libpq
+    # fails the call. Closing our duplicate leaves the original to psycopg.
+    with contextlib.suppress(OSError), socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def interrupt_after(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """Bound the statements run on ``conn`` in this block by ``seconds``, client-side.
+
+    ``statement_timeout`` cannot help when the network is half-open (the
+    server never sees the query, or its answer never arrives). When the
+    block is still running after ``seconds``, a watchdog shuts the
+    connection's socket down: the blocked call fails, the connection is
+    unusable afterwards (close it), and :class:`ProbeTimeout` is raised.
+    Race-free: once the block has finished, the watchdog does nothing.
+    """
+    mutex = threading.Lock()
+    state = {"done": False, "fired": False}
+
+    def fire() -> None:
+        with mutex:
+            if state["done"]:
+                return
+            state["fired"] = True
+            _shutdown_socket(conn)
+
+    timer = threading.Timer(seconds, fire)
+    timer.name = "jobrun-probe-watchdog"
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except psycopg.Error as exc:
+        if state["fired"]:
+            raise ProbeTimeout(f"no answer from the server within {seconds:g}s") from exc
+        raise
+    finally:
+        with mutex:
+            state["done"] = True
+        timer.cancel()
+    if state["fired"]:
+        # The block finished but the socket is gone: report it all the same.
+        raise ProbeTimeout(f"no answer from the server within {seconds:g}s")
+
+
+def configure_session(conn: psycopg.Connection[Any], statement_timeout: float) -> None:
+    """Session settings for a long-lived, mostly idle dedicated connection.
+
+    ``idle_session_timeout`` (role or database wide) would kill a listener or a
+    lock holder between probes; it is switched off for this session only.
+    ``statement_timeout`` is set to the probe bound, so that a role-wide 1 ms
+    cannot break our tiny statements and nothing of ours can run long.
+    """
+    conn.execute(
+        "SELECT set_config('statement_timeout', %s, false),"
+        " set_config('idle_in_transaction_session_timeout', '0', false)",
+        [str(max(1, int(statement_timeout * 1000)))],
+    )
+    if conn.info.server_version >= 140000:
+        conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
+
+
+# -- waiters ------------------------------------------------------------------
+
+
+class Waiter:
+    """A one-slot wake-up channel for a fixed set of queues (see the module docs).
+
+    Created by :meth:`Notifier.subscribe`; keep it for the life of the worker
+    loop and call :meth:`wait` between claims. Closing it (or dropping the last
+    reference) unsubscribes.
+    """
+
+    def __init__(self, notifier: _Hub, queues: frozenset[str]) -> None:
+        self.queues = queues
+        self._slot = threading.Event()
+        self._hub: _Hub | None = notifier
+        self.wakeups = 0
+        """How many times :meth:`wait` returned True."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a notification for one of :attr:`queues` (or a reconnect)
+        arrived since the previous ``wait`` returned, or ``timeout`` seconds pass.
+
+        True when woken (the slot is consumed), False on timeout.
+        """
+        seconds = _positive_seconds(timeout, "timeout", allow_zero=True)
+        if not self._slot.wait(seconds):
+            return False
+        self._slot.clear()
+        self.wakeups += 1
+        return True
+
+    def pending(self) -> bool:
+        """Whether a wake-up is waiting in the slot (without consuming it)."""
+        return self._slot.is_set()
+
+    def wake(self) -> None:
+        """Set the slot (idempotent: wake-ups coalesce)."""
+        self._slot.set()
+
+    def close(self) -> None:
+        """Unsubscribe; safe to call twice. ``wait`` then only sleeps."""
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            hub._unsubscribe(self)
+
+    def __enter__(self) -> Waiter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _Hub:
+    """The waiter registry shared by :class:`Notifier` and :class:`NullDispatcher`."""
+
+    def __init__(self) -> None:
+        self._waiters_lock = threading.Lock()
+        # Weak: a waiter whose worker thread is gone (the per-thread cache of
+        # the port's ``wait``) unsubscribes itself by being collected.
+        self._waiters: weakref.WeakSet[Waiter] = weakref.WeakSet()
+        self._local = threading.local()
+
+    def subscribe(self, queues: Iterable[str]) -> Waiter:
+        """A :class:`Waiter` for ``queues`` (valid queue names, at least one)."""
+        if isinstance(queues, str):
+            raise ValidationError("queues", "must be a sequence of queue names, not a str")
+        names = frozenset(validate.queue_name(q, "queues") for q in queues)
+        if not names:
+            raise ValidationError("queues", "must name at least one queue")
+        waiter = Waiter(self, names)
+        with self._waiters_lock:
+            self._waiters.add(waiter)
+        return waiter
+
+    def _unsubscribe(self, waiter: Waiter) -> None:
+        with self._waiters_lock:
+            self._waiters.discard(waiter)
+
+    def _snapshot(self) -> list[Waiter]:
+        with self._waiters_lock:
+            return list(self._waiters)
+
+    def _wake_all(self) -> None:
+        for waiter in self._snapshot():
+            waiter.wake()
+
+    def _wake_queue(self, queue: str) -> int:
+        woken = 0
+        for waiter in self._snapshot():
+            if queue in waiter.queues:
+                waiter.wake()
+                woken += 1
+        return woken
+
+    def wait(self, queues: Sequence[str], timeout: float) -> bool:
+        """The ``Dispatcher`` port: wait on this thread's waiter for ``queues``.
+
+        The waiter is created on the first call from a thread for a given set
+        of queues and reused afterwards, so a notification that arrives between
+        two calls is kept for the next one. Prefer :meth:`subscribe` when the
+        queue set is fixed: it also covers the time before the first call.
+        """
+        key = frozenset(queues)
+        cache: dict[frozenset[str], Waiter] | None = getattr(self._local, "waiters", None)
+        if cache is None:
+            cache = {}
+            self._local.waiters = cache
+        waiter = cache.get(key)
+        if waiter is None:
+            waiter = cache[key] = self.subscribe(key)
+        return waiter.wait(timeout)
+
+
+class NullDispatcher(_Hub):
+    """A ``Dispatcher`` without notifications: ``wait`` sleeps until its timeout.
+
+    For deployments where LISTEN cannot work (PgBouncer in transaction mode)
+    or is switched off; workers then find jobs by polling alone.
+    """
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Wake every waiter once, so blocked workers re-check their state."""
+        self._wake_all()
+
+    def close(self) -> None:
+        self.stop()
+
+
+# -- the notifier ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NotifierStats:
+    """Counters for metrics and tests."""
+
+    connects: int
+    """Successful connect + LISTEN, the first one included."""
+    reconnects: int
+    """Successful connects after the first."""
+    faults: int
+    """Connection faults: failed connects, dropped connections, failed probes."""
+    probes: int
+    """Liveness probes that succeeded."""
+    received: int
+    """Notifications read on the channel."""
+    ignored: int
+    """Notifications whose payload is not a queue name (never trusted)."""
+
+
+class _Gone(Exception):
+    """The listener connection is unusable; reconnect."""
+
+
+class Notifier(_Hub):
+    """The ``Dispatcher`` over LISTEN/NOTIFY (see the module docs).
+
+    ``conninfo`` is a URL or key=value string; the listener connection adds
+    ``application_name`` (``jobrun-listener``), a connect timeout and TCP
+    keepalives. Call :meth:`start` once, :meth:`stop` (or :meth:`close`, or
+    leave the ``with`` block) at the end; both are safe to call twice.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        channel: str = DEFAULT_CHANNEL,
+        enabled: bool = True,
+        liveness_interval: float = DEFAULT_LIVENESS_INTERVAL,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+        backoff_initial: float = DEFAULT_BACKOFF_INITIAL,
+        backoff_max: float = DEFAULT_BACKOFF_MAX,
+        application_name: str = "jobrun-listener",
+    ) -> None:
+        super().__init__()
+        self.channel = validate_channel(channel)
+        self.enabled = bool(enabled)
+        self.liveness_interval = _positive_seconds(liveness_interval, "liveness_interval")
+        self.probe_timeout = _positive_seconds(probe_timeout, "probe_timeout")
+        self.backoff_initial = _positive_seconds(backoff_initial, "backoff_initial")
+        self.backoff_max = max(
+            self.backoff_initial, _positive_seconds(backoff_max, "backoff_max")
+        )
+        # Parsed now, so that a bad string fails here (without its password).
+        self._conninfo = conninfo_with(conninfo, application_name=application_name)
+        self._listen_sql = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
+
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._state_lock = threading.Lock()
+        self._connected = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._connects = 0
+        self._faults = 0
+        self._probes = 0
+        self._received = 0
+        self._ignored = 0
+        self._closed = False
+        self.last_error: str | None = None
+        """The last connection fault, redacted (for logs and health checks)."""
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the listener thread (no-op when disabled, started or stopped).
+
+        Returns at once; :meth:`wait_connected` waits for the first LISTEN.
+        """
+        with self._state_lock:
+            if not self.enabled or self._thread is not None or self._closed:
+                return
+            self._thread = threading.Thread(target=self._run, name="jobrun-listener", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop listening, close the connection and wake every waiter once.
+
+        Safe to call twice. Waits up to ``timeout`` for the thread (a connect in
+        progress is bounded by the connect timeout; the thread is a daemon).
+        Afterwards ``wait`` only sleeps, as in disabled mode.
+        """
+        with self._state_lock:
+            self._closed = True
+            thread = self._thread
+        self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._wake_all()
+
+    def close(self) -> None:
+        """Same as :meth:`stop`."""
+        self.stop()
+
+    def __enter__(self) -> Notifier:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- observable state -------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether the listener is connected and LISTENing right now."""
+        return self._connected.is_set()
+
+    @property
+    def running(self) -> bool:
+        """Whether the listener thread is alive."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
+    def reconnects(self) -> int:
+        return max(0, self._connects - 1)
+
+    @property
+    def stats(self) -> NotifierStats:
+        return NotifierStats(
+            connects=self._connects,
+            reconnects=self.reconnects,
+            faults=self._faults,
+            probes=self._probes,
+            received=self._received,
+            ignored=self._ignored,
+        )
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Block until the listener is connected (True) or ``timeout`` passes."""
+        return self._connected.wait(_positive_seconds(timeout, "timeout", allow_zero=True))
+
+    def backend_pid(self) -> int | None:
+        """The listener session's backend pid while connected (for operators and tests)."""
+        conn = self._conn
+        if conn is None or not self.connected:
+            return None
+        with contextlib.suppress(psycopg.Error):
+            return int(conn.info.backend_pid)
+        return None
+
+    # -- the listener thread ------------------------------------------------------
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                conn = self._connect()
+            except Exception as exc:  # noqa: BLE001 - any connect error is a fault: retry
+                self._fault("connect", exc)
+                self._stop.wait(backoff_delay(attempt, self.backoff_initial, self.backoff_max))
+                attempt += 1
+                continue
+            up_since = time.monotonic()
+            self._conn = conn
+            self._connects += 1
+            self._connected.set()
+            if self._connects > 1:
+                log.info("listener reconnected to channel %s", self.channel)
+            # Anything sent while we were not listening is lost: everyone polls once.
+            self._wake_all()
+            try:
+                self._listen(conn)
+            except Exception as exc:  # noqa: BLE001 - the thread must survive anything
+                self._fault("listen", exc)
+            finally:
+                self._connected.clear()
+                self._conn = None
+                with contextlib.suppress(Exception):
+                    conn.close()
+            if self._stop.is_set():
+                break
+            if time.monotonic() - up_since >= self.backoff_max:
+                attempt = 0  # it was healthy for a while: start over from a short pause
+            self._stop.wait(backoff_delay(attempt, self.backoff_initial, self.backoff_max))
+            attempt += 1
+        self._connected.clear()
+
+    def _fault(self, where: str, exc: BaseException) -> None:
+        self._faults += 1
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        self.last_error = redact(f"{type(exc).__name__}: {message}")
+        if self._stop.is_set():
+            return
+        log.warning("listener %s failed, will reconnect: %s", where, self.last_error)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.Connection.connect(self._conninfo, autocommit=True)
+        try:
+            with interrupt_after(conn, self.probe_timeout):
+                configure_session(conn, self.probe_timeout)
+                conn.execute(self._listen_sql)
+            self._probe(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _probe(self, conn: psycopg.Connection[Any]) -> None:
+        """Same-session liveness: the server answers and we still LISTEN on the channel."""
+        with interrupt_after(conn, self.probe_timeout):
+            row = conn.execute(
+                "SELECT %s = ANY (ARRAY(SELECT pg_listening_channels()))", [self.channel]
+            ).fetchone()
+        if not row or row[0] is not True:
+            raise _Gone(f"the session no longer listens on {self.channel!r}")
+        self._probes += 1
+
+    def _listen(self, conn: psycopg.Connection[Any]) -> None:
+        next_probe = time.monotonic() + self.liveness_interval
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_probe:
+                self._probe(conn)
+                now = time.monotonic()
+                next_probe = now + self.liveness_interval
+            timeout = min(_TICK, max(0.0, next_probe - now))
+            # A decode error (a non-UTF-8 payload in a SQL_ASCII database) or a
+            # connection error ends the generator; both end this connection.
+            for notify in conn.notifies(timeout=timeout):
+                self._dispatch(notify.payload)
+                if self._stop.is_set():
+                    return
+
+    def _dispatch(self, payload: str) -> None:
+        self._received += 1
+        # Untrusted: any role that can connect can NOTIFY. The payload is only
+        # compared with the queue names waiters registered, never used otherwise.
+        if not validate.QUEUE_NAME_PATTERN.fullmatch(payload) or not payload.isascii():
+            self._ignored += 1
+            return
+        self._wake_queue(payload)
+
+    # -- the Dispatcher port ----------------------------------------------------
+
+    def wait(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block until a job may be ready in one of ``queues`` or ``timeout`` passes.
+
+        True when woken by a notification or a reconnect, False on timeout.
+        See :meth:`_Hub.wait` for the per-thread waiter it uses.
+        """
+        return super().wait(queues, timeout)
+
+
+__all__ = [
+    "DEFAULT_CHANNEL",
+    "Notifier",
+    "NotifierStats",
+    "NullDispatcher",
+    "ProbeTimeout",
+    "Waiter",
+    "backoff_delay",
+    "interrupt_after",
+    "validate_channel",
+]

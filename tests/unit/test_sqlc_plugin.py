@@ -1,0 +1,952 @@
+"""tools/sqlc_gen_psycopg.py: the sqlc process plugin that writes the query layer.
+
+The plugin runs as sqlc runs it (a subprocess, JSON on stdin and stdout) on
+tests/unit/sqlc_fixture/request.json, a GenerateRequest saved from sqlc for
+the fixture project next to it (its schema and queries cover every type and
+command the plugin maps). The generated code is then inspected with ast and
+imported. tests/postgres/test_sqlc_fixture_roundtrip.py runs it on PostgreSQL.
+
+Also here: tools/check_sqlc_schema.py and tools/check_generated.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import copy
+import enum
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = ROOT / "tools" / "sqlc_gen_psycopg.py"
+CHECK_SCHEMA = ROOT / "tools" / "check_sqlc_schema.py"
+CHECK_GENERATED = ROOT / "tools" / "check_generated.py"
+FIXTURE = Path(__file__).resolve().parent / "sqlc_fixture"
+REQUEST = FIXTURE / "request.json"
+PACKAGE = "sqlc_fixture_gen"
+SQLC = Path(sys.executable).parent / "sqlc"
+
+needs_sqlc = pytest.mark.skipif(not SQLC.exists(), reason=f"sqlc not installed at {SQLC}")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_request() -> dict[str, Any]:
+    request: dict[str, Any] = json.loads(REQUEST.read_text(encoding="utf-8"))
+    return request
+
+
+def run_plugin(request: dict[str, Any] | bytes) -> tuple[int, dict[str, str], str]:
+    """Run the plugin like sqlc does: exit status, files written, stderr."""
+    data = request if isinstance(request, bytes) else json.dumps(request).encode()
+    proc = subprocess.run(
+        [sys.executable, str(PLUGIN)], input=data, capture_output=True, check=False
+    )
+    files: dict[str, str] = {}
+    if proc.returncode == 0:
+        response = json.loads(proc.stdout)
+        files = {
+            f["name"]: base64.b64decode(f["contents"]).decode("utf-8") for f in response["files"]
+        }
+    return proc.returncode, files, proc.stderr.decode()
+
+
+def generate_ok(request: dict[str, Any]) -> dict[str, str]:
+    rc, files, err = run_plugin(request)
+    assert rc == 0, err
+    return files
+
+
+def write_package(files: dict[str, str], parent: Path, package: str = PACKAGE) -> Path:
+    pkg = parent / package
+    pkg.mkdir(parents=True)
+    for name, text in files.items():
+        (pkg / name).write_text(text, encoding="utf-8")
+    return pkg
+
+
+def query(request: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(q for q in request["queries"] if q["name"] == name)
+
+
+def functions(source: str) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+
+
+def classes(source: str) -> dict[str, ast.ClassDef]:
+    return {n.name: n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
+
+
+def constants(source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            assert node.value is not None
+            out[node.target.id] = ast.literal_eval(node.value)
+    return out
+
+
+def fields(cls: ast.ClassDef) -> dict[str, str]:
+    return {
+        n.target.id: ast.unparse(n.annotation)
+        for n in cls.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+
+
+def signature(fn: ast.FunctionDef) -> str:
+    """``(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None``."""
+    returns = ast.unparse(fn.returns) if fn.returns else "None"
+    return f"({ast.unparse(fn.args)}) -> {returns}"
+
+
+def body(fn: ast.FunctionDef) -> str:
+    return "\n".join(ast.unparse(stmt) for stmt in fn.body)
+
+
+def load_plugin_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sqlc_gen_psycopg_under_test", PLUGIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+@pytest.fixture(scope="module")
+def generated() -> dict[str, str]:
+    return generate_ok(load_request())
+
+
+@pytest.fixture(scope="module")
+def plugin() -> ModuleType:
+    return load_plugin_module()
+
+
+@pytest.fixture
+def imported(generated: dict[str, str], tmp_path: Path) -> Iterator[dict[str, ModuleType]]:
+    """The generated package, imported from a temporary directory."""
+    write_package(generated, tmp_path)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield {
+            name: importlib.import_module(f"{PACKAGE}.{name}")
+            for name in ("models", "jobs", "all_types")
+        }
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
+            del sys.modules[name]
+
+
+# --------------------------------------------------------------------------- the plugin file
+
+
+def test_plugin_is_an_executable_python3_script() -> None:
+    assert PLUGIN.read_text(encoding="utf-8").startswith("#!/usr/bin/env python3\n")
+    mode = PLUGIN.stat().st_mode
+    assert mode & stat.S_IXUSR and mode & stat.S_IXGRP and mode & stat.S_IXOTH
+
+
+def test_saved_request_is_a_real_sqlc_request_in_json() -> None:
+    request = load_request()
+    assert request["sqlc_version"].startswith("v1.")
+    assert request["settings"]["engine"] == "postgresql"
+    assert {q["cmd"] for q in request["queries"]} == {
+        ":one",
+        ":many",
+        ":exec",
+        ":execrows",
+        ":copyfrom",
+        ":batchexec",
+        ":batchone",
+        ":batchmany",
+    }
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_writes_one_module_per_query_file_plus_models_and_init(
+    generated: dict[str, str],
+) -> None:
+    assert sorted(generated) == ["__init__.py", "all_types.py", "jobs.py", "models.py"]
+
+
+def test_every_file_starts_with_the_do_not_edit_header(generated: dict[str, str]) -> None:
+    version = load_request()["sqlc_version"]
+    sources = {
+        "jobs.py": "query/jobs.sql",
+        "all_types.py": "query/all_types.sql",
+        "models.py": "schema/0001.types.sql, schema/0002.all_types.sql",
+        "__init__.py": "query",
+    }
+    for name, text in generated.items():
+        lines = text.splitlines()
+        assert lines[0] == f"# Code generated by sqlc-gen-psycopg from {sources[name]}. DO NOT EDIT."
+        assert f"#   sqlc {version}" in lines[1:4], name
+
+
+def test_generated_code_compiles(generated: dict[str, str]) -> None:
+    for name, text in generated.items():
+        compile(text, name, "exec")
+
+
+def test_generated_code_passes_mypy_strict(generated: dict[str, str], tmp_path: Path) -> None:
+    pytest.importorskip("mypy")
+    write_package(generated, tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            os.devnull,
+            "--python-version",
+            "3.11",
+            PACKAGE,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_output_is_deterministic(generated: dict[str, str]) -> None:
+    request = load_request()
+    assert generate_ok(request) == generated
+    # Key order in the JSON must not matter either.
+    reordered = json.loads(json.dumps(request, sort_keys=True))
+    reordered = {k: reordered[k] for k in reversed(list(reordered))}
+    assert generate_ok(reordered) == generated
+
+
+def test_queries_keep_sqlc_text_and_placeholders_exactly(generated: dict[str, str]) -> None:
+    request = load_request()
+    for module in ("jobs", "all_types"):
+        consts = constants(generated[f"{module}.py"])
+        for q in request["queries"]:
+            if q["filename"] == f"{module}.sql":
+                name = load_plugin_module().snake(q["name"]).upper()
+                assert consts[name] == q["text"], q["name"]
+
+
+# --------------------------------------------------------------------------- models
+
+
+def test_enums_become_strenums_with_upper_case_members(
+    imported: dict[str, ModuleType],
+) -> None:
+    models = imported["models"]
+    assert issubclass(models.JobState, enum.StrEnum)
+    assert [(m.name, m.value) for m in models.JobState] == [
+        ("QUEUED", "queued"),
+        ("LEASED", "leased"),
+        ("SUCCEEDED", "succeeded"),
+        ("DEAD", "dead"),
+        ("CANCELLED", "cancelled"),
+    ]
+    assert models.Mood.SO_SO == "so-so"  # not an identifier: sanitized name, exact value
+
+
+def test_tables_become_frozen_row_dataclasses_named_in_the_singular(
+    imported: dict[str, ModuleType],
+) -> None:
+    models = imported["models"]
+    for name in ("Job", "JobEvent", "AllType", "AuditEntry"):  # audit.entries: schema prefix
+        cls = getattr(models, name)
+        params = cls.__dataclass_params__
+        assert params.frozen and hasattr(cls, "__slots__"), name
+    with pytest.raises(TypeError):
+        models.AuditEntry(1, "positional")  # kw_only
+
+
+@pytest.mark.parametrize(
+    ("schema", "table", "expected"),
+    [
+        ("public", "jobs", "Job"),
+        ("public", "job_events", "JobEvent"),
+        ("public", "processed_effects", "ProcessedEffect"),
+        ("public", "schedules", "Schedule"),
+        ("public", "categories", "Category"),
+        ("public", "boxes", "Box"),
+        ("public", "addresses", "Address"),
+        ("public", "status", "Status"),
+        ("public", "data", "Data"),
+        ("audit", "entries", "AuditEntry"),
+    ],
+)
+def test_model_names_are_singular_camel_case(
+    plugin: ModuleType, schema: str, table: str, expected: str
+) -> None:
+    assert plugin.model_class_name(schema, table, "public") == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("ClaimJobs", "claim_jobs"),
+        ("ListJobIDs", "list_job_ids"),
+        ("GetJobByID", "get_job_by_id"),
+        ("HTTPServer", "http_server"),
+        ("already_snake", "already_snake"),
+    ],
+)
+def test_query_names_become_snake_case_functions(
+    plugin: ModuleType, name: str, expected: str
+) -> None:
+    assert plugin.snake(name) == expected
+
+
+def test_every_postgres_type_maps_to_its_python_type(generated: dict[str, str]) -> None:
+    assert fields(classes(generated["models.py"])["AllType"]) == {
+        "id": "int",  # bigserial
+        "c_serial": "int",
+        "c_smallint": "int",
+        "c_int2": "int | None",
+        "c_integer": "int",
+        "c_int4": "int | None",
+        "c_bigint": "int",
+        "c_int8": "int | None",
+        "c_boolean": "bool",
+        "c_bool": "bool | None",
+        "c_real": "float",
+        "c_float4": "float | None",
+        "c_double": "float",
+        "c_float8": "float | None",
+        "c_numeric": "decimal.Decimal",
+        "c_decimal": "decimal.Decimal | None",
+        "c_text": "str",
+        "c_varchar": "str | None",
+        "c_charvar": "str | None",
+        "c_bpchar": "str | None",
+        "c_character": "str | None",
+        "c_name": "str | None",
+        "c_uuid": "uuid.UUID",
+        "c_jsonb": "Any",
+        "c_json": "Any",
+        "c_timestamptz": "datetime.datetime",
+        "c_ts_tz": "datetime.datetime | None",
+        "c_timestamp": "datetime.datetime | None",
+        "c_ts_notz": "datetime.datetime | None",
+        "c_date": "datetime.date | None",
+        "c_time": "datetime.time | None",
+        "c_interval": "datetime.timedelta | None",
+        "c_bytea": "bytes | None",
+        "c_mood": "Mood",
+        "c_mood_null": "Mood | None",
+        "c_text_array": "list[str]",
+        "c_int_array": "list[int] | None",
+        "c_uuid_array": "list[uuid.UUID] | None",
+        "c_jsonb_array": "list[Any] | None",
+        "c_mood_array": "list[Mood] | None",
+    }
+
+
+def test_expression_columns_map_sqlc_type_aliases(generated: dict[str, str]) -> None:
+    # sqlc spells these differently from the table columns ("timestamp with
+    # time zone", "bool", "pg_catalog.int4[]", ...).
+    assert fields(classes(generated["all_types.py"])["ExpressionsRow"]) == {
+        "a_smallint": "int",
+        "a_bigint": "int",
+        "a_real": "float",
+        "a_double": "float",
+        "a_numeric": "decimal.Decimal",
+        "a_bool": "bool",
+        "a_varchar": "str",
+        "a_char": "str",
+        "a_now": "datetime.datetime",
+        "a_timestamp": "datetime.datetime",
+        "a_date": "datetime.date",
+        "an_interval": "datetime.timedelta",
+        "a_bytea": "bytes",
+        "a_json": "Any",
+        "a_uuid": "uuid.UUID",
+        "a_mood": "Mood",
+        "some_moods": "list[Mood]",
+        "some_ints": "list[int]",
+        "a_name": "str",
+        "a_time": "datetime.time",
+    }
+
+
+def test_enum_array_text_is_parsed_into_enum_members(imported: dict[str, ModuleType]) -> None:
+    models = imported["models"]
+    parse = models.parse_enum_array
+    assert parse(models.Mood, "{}") == []
+    assert parse(models.Mood, '{happy,"so-so",sad}') == [
+        models.Mood.HAPPY,
+        models.Mood.SO_SO,
+        models.Mood.SAD,
+    ]
+    assert parse(models.Mood, "[0:0]={sad}") == [models.Mood.SAD]
+    assert parse(models.Mood, ["happy"]) == [models.Mood.HAPPY]  # a registered loader's list
+    with pytest.raises(ValueError, match="NULL"):
+        parse(models.Mood, "{happy,NULL}")
+
+
+# --------------------------------------------------------------------------- functions
+
+
+def test_functions_take_the_connection_and_keyword_only_typed_parameters(
+    generated: dict[str, str],
+) -> None:
+    fns = functions(generated["jobs.py"])
+    assert signature(fns["claim_jobs"]) == (
+        "(conn: psycopg.Connection[Any], *, owner: str | None, queues: list[str], "
+        "max_jobs: int) -> list[ClaimJobsRow]"
+    )
+    assert signature(fns["set_state"]) == (
+        "(conn: psycopg.Connection[Any], *, new_state: JobState, ids: list[uuid.UUID]) -> int"
+    )
+    assert signature(fns["jobs_in_states"]) == (
+        "(conn: psycopg.Connection[Any], *, states: list[JobState]) -> list[JobsInStatesRow]"
+    )
+    assert signature(fns["count_jobs"]) == "(conn: psycopg.Connection[Any]) -> int | None"
+
+
+def test_parameter_names_are_deduplicated_numbered_and_kept_off_reserved_words(
+    generated: dict[str, str],
+) -> None:
+    fns = functions(generated["jobs.py"])
+    # SELECT pg_notify($1, $2): sqlc names both after the function.
+    assert signature(fns["notify"]) == (
+        "(conn: psycopg.Connection[Any], *, pg_notify: str, pg_notify_2: str) -> None"
+    )
+    # $1::int + $2::int has no name; sqlc.arg(class) and sqlc.arg(rows) would clash.
+    assert signature(fns["add_numbers"]) == (
+        "(conn: psycopg.Connection[Any], *, param_1: int, param_2: int, class_: str, "
+        "rows_: int) -> AddNumbersRow | None"
+    )
+    assert fields(classes(generated["jobs.py"])["AddNumbersRow"]) == {
+        "total": "int",
+        "class_": "str",
+        "rows": "int",
+    }
+
+
+def test_every_function_runs_on_a_raw_cursor_with_tuple_rows(generated: dict[str, str]) -> None:
+    for module in ("jobs.py", "all_types.py"):
+        for name, fn in functions(generated[module]).items():
+            assert "psycopg.RawCursor(conn, row_factory=tuple_row)" in body(fn), name
+            assert "%s" not in body(fn), name
+
+
+def test_whole_table_results_reuse_the_shared_model(generated: dict[str, str]) -> None:
+    jobs = functions(generated["jobs.py"])
+    assert signature(jobs["insert_job"]).endswith("-> Job | None")  # RETURNING *
+    assert signature(jobs["get_job"]).endswith("-> Job | None")  # SELECT jobs.*
+    assert signature(jobs["events_for_job"]).endswith("-> list[list[JobEvent]]")
+    all_types = functions(generated["all_types.py"])
+    assert signature(all_types["list_all_types"]).endswith("-> list[AllType]")
+    assert signature(all_types["list_audit_entries"]).endswith("-> list[AuditEntry]")
+    assert "InsertJobRow" not in generated["jobs.py"]
+    assert "GetJobRow" not in generated["jobs.py"]
+
+
+def test_partial_or_nullable_results_get_their_own_row_dataclass(
+    generated: dict[str, str],
+) -> None:
+    cls = classes(generated["jobs.py"])
+    assert fields(cls["ClaimJobsRow"]) == {
+        "id": "uuid.UUID",
+        "queue": "str",
+        "payload": "Any",
+        "state": "JobState",
+        "lease_owner": "str | None",
+    }
+    decorator = ast.unparse(cls["ClaimJobsRow"].decorator_list[0])
+    assert decorator == "dataclasses.dataclass(frozen=True, slots=True, kw_only=True)"
+    # The LEFT JOIN makes jobs.* nullable: not the Job model.
+    assert fields(cls["JobsWithEventsRow"])["id"] == "uuid.UUID | None"
+    assert fields(cls["JobsWithEventsRow"])["state"] == "JobState | None"
+
+
+def test_single_column_results_are_bare_values(generated: dict[str, str]) -> None:
+    fns = functions(generated["jobs.py"])
+    returns = {name: ast.unparse(fn.returns) for name, fn in fns.items() if fn.returns}
+    assert returns["list_job_ids"] == "list[uuid.UUID]"
+    assert returns["count_jobs"] == "int | None"
+    assert returns["get_lease_owner"] == "str | None"
+    assert returns["get_state"] == "JobState | None"
+    assert returns["get_payload"] == "Any"
+    assert returns["notify_one"] == "None"  # void
+    assert returns["event_kinds"] == "list[list[str]]"
+    assert returns["insert_events_unnest"] == "list[int]"
+
+
+def test_enum_columns_are_converted_to_the_strenum(generated: dict[str, str]) -> None:
+    fns = functions(generated["jobs.py"])
+    assert "JobState(r[0])" in body(fns["get_state"])
+    assert "state=JobState(r[3])" in body(fns["claim_jobs"])
+    assert "state=JobState(r[5]) if r[5] is not None else None" in body(fns["jobs_with_events"])
+    all_types = functions(generated["all_types.py"])
+    assert "parse_enum_array(Mood, r[39]) if r[39] is not None else None" in body(
+        all_types["list_all_types"]
+    )
+
+
+def test_json_parameters_are_wrapped_for_psycopg(generated: dict[str, str]) -> None:
+    insert_job = body(functions(generated["jobs.py"])["insert_job"])
+    assert "Jsonb(payload)" in insert_job
+    assert "Jsonb(detail) if detail is not None else None" in insert_job
+    insert_all = body(functions(generated["all_types.py"])["insert_all_types"])
+    assert "Jsonb(c_jsonb)" in insert_all
+    assert "Json(c_json) if c_json is not None else None" in insert_all
+    assert (
+        "[Jsonb(v) for v in c_jsonb_array] if c_jsonb_array is not None else None" in insert_all
+    )
+    batch = body(functions(generated["jobs.py"])["insert_event"])
+    assert "Jsonb(p.detail) if p.detail is not None else None" in batch
+
+
+def test_one_fetches_one_row_or_none(generated: dict[str, str]) -> None:
+    fn = functions(generated["jobs.py"])["get_job"]
+    assert "cur.execute(GET_JOB, (id,))" in body(fn)
+    assert "cur.fetchone()" in body(fn)
+    assert "if r is None:\n    return None" in body(fn)
+
+
+def test_many_fetches_all_rows(generated: dict[str, str]) -> None:
+    fn = functions(generated["jobs.py"])["claim_jobs"]
+    assert "for r in cur.fetchall()]" in body(fn)
+
+
+def test_exec_returns_nothing_and_execrows_the_row_count(generated: dict[str, str]) -> None:
+    fns = functions(generated["jobs.py"])
+    assert signature(fns["delete_job"]).endswith("-> None")
+    assert "fetch" not in body(fns["delete_job"])
+    assert "return cur.rowcount" in body(fns["set_state"])
+
+
+def test_copyfrom_streams_rows_through_binary_copy(generated: dict[str, str]) -> None:
+    source = generated["jobs.py"]
+    fn = functions(source)["copy_jobs"]
+    assert signature(fn) == (
+        "(conn: psycopg.Connection[Any], rows: Iterable[CopyJobsParams]) -> int"
+    )
+    assert fields(classes(source)["CopyJobsParams"]) == {
+        "id": "uuid.UUID",
+        "queue": "str",
+        "payload": "Any",
+        "priority": "int",
+        "state": "JobState",
+        "detail": "Any",
+    }
+    consts = constants(source)
+    assert consts["COPY_JOBS_COPY"] == (
+        "COPY jobs (id, queue, payload, priority, state, detail) FROM STDIN (FORMAT BINARY)"
+    )
+    # An enum travels as text in binary COPY; jsonb gets its version byte from psycopg.
+    assert consts["COPY_JOBS_COPY_TYPES"] == ("uuid", "text", "jsonb", "int4", "text", "jsonb")
+    text = body(fn)
+    assert "cur.copy(COPY_JOBS_COPY) as copy" in text
+    assert "copy.set_types(COPY_JOBS_COPY_TYPES)" in text
+    assert "for p in rows:" in text
+    assert "copy.write_row((p.id, p.queue, Jsonb(p.payload), p.priority, p.state, p.detail))" in (
+        text
+    )
+
+
+def test_copyfrom_with_an_enum_array_falls_back_to_text_copy(generated: dict[str, str]) -> None:
+    consts = constants(generated["all_types.py"])
+    assert consts["COPY_MOODS_COPY"].endswith(") FROM STDIN")
+    assert consts["COPY_MOODS_COPY_TYPES"][-1] == "text[]"
+    assert consts["COPY_ALL_TYPES_COPY"].endswith("FROM STDIN (FORMAT BINARY)")
+
+
+def test_copyfrom_follows_the_insert_column_order(plugin: ModuleType) -> None:
+    request = load_request()
+    q = query(request, "CopyJobs")
+    q["text"] = "INSERT INTO jobs (queue, id) VALUES ($2, $1)"
+    q["params"] = [p for p in q["params"] if p["number"] in (1, 2)]
+    files = generate_ok(request)
+    source = files["jobs.py"]
+    assert constants(source)["COPY_JOBS_COPY"].startswith("COPY jobs (queue, id) FROM STDIN")
+    assert "copy.write_row((p.queue, p.id))" in body(functions(source)["copy_jobs"])
+
+
+def test_copyfrom_rejects_a_parameter_used_twice() -> None:
+    request = load_request()
+    q = query(request, "CopyJobs")
+    q["text"] = "INSERT INTO jobs (id, queue) VALUES ($1, $1)"
+    q["params"] = q["params"][:1]
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'CopyJobs'" in err and "parameter twice" in err
+
+
+def test_batchexec_sends_all_rows_with_executemany(generated: dict[str, str]) -> None:
+    source = generated["jobs.py"]
+    fn = functions(source)["insert_event"]
+    assert signature(fn) == (
+        "(conn: psycopg.Connection[Any], rows: Sequence[InsertEventParams]) -> None"
+    )
+    assert "cur.executemany(INSERT_EVENT, (" in body(fn)
+    assert fields(classes(source)["InsertEventParams"]) == {
+        "job_id": "uuid.UUID",
+        "kind": "str",
+        "detail": "Any",
+    }
+
+
+def test_batchone_returns_one_row_or_none_per_input(generated: dict[str, str]) -> None:
+    fn = functions(generated["jobs.py"])["ack_job"]
+    assert signature(fn) == (
+        "(conn: psycopg.Connection[Any], rows: Sequence[AckJobParams]) -> list[AckJobRow | None]"
+    )
+    text = body(fn)
+    assert "returning=True" in text
+    assert "cur.nextset()" in text
+    assert "cur.fetchone()" in text
+
+
+def test_batchmany_returns_a_list_of_rows_per_input(generated: dict[str, str]) -> None:
+    fn = functions(generated["jobs.py"])["events_for_job"]
+    assert signature(fn) == (
+        "(conn: psycopg.Connection[Any], rows: Sequence[EventsForJobParams]) "
+        "-> list[list[JobEvent]]"
+    )
+    assert "cur.fetchall()" in body(fn)
+
+
+def test_query_comments_become_docstrings(generated: dict[str, str]) -> None:
+    fn = functions(generated["jobs.py"])["insert_job"]
+    assert ast.get_docstring(fn) == "Returns the whole row: the result reuses the shared Job model."
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_plugin_options_are_decoded_from_base64(generated: dict[str, str]) -> None:
+    request = load_request()
+    assert json.loads(base64.b64decode(request["plugin_options"])) == {"package": PACKAGE}
+    request["plugin_options"] = base64.b64encode(b'{"package": "other.pkg"}').decode()
+    files = generate_ok(request)
+    assert "from other.pkg.models import" in files["jobs.py"]
+    assert "from sqlc_fixture_gen" not in files["jobs.py"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("", "'package'"),
+        (base64.b64encode(b"{}").decode(), "'package'"),
+        (base64.b64encode(b'{"package": "not a name"}').decode(), "'package'"),
+        (base64.b64encode(b'{"package": "p", "emit": 1}').decode(), "unknown plugin option"),
+        ("%%% not base64", "base64"),
+    ],
+)
+def test_bad_plugin_options_fail(options: str, message: str) -> None:
+    request = load_request()
+    request["plugin_options"] = options
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert message in err
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_unknown_column_type_fails_naming_query_and_type() -> None:
+    request = load_request()
+    col = query(request, "GetPayload")["columns"][0]
+    col["type"] = {"catalog": "", "schema": "", "name": "tsvector"}
+    rc, files, err = run_plugin(request)
+    assert rc == 1 and not files
+    assert "'GetPayload'" in err
+    assert "'tsvector'" in err
+    assert err.startswith("sqlc-gen-psycopg: ")
+
+
+def test_unknown_parameter_type_fails_naming_query_and_type() -> None:
+    request = load_request()
+    query(request, "DeleteJob")["params"][0]["column"]["type"]["name"] = "pg_catalog.inet"
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'DeleteJob'" in err and "pg_catalog.inet" in err and "parameter $1" in err
+
+
+def test_result_column_of_unknown_any_type_fails() -> None:
+    request = load_request()
+    col = query(request, "CountJobs")["columns"][0]
+    col["type"] = {"catalog": "", "schema": "", "name": "any"}
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'CountJobs'" in err and "'any'" in err and "cast" in err
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    request = load_request()
+    query(request, "CountJobs")["columns"][0]["type"]["name"] = "any"
+    query(request, "GetPayload")["columns"][0]["type"]["name"] = "tsvector"
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'CountJobs'" in err and "'GetPayload'" in err
+
+
+@pytest.mark.parametrize("cmd", [":execlastid", ":execresult", ":bogus"])
+def test_unknown_command_fails_naming_query_and_command(cmd: str) -> None:
+    request = load_request()
+    query(request, "DeleteJob")["cmd"] = cmd
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'DeleteJob'" in err and repr(cmd) in err and "supported" in err
+
+
+def test_unused_result_columns_of_exec_are_not_type_checked() -> None:
+    # :exec ignores the result, so a void or odd type there is fine.
+    request = load_request()
+    query(request, "Notify")["columns"][0]["type"]["name"] = "tsvector"
+    rc, _, err = run_plugin(request)
+    assert rc == 0, err
+
+
+def test_protobuf_input_fails_with_a_hint_about_format_json() -> None:
+    rc, _, err = run_plugin(b"\x0a\x03abc\x12\x00")
+    assert rc == 1
+    assert "format: json" in err
+
+
+def test_model_class_name_clash_fails() -> None:
+    request = load_request()
+    public = next(s for s in request["catalog"]["schemas"] if s["name"] == "public")
+    clone = copy.deepcopy(next(t for t in public["tables"] if t["rel"]["name"] == "jobs"))
+    clone["rel"]["name"] = "job"  # job and jobs both make `Job`
+    public["tables"].append(clone)
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'Job'" in err
+
+
+# --------------------------------------------------------------------------- with sqlc
+
+
+def _copy_fixture(dest: Path) -> None:
+    for name in ("schema", "query"):
+        shutil.copytree(FIXTURE / name, dest / name)
+    shutil.copy2(FIXTURE / "sqlc.yaml", dest / "sqlc.yaml")
+    shutil.copy2(FIXTURE / "capture_request.py", dest / "capture_request.py")
+
+
+def _sqlc_generate(cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run(
+        [str(SQLC), "generate"], cwd=cwd, env=env, capture_output=True, text=True, check=False
+    )
+
+
+@needs_sqlc
+def test_saved_request_matches_what_sqlc_sends_now(tmp_path: Path) -> None:
+    _copy_fixture(tmp_path)
+    (tmp_path / "request.json").unlink(missing_ok=True)
+    proc = _sqlc_generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    fresh = json.loads((tmp_path / "request.json").read_text(encoding="utf-8"))
+    assert fresh == load_request(), (
+        "tests/unit/sqlc_fixture/request.json is stale: run `sqlc generate` in that directory"
+    )
+
+
+@needs_sqlc
+def test_sqlc_runs_the_plugin_end_to_end(tmp_path: Path, generated: dict[str, str]) -> None:
+    _copy_fixture(tmp_path)
+    (tmp_path / "tools").mkdir()
+    shutil.copy2(PLUGIN, tmp_path / "tools" / PLUGIN.name)
+    (tmp_path / "sqlc.yaml").write_text(
+        f"""version: "2"
+plugins:
+  - name: psycopg
+    env: [PATH]
+    process:
+      cmd: tools/{PLUGIN.name}
+      format: json
+sql:
+  - engine: postgresql
+    schema: [schema/0001.types.sql, schema/0002.all_types.sql]
+    queries: query
+    codegen:
+      - plugin: psycopg
+        out: out/{PACKAGE}
+        options:
+          package: {PACKAGE}
+""",
+        encoding="utf-8",
+    )
+    proc = _sqlc_generate(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out" / PACKAGE
+    assert {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()} == generated
+
+
+@needs_sqlc
+def test_sqlc_reports_the_plugins_error(tmp_path: Path) -> None:
+    _copy_fixture(tmp_path)
+    (tmp_path / "tools").mkdir()
+    shutil.copy2(PLUGIN, tmp_path / "tools" / PLUGIN.name)
+    (tmp_path / "query" / "bad.sql").write_text(
+        "-- name: Bad :one\nSELECT to_tsvector('x') AS v;\n", encoding="utf-8"
+    )
+    (tmp_path / "sqlc.yaml").write_text(
+        (tmp_path / "sqlc.yaml")
+        .read_text(encoding="utf-8")
+        .replace("./capture_request.py", f"tools/{PLUGIN.name}"),
+        encoding="utf-8",
+    )
+    proc = _sqlc_generate(tmp_path)
+    assert proc.returncode != 0
+    assert "'Bad'" in proc.stderr + proc.stdout
+    assert "tsvector" in proc.stderr + proc.stdout
+
+
+# --------------------------------------------------------------------------- check_sqlc_schema
+
+
+def _schema_repo(root: Path, listed: list[str], files: list[str]) -> Path:
+    (root / "db" / "migrations").mkdir(parents=True)
+    for name in files:
+        (root / "db" / "migrations" / name).write_text("-- x\n", encoding="utf-8")
+    items = "".join(f"      - {p}\n" for p in listed)
+    (root / "sqlc.yaml").write_text(
+        'version: "2"\nsql:\n  - engine: postgresql\n    schema:\n'
+        f"{items}    queries: db/query\n",
+        encoding="utf-8",
+    )
+    return root
+
+
+def _check_schema(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHECK_SCHEMA), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_check_sqlc_schema_accepts_the_forward_migrations_in_order(tmp_path: Path) -> None:
+    files = ["0001.initial.sql", "0001.initial.rollback.sql", "0002.more.sql"]
+    root = _schema_repo(
+        tmp_path, ["db/migrations/0001.initial.sql", "db/migrations/0002.more.sql"], files
+    )
+    proc = _check_schema(root)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("listed", "message"),
+    [
+        (["db/migrations/0001.initial.sql"], "missing from sqlc.yaml: db/migrations/0002.more.sql"),
+        (["db/migrations/0002.more.sql", "db/migrations/0001.initial.sql"], "wrong order"),
+        (
+            [
+                "db/migrations/0001.initial.sql",
+                "db/migrations/0001.initial.rollback.sql",
+                "db/migrations/0002.more.sql",
+            ],
+            "listed but not a forward migration: db/migrations/0001.initial.rollback.sql",
+        ),
+    ],
+)
+def test_check_sqlc_schema_fails_when_the_list_differs(
+    tmp_path: Path, listed: list[str], message: str
+) -> None:
+    files = ["0001.initial.sql", "0001.initial.rollback.sql", "0002.more.sql"]
+    proc = _check_schema(_schema_repo(tmp_path, listed, files))
+    assert proc.returncode == 1
+    assert message in proc.stderr
+
+
+def test_check_sqlc_schema_reads_flow_lists(tmp_path: Path, plugin: ModuleType) -> None:
+    spec = importlib.util.spec_from_file_location("check_sqlc_schema_under_test", CHECK_SCHEMA)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = "sql:\n  - schema: [a.sql, 'b.sql']  # comment\n  - schema: c.sql\n"
+    assert module.schema_lists(text) == [["a.sql", "b.sql"], ["c.sql"]]
+
+
+def test_check_sqlc_schema_passes_on_this_repository() -> None:
+    proc = _check_schema(ROOT)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------- check_generated
+
+
+@needs_sqlc
+def test_check_generated_detects_stale_missing_and_changed_files(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "tools").mkdir(parents=True)
+    shutil.copy2(PLUGIN, root / "tools" / PLUGIN.name)
+    shutil.copytree(FIXTURE / "schema", root / "db" / "migrations")
+    shutil.copytree(FIXTURE / "query", root / "db" / "query")
+    (root / "sqlc.yaml").write_text(
+        f"""version: "2"
+plugins:
+  - name: psycopg
+    env: [PATH]
+    process:
+      cmd: tools/{PLUGIN.name}
+      format: json
+sql:
+  - engine: postgresql
+    schema: [db/migrations/0001.types.sql, db/migrations/0002.all_types.sql]
+    queries: db/query
+    codegen:
+      - plugin: psycopg
+        out: jobrun/postgres/sqlc
+        options:
+          package: jobrun.postgres.sqlc
+""",
+        encoding="utf-8",
+    )
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(CHECK_GENERATED), "--root", str(root)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    proc = check()
+    assert proc.returncode == 1
+    assert "missing: jobrun/postgres/sqlc/jobs.py" in proc.stdout
+
+    assert _sqlc_generate(root).returncode == 0
+    out = root / "jobrun" / "postgres" / "sqlc"
+    (out / "__pycache__").mkdir()
+    (out / "__pycache__" / "jobs.cpython-311.pyc").write_bytes(b"")  # ignored
+    proc = check()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    (out / "old_queries.py").write_text("# stale\n", encoding="utf-8")
+    jobs = out / "jobs.py"
+    jobs.write_text(jobs.read_text(encoding="utf-8").replace("def ", "def x", 1), encoding="utf-8")
+    proc = check()
+    assert proc.returncode == 1
+    assert "stale:   jobrun/postgres/sqlc/old_queries.py" in proc.stdout
+    assert "differs: jobrun/postgres/sqlc/jobs.py" in proc.stdout
