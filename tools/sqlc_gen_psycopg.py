@@ -351,7 +351,6 @@ class Table:
 class Param:
     number: int
     name: str
-    column_name: str  # the table column it is bound to, if sqlc knows one
     type: PyType
 
 
@@ -520,6 +519,7 @@ def parse_options(raw: str | None) -> dict[str, Any]:
     return options
 
 
+_COPY_SHAPE = "INSERT INTO table (columns) VALUES ($1, ...)"
 _INSERT = re.compile(
     r"""^\s*INSERT\s+INTO\s+
     (?P<table>(?:"(?:[^"]|"")+"|[A-Za-z_][\w$]*)(?:\s*\.\s*(?:"(?:[^"]|"")+"|[A-Za-z_][\w$]*))?)
@@ -534,8 +534,7 @@ def copy_target(query: Query) -> tuple[str, list[str], list[int]]:
     m = _INSERT.match(query.text)
     if m is None:
         raise PluginError(
-            f"query {query.name!r} ({query.filename}): :copyfrom needs a plain "
-            "INSERT INTO table (columns) VALUES ($1, ...)"
+            f"query {query.name!r} ({query.filename}): :copyfrom needs a plain {_COPY_SHAPE}"
         )
     columns = [c.strip() for c in m["columns"].split(",")]
     values = [v.strip() for v in m["values"].split(",")]
@@ -576,16 +575,13 @@ def build_queries(request: dict[str, Any], ctx: Context) -> tuple[list[Query], l
             if numbers != list(range(1, len(params) + 1)):
                 raise PluginError(f"{where}: parameters are not numbered $1..$n: {numbers}")
             pnames = dedupe(
-                identifier(
-                    p["column"].get("name") or "", f"param_{p['number']}", _PARAM_RESERVED
-                )
+                identifier(p["column"].get("name") or "", f"param_{p['number']}", _PARAM_RESERVED)
                 for p in params
             )
             plist = [
                 Param(
                     number=p["number"],
                     name=n,
-                    column_name=p["column"].get("name") or "",
                     type=ctx.resolve(
                         p["column"], where=f"{where}: parameter ${p['number']} ({n}) of {cmd}"
                     ),
@@ -605,9 +601,7 @@ def build_queries(request: dict[str, Any], ctx: Context) -> tuple[list[Query], l
                 columns = [
                     Field(
                         n,
-                        ctx.resolve(
-                            c, where=f"{where}: result column {c.get('name')!r} of {cmd}"
-                        ),
+                        ctx.resolve(c, where=f"{where}: result column {c.get('name')!r} of {cmd}"),
                     )
                     for n, c in zip(cnames, raw_columns, strict=True)
                 ]
@@ -686,7 +680,7 @@ class Module:
         """The module text: header, docstring, isort-style imports, body."""
 
         def group(module: str) -> int:
-            top = module.split(".")[0]
+            top = module.split(".", maxsplit=1)[0]
             if top == "psycopg":
                 return 1
             return 0 if top in sys.stdlib_module_names else 2
@@ -949,8 +943,7 @@ def emit_query(mod: Module, q: Query, enum_import: set[str], model_import: set[s
     elif q.cmd == ":one":
         mod.add("", "", *signature(func, sig_params, optional(row_type)), *doc, *execute)
         if single is not None and single.type.is_void:
-            mod.add("    return None")
-            return
+            return  # nothing to return but that the statement ran
         mod.add("        r = cur.fetchone()", "    if r is None:", "        return None")
         if single is not None and single.type.enum is None and row_type != "Any":
             # Through a typed local: returning the tuple's Any fails mypy --strict.
@@ -1069,7 +1062,7 @@ def emit_models(request: dict[str, Any], ctx: Context) -> str:
 
 
 def query_source(request: dict[str, Any], filename: str) -> str:
-    entries = (request.get("settings") or {}).get("queries") or []
+    entries: list[str] = (request.get("settings") or {}).get("queries") or []
     files = [e for e in entries if e.endswith(".sql")]
     for e in files:
         if e.rsplit("/", 1)[-1] == filename:
@@ -1114,7 +1107,9 @@ def generate(request: dict[str, Any]) -> dict[str, str]:
                     f"query files {modules[name]!r} and {filename!r} both map to {name}.py"
                 )
             modules[name] = filename
-            files[f"{name}.py"] = emit_query_module(request, ctx, package, filename, by_file[filename])
+            files[f"{name}.py"] = emit_query_module(
+                request, ctx, package, filename, by_file[filename]
+            )
         except PluginError as exc:
             errors.append(str(exc))
     if errors:
@@ -1165,7 +1160,16 @@ def emit_query_module(
 
 
 def run(stdin: bytes) -> bytes:
-    request = json.loads(stdin)
+    """GenerateRequest JSON in, GenerateResponse JSON out."""
+    try:
+        request = json.loads(stdin)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise PluginError(
+            f"the request on stdin is not JSON ({exc}); set `format: json` under the "
+            "plugin's `process:` in sqlc.yaml"
+        ) from exc
+    if not isinstance(request, dict):
+        raise PluginError("the request on stdin is not a GenerateRequest object")
     files = generate(request)
     response = {
         "files": [
@@ -1182,10 +1186,6 @@ def main() -> int:
     except PluginError as exc:
         for line in str(exc).splitlines():
             print(f"{GENERATOR}: {line}", file=sys.stderr)
-        return 1
-    except json.JSONDecodeError as exc:
-        print(f"{GENERATOR}: the request on stdin is not JSON ({exc}); "
-              "set `format: json` under the plugin's `process:` in sqlc.yaml", file=sys.stderr)
         return 1
     return 0
 

@@ -4,8 +4,10 @@ The translator is the only place that knows which database errors mean what
 to a jobrun caller::
 
     PoolTimeout, connection lost, admin shutdown,
-    cannot connect now, read-only transaction      -> TransientError (retry later)
-    connection lost while COMMIT was in flight     -> OutcomeUnknown
+    cannot connect now, read-only transaction,
+    too many connections                           -> TransientError (retry later)
+    session lost while COMMIT was in flight (or
+    during a lone autocommit statement)            -> OutcomeUnknown
     query canceled (statement_timeout)             -> DatabaseError
     deadlock, serialization failure                -> retried once by the store,
                                                       then DatabaseError
@@ -17,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-from collections.abc import Iterator, Mapping
 import uuid
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import psycopg
@@ -156,14 +158,18 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-# SQLSTATEs that mean "the server cannot do anything for you right now".
+# The server answered with an error: nothing committed, try again later.
 _TRANSIENT = (
-    psycopg.errors.AdminShutdown,  # 57P01: terminated by administrator / server restart
-    psycopg.errors.CrashShutdown,  # 57P02
     psycopg.errors.CannotConnectNow,  # 57P03: starting up / shutting down
     psycopg.errors.ReadOnlySqlTransaction,  # 25006: a read-only (or demoted) primary
-    psycopg.errors.IdleInTransactionSessionTimeout,  # 25P03: session killed by the server
     psycopg.errors.TooManyConnections,  # 53300
+)
+# The session died under us: if that happened during COMMIT, nobody knows
+# whether the commit record made it.
+_SESSION_LOST = (
+    psycopg.errors.AdminShutdown,  # 57P01: terminated by administrator / server restart
+    psycopg.errors.CrashShutdown,  # 57P02
+    psycopg.errors.IdleInTransactionSessionTimeout,  # 25P03
 )
 
 RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -177,25 +183,26 @@ def is_retryable(exc: BaseException) -> bool:
 def translate_errors(*, committing: list[bool] | None = None) -> Iterator[None]:
     """Map psycopg's errors to jobrun's (see the module docstring).
 
-    ``committing`` is a one-element flag the caller sets just before COMMIT,
-    so a connection lost at that moment becomes OutcomeUnknown.
+    ``committing`` is a one-element flag the caller sets just before COMMIT
+    (or to True for a lone autocommit statement), so a session lost at that
+    moment becomes OutcomeUnknown.
     """
     try:
         yield
     except PoolTimeout as exc:
         raise TransientError(f"no database connection available: {exc}") from exc
     except _TRANSIENT as exc:
-        if committing and committing[0]:
-            raise OutcomeUnknown(f"connection lost during COMMIT: {_first_line(exc)}") from exc
         raise TransientError(_first_line(exc)) from exc
     except psycopg.errors.QueryCanceled as exc:
         raise DatabaseError(f"statement canceled: {_first_line(exc)}") from exc
     except RETRYABLE as exc:
         raise DatabaseError(_first_line(exc)) from exc
     except psycopg.OperationalError as exc:
-        # Connection-level failures carry no SQLSTATE (or class 08).
-        if committing and committing[0]:
-            raise OutcomeUnknown(f"connection lost during COMMIT: {_first_line(exc)}") from exc
+        # _SESSION_LOST, class 08, or no SQLSTATE at all (the socket closed).
+        if isinstance(exc, _SESSION_LOST) or not exc.sqlstate or exc.sqlstate.startswith("08"):
+            if committing and committing[0]:
+                raise OutcomeUnknown(f"connection lost during COMMIT: {_first_line(exc)}") from exc
+            raise TransientError(_first_line(exc)) from exc
         raise TransientError(_first_line(exc)) from exc
 
 

@@ -159,11 +159,24 @@ class LocalCluster:
             str(self.datadir),
             "-U",
             "postgres",
-            "--auth=trust",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
             "--encoding=UTF8",
             "--locale=C",
             "--no-sync",
         )
+
+        # The superuser needs no password on loopback; every other role
+        # authenticates, as in production.
+        hba = self.datadir / "pg_hba.conf"
+        lines = hba.read_text().splitlines()
+        trusted = ["host all postgres 127.0.0.1/32 trust", "host all postgres ::1/128 trust"]
+        self._write_as_server(hba, "\n".join([*trusted, *lines]) + "\n")
+
+    def _write_as_server(self, path: Path, text: str) -> None:
+        path.write_text(text)
+        if self._user is not None:
+            os.chown(path, self._user.pw_uid, self._user.pw_gid)
 
     def _options(self) -> str:
         opts = [f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-k {self.datadir}"]

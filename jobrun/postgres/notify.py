@@ -102,7 +102,7 @@ def validate_channel(name: object, field: str = "channel") -> str:
     return name
 
 
-def _positive_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
+def check_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError(field, f"must be a number of seconds, not {type(value).__name__}")
     seconds = float(value)
@@ -208,10 +208,10 @@ class Waiter:
     reference) unsubscribes.
     """
 
-    def __init__(self, notifier: _Hub, queues: frozenset[str]) -> None:
+    def __init__(self, hub: _Hub, queues: frozenset[str]) -> None:
         self.queues = queues
         self._slot = threading.Event()
-        self._hub: _Hub | None = notifier
+        self._hub: _Hub | None = hub
         self.wakeups = 0
         """How many times :meth:`wait` returned True."""
 
@@ -221,7 +221,7 @@ class Waiter:
 
         True when woken (the slot is consumed), False on timeout.
         """
-        seconds = _positive_seconds(timeout, "timeout", allow_zero=True)
+        seconds = check_seconds(timeout, "timeout", allow_zero=True)
         if not self._slot.wait(seconds):
             return False
         self._slot.clear()
@@ -382,12 +382,10 @@ class Notifier(_Hub):
         super().__init__()
         self.channel = validate_channel(channel)
         self.enabled = bool(enabled)
-        self.liveness_interval = _positive_seconds(liveness_interval, "liveness_interval")
-        self.probe_timeout = _positive_seconds(probe_timeout, "probe_timeout")
-        self.backoff_initial = _positive_seconds(backoff_initial, "backoff_initial")
-        self.backoff_max = max(
-            self.backoff_initial, _positive_seconds(backoff_max, "backoff_max")
-        )
+        self.liveness_interval = check_seconds(liveness_interval, "liveness_interval")
+        self.probe_timeout = check_seconds(probe_timeout, "probe_timeout")
+        self.backoff_initial = check_seconds(backoff_initial, "backoff_initial")
+        self.backoff_max = max(self.backoff_initial, check_seconds(backoff_max, "backoff_max"))
         # Parsed now, so that a bad string fails here (without its password).
         self._conninfo = conninfo_with(conninfo, application_name=application_name)
         self._listen_sql = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
@@ -480,7 +478,7 @@ class Notifier(_Hub):
 
     def wait_connected(self, timeout: float) -> bool:
         """Block until the listener is connected (True) or ``timeout`` passes."""
-        return self._connected.wait(_positive_seconds(timeout, "timeout", allow_zero=True))
+        return self._connected.wait(check_seconds(timeout, "timeout", allow_zero=True))
 
     def backend_pid(self) -> int | None:
         """The listener session's backend pid while connected (for operators and tests)."""
@@ -578,7 +576,7 @@ class Notifier(_Hub):
         self._received += 1
         # Untrusted: any role that can connect can NOTIFY. The payload is only
         # compared with the queue names waiters registered, never used otherwise.
-        if not validate.QUEUE_NAME_PATTERN.fullmatch(payload) or not payload.isascii():
+        if not validate.QUEUE_NAME_PATTERN.fullmatch(payload):
             self._ignored += 1
             return
         self._wake_queue(payload)

@@ -111,8 +111,9 @@ def open_pool(
     """Open a pool sized for ``concurrency`` handler threads, after a ping.
 
     ``max_size`` overrides ``concurrency + 8`` (tests and single-purpose
-    tools only: a worker needs the reserve). ``timeout`` bounds how long a caller waits for a free connection before a
-    clear ``PoolTimeout`` (mapped to TransientError by the store).
+    tools only: a worker needs the reserve). ``timeout`` bounds how long a
+    caller waits for a free connection before a clear ``PoolTimeout``
+    (mapped to TransientError by the store).
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValidationError("concurrency", "must be a positive int")

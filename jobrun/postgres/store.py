@@ -215,7 +215,9 @@ class Store(SchedulesMixin):
             return fn(conn)
 
     @staticmethod
-    def _in_caller_tx(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def _in_caller_tx(
+        conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]
+    ) -> T:
         """Run ``fn`` on the caller's connection.
 
         Inside the caller's open transaction it runs in a savepoint (a failure
@@ -313,7 +315,9 @@ class Store(SchedulesMixin):
             return self._in_caller_tx(conn, run)
         return self._with_tx(run)
 
-    def _enqueue_batch_on(self, conn: psycopg.Connection[Any], jobs: Iterator[NewJob]) -> BatchResult:
+    def _enqueue_batch_on(
+        self, conn: psycopg.Connection[Any], jobs: Iterator[NewJob]
+    ) -> BatchResult:
         db_now = q.db_now(conn)
         assert db_now is not None
         write_events = self.event_mode is EventMode.ALL
@@ -324,14 +328,17 @@ class Store(SchedulesMixin):
             plain: list[NewJob] = []
             for job in chunk:
                 if not isinstance(job, NewJob):
-                    raise ValidationError("jobs", f"every item must be a NewJob, not {type(job).__name__}")
+                    raise ValidationError(
+                        "jobs", f"every item must be a NewJob, not {type(job).__name__}"
+                    )
                 if job.idempotency_key is None:
                     plain.append(job)
                     continue
                 slot = (job.queue, job.idempotency_key)
                 if slot in keyed:
                     raise ValidationError(
-                        "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
+                        "jobs",
+                        f"idempotency key {job.idempotency_key!r} appears twice in the batch",
                     )
                 keyed[slot] = job
             if not plain:
@@ -456,24 +463,41 @@ class Store(SchedulesMixin):
                 raise LeaseLost(job.id)
             if row.cancel_requested:
                 done = q.finish_leased_job(
-                    c, state=models.JobState.CANCELLED, run_at=None, last_error=None,
-                    id=job.id, owner=owner, token=token,
+                    c,
+                    state=models.JobState.CANCELLED,
+                    run_at=None,
+                    last_error=None,
+                    id=job.id,
+                    owner=owner,
+                    token=token,
                 )
                 assert done is not None
-                record(c, self.event_mode, [EventRow(job.id, EventKind.CANCELLED, row.attempts,
-                                                     {"via": "complete"})])
+                record(
+                    c,
+                    self.event_mode,
+                    [EventRow(job.id, EventKind.CANCELLED, row.attempts, {"via": "complete"})],
+                )
                 return job_from_row(done)
             fresh = effects.claim_effect(c, job)
             if fresh and commit is not None:
                 effects.run_commit(c, commit, job)
             done = q.finish_leased_job(
-                c, state=models.JobState.SUCCEEDED, run_at=None, last_error=None,
-                id=job.id, owner=owner, token=token,
+                c,
+                state=models.JobState.SUCCEEDED,
+                run_at=None,
+                last_error=None,
+                id=job.id,
+                owner=owner,
+                token=token,
             )
             if done is None:  # pragma: no cover - the row is locked by us
                 raise LeaseLost(job.id)
-            detail = None if commit is None else {"effect": "applied" if fresh else "already_applied"}
-            record(c, self.event_mode, [EventRow(job.id, EventKind.SUCCEEDED, row.attempts, detail)])
+            detail = (
+                None if commit is None else {"effect": "applied" if fresh else "already_applied"}
+            )
+            record(
+                c, self.event_mode, [EventRow(job.id, EventKind.SUCCEEDED, row.attempts, detail)]
+            )
             return job_from_row(done)
 
         return self._with_tx(run)
@@ -481,8 +505,9 @@ class Store(SchedulesMixin):
     def complete_many(self, jobs: Sequence[Job]) -> CompleteManyResult:
         """Complete many claimed jobs (no commit callables) in one statement, each fenced."""
         if not jobs:
-            return CompleteManyResult(completed=frozenset(), cancelled=frozenset(),
-                                      lease_lost=frozenset())
+            return CompleteManyResult(
+                completed=frozenset(), cancelled=frozenset(), lease_lost=frozenset()
+            )
         owners = {_lease_of(j)[0] for j in jobs}
         if len(owners) != 1:
             raise ValidationError("jobs", "complete_many takes the jobs of one owner")
@@ -525,8 +550,14 @@ class Store(SchedulesMixin):
         text = validate.error_text(error)
         row = self._on_pool(
             lambda c: q.fail_job(
-                c, permanent=bool(permanent), retry_at=retry_at, error=text, id=job.id,
-                owner=owner, token=token, write_all=self.event_mode is EventMode.ALL,
+                c,
+                permanent=bool(permanent),
+                retry_at=retry_at,
+                error=text,
+                id=job.id,
+                owner=owner,
+                token=token,
+                write_all=self.event_mode is EventMode.ALL,
             )
         )
         if row is None:
@@ -574,13 +605,23 @@ class Store(SchedulesMixin):
                 if got is None:
                     continue
                 verdict = State(p.state.value)
-                {State.QUEUED: result.requeued, State.DEAD: result.dead,
-                 State.CANCELLED: result.cancelled}[verdict].append(job.id)
-                events.append(EventRow(job.id, EventKind.REAPED, job.attempts,
-                                       {"verdict": verdict.value, "owner": job.lease_owner}))
+                {
+                    State.QUEUED: result.requeued,
+                    State.DEAD: result.dead,
+                    State.CANCELLED: result.cancelled,
+                }[verdict].append(job.id)
+                events.append(
+                    EventRow(
+                        job.id,
+                        EventKind.REAPED,
+                        job.attempts,
+                        {"verdict": verdict.value, "owner": job.lease_owner},
+                    )
+                )
                 if verdict.terminal:
-                    events.append(EventRow(job.id, EventKind(verdict.value), job.attempts,
-                                           {"via": "reaper"}))
+                    events.append(
+                        EventRow(job.id, EventKind(verdict.value), job.attempts, {"via": "reaper"})
+                    )
             record(c, self.event_mode, events)
             return result
 
@@ -604,7 +645,10 @@ class Store(SchedulesMixin):
         after: uuid.UUID | None = None,
         limit: int = 100,
     ) -> builtins.list[Job]:
-        """Jobs matching the filters, oldest first; pass the last id as ``after`` for the next page."""
+        """Jobs matching the filters, oldest first.
+
+        Pass the last id of a page as ``after`` to get the next page.
+        """
         if queue is not None:
             validate.queue_name(queue)
         if type is not None:
@@ -635,14 +679,18 @@ class Store(SchedulesMixin):
             if row.state == models.JobState.QUEUED:
                 done = q.cancel_queued_job(c, id=job_id)
                 assert done is not None
-                record(c, self.event_mode,
-                       [EventRow(job_id, EventKind.CANCELLED, row.attempts, {"via": "cancel"})])
+                record(
+                    c,
+                    self.event_mode,
+                    [EventRow(job_id, EventKind.CANCELLED, row.attempts, {"via": "cancel"})],
+                )
                 return job_from_row(done)
             if row.state == models.JobState.LEASED and not row.cancel_requested:
                 done = q.request_cancel(c, id=job_id)
                 assert done is not None
-                record(c, self.event_mode,
-                       [EventRow(job_id, EventKind.CANCEL_REQUESTED, row.attempts)])
+                record(
+                    c, self.event_mode, [EventRow(job_id, EventKind.CANCEL_REQUESTED, row.attempts)]
+                )
                 return job_from_row(done)
             return job_from_row(row)
 
@@ -661,8 +709,11 @@ class Store(SchedulesMixin):
                 raise InvalidState(job_id, str(row.state), "retry")
             done = q.requeue_job(c, id=job_id)
             assert done is not None
-            record(c, self.event_mode,
-                   [EventRow(job_id, EventKind.RETRIED, done.attempts, {"from": str(row.state)})])
+            record(
+                c,
+                self.event_mode,
+                [EventRow(job_id, EventKind.RETRIED, done.attempts, {"from": str(row.state)})],
+            )
             q.notify(c, channel=self.notify_channel, payload=done.queue)
             return job_from_row(done)
 
@@ -679,14 +730,18 @@ class Store(SchedulesMixin):
     def depth(self) -> builtins.list[QueueDepth]:
         rows = self._on_pool_read(q.queue_depth)
         return [
-            QueueDepth(queue=r.queue, ready=r.ready, scheduled=r.scheduled, leased=r.leased,
-                       dead=r.dead)
+            QueueDepth(
+                queue=r.queue, ready=r.ready, scheduled=r.scheduled, leased=r.leased, dead=r.dead
+            )
             for r in rows
         ]
 
     def events(self, job_id: uuid.UUID) -> builtins.list[Event]:
         _check_id(job_id)
-        return [event_from_row(r) for r in self._on_pool_read(lambda c: eq.list_events(c, job_id=job_id))]
+        return [
+            event_from_row(r)
+            for r in self._on_pool_read(lambda c: eq.list_events(c, job_id=job_id))
+        ]
 
     def prune_events(self, older_than: dt.timedelta, limit: int) -> int:
         validate.delay(older_than, "older_than")

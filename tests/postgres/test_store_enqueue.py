@@ -257,9 +257,9 @@ def test_enqueue_batch_inserts_every_job_with_events_and_one_notification_per_qu
         assert sorted(pending_notifies(listener)) == ["a", "b"]
     assert result.inserted == 5 and result.replayed == ()
     assert conn.execute("SELECT count(*) FROM jobs WHERE state = 'queued'").fetchone() == (5,)
-    assert conn.execute(
-        "SELECT count(*) FROM job_events WHERE kind = 'enqueued'"
-    ).fetchone() == (5,)
+    assert conn.execute("SELECT count(*) FROM job_events WHERE kind = 'enqueued'").fetchone() == (
+        5,
+    )
     stored = store.get(jobs[0].id)
     assert stored.run_at == stored.created_at
 

@@ -152,7 +152,9 @@ def test_heartbeat_extends_live_leases_to_until(store: Store) -> None:
     assert store.get(job.id).lease_expires_at == until
 
 
-def test_heartbeat_omits_expired_cancelled_stale_and_foreign_leases(store: Store, conn: Any) -> None:
+def test_heartbeat_omits_expired_cancelled_stale_and_foreign_leases(
+    store: Store, conn: Any
+) -> None:
     store.enqueue_batch([new_job() for _ in range(5)])
     live, expired, cancelled, foreign, stale = store.claim(OWNER, ["default"], 5, TTL)
     expire(conn, expired.id)
@@ -252,7 +254,9 @@ def test_a_stale_owners_complete_after_the_reaper_requeued_raises_lease_lost_and
     assert not store.effect_done(job)
 
 
-def test_a_stale_claim_cannot_finish_a_later_claim_by_the_same_worker(store: Store, conn: Any) -> None:
+def test_a_stale_claim_cannot_finish_a_later_claim_by_the_same_worker(
+    store: Store, conn: Any
+) -> None:
     store.enqueue(new_job(backoff=Backoff(base=0.0, jitter=0.0)))
     old = claim_one(store)
     expire(conn, old.id)
@@ -282,7 +286,9 @@ def test_complete_skips_the_commit_callable_when_the_effect_already_committed(st
     assert store.events(job.id)[-1].detail == {"effect": "already_applied"}
 
 
-def test_a_failing_commit_callable_rolls_everything_back_and_reraises(store: Store, conn: Any) -> None:
+def test_a_failing_commit_callable_rolls_everything_back_and_reraises(
+    store: Store, conn: Any
+) -> None:
     conn.execute("CREATE TABLE side (x int)")
     store.enqueue(new_job())
     job = claim_one(store)

@@ -1,0 +1,114 @@
+"""The error translator and the transaction runner, provoked for real."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobrun.job.errors import OutcomeUnknown, TransientError
+from jobrun.job.model import NewJob, State
+from jobrun.postgres.pool import open_pool
+from jobrun.postgres.store import Store
+from tests.postgres.conftest import TTL, counts, new_job
+
+KILL_AT_COMMIT = """
+CREATE FUNCTION kill_me() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_terminate_backend(pg_backend_pid());
+    PERFORM pg_sleep(5);
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER kill_at_commit AFTER INSERT ON jobs
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (NEW.type = 'kill.at.commit') EXECUTE FUNCTION kill_me();
+"""
+
+
+def test_a_deadlock_is_retried_once_inside_the_method(store: Store, conn: Any, dsn: str) -> None:
+    conn.execute("CREATE TABLE a (x int); CREATE TABLE b (x int)")
+    calls: list[int] = []
+    other_has_b = threading.Event()
+    other_done = threading.Event()
+
+    def other() -> None:
+        with psycopg.connect(dsn) as c:
+            c.execute("SET deadlock_timeout = '10s'")
+            c.execute("LOCK TABLE b")
+            other_has_b.set()
+            c.execute("LOCK TABLE a")  # waits for the store's transaction
+            c.commit()
+        other_done.set()
+
+    def fn(c: psycopg.Connection[Any]) -> str:
+        calls.append(1)
+        c.execute("SET LOCAL deadlock_timeout = '50ms'")
+        c.execute("LOCK TABLE a")
+        if len(calls) == 1:
+            threading.Thread(target=other).start()
+            assert other_has_b.wait(10)
+            c.execute("LOCK TABLE b")  # deadlock: we detect it first and are aborted
+        return "done"
+
+    assert store._with_tx(fn) == "done"
+    assert len(calls) == 2
+    assert other_done.wait(15)
+
+
+def test_a_connection_killed_inside_complete_is_transient_and_nothing_commits(
+    store: Store, conn: Any
+) -> None:
+    conn.execute("CREATE TABLE side (x int)")
+    store.enqueue(new_job())
+    job = store.claim("w", ["default"], 1, TTL)[0]
+
+    def commit(c: psycopg.Connection[Any]) -> None:
+        c.execute("INSERT INTO side VALUES (1)")
+        conn.execute("SELECT pg_terminate_backend(%s)", [c.info.backend_pid])
+        c.execute("SELECT 1")
+
+    with pytest.raises(TransientError):
+        store.complete(job, commit)
+    assert conn.execute("SELECT count(*) FROM side").fetchone() == (0,)
+    assert store.get(job.id).state is State.LEASED
+    assert store.complete(job).state is State.SUCCEEDED  # the pool recovered
+
+
+def test_a_connection_lost_during_commit_is_outcome_unknown(store: Store, conn: Any) -> None:
+    conn.execute(KILL_AT_COMMIT)
+    before = counts(conn)
+    with pytest.raises(OutcomeUnknown):
+        store.enqueue_batch([NewJob(type="kill.at.commit"), new_job()])
+    with pytest.raises(OutcomeUnknown):
+        store.enqueue(NewJob(type="kill.at.commit"))
+    assert counts(conn) == before
+    assert store.enqueue(new_job()).state is State.QUEUED
+
+
+def test_a_read_only_server_is_a_transient_error(dsn: str, conn: Any) -> None:
+    dbname = conn.info.dbname
+    conn.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+    pool = open_pool(dsn, concurrency=1)
+    try:
+        store = Store(pool)
+        with pytest.raises(TransientError, match="read-only"):
+            store.enqueue(new_job())
+        with pytest.raises(TransientError, match="read-only"):
+            store.enqueue_batch([new_job()])
+    finally:
+        pool.close()
+        conn.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+    assert counts(conn) == (0, 0, 0)
+
+
+def test_pool_exhaustion_is_a_bounded_transient_error(dsn: str) -> None:
+    pool = open_pool(dsn, min_size=1, max_size=1, timeout=0.5)
+    try:
+        store = Store(pool)
+        with pool.connection(), pytest.raises(TransientError, match="no database connection"):
+            store.enqueue(new_job())
+        assert store.enqueue(new_job()).state is State.QUEUED
+    finally:
+        pool.close()
