@@ -97,12 +97,22 @@ class Store(Schedules, Protocol):
 
 
 class Dispatcher(Protocol):
-    """Wake-ups for idle workers. A hint only: workers poll as well."""
+    """Wake-ups for idle workers. A hint only: workers poll as well.
+
+    Wake-ups coalesce (a burst of notifications costs one wake-up) and are
+    kept while the worker is busy: one that arrives between two ``wait``
+    calls of the same thread for the same queues makes the next call return
+    at once. After the notification source reconnects, every waiter is woken
+    once, since notifications sent during the gap are lost. The Postgres
+    adapter (``jobrun.postgres.notify.Notifier``) also offers
+    ``subscribe(queues)`` for a worker that registers its queues once.
+    """
 
     def wait(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a job may be ready in one of ``queues`` or ``timeout`` passes.
 
         True when woken by a notification (or a reconnect), False on timeout.
+        With notifications disabled it simply sleeps and returns False.
         """
         ...
 
@@ -110,12 +120,24 @@ class Dispatcher(Protocol):
 
 
 class Locker(Protocol):
-    """A leadership lock: at most one holder among all processes."""
+    """A leadership lock: at most one holder among all processes.
 
-    def try_acquire(self) -> bool: ...
+    A leader calls ``held()`` before every leader action and steps down as
+    soon as it returns False; leader actions must still tolerate one action
+    of overlap with a successor (see ``jobrun.postgres.lock``).
+    """
+
+    def try_acquire(self) -> bool:
+        """Take the lock if free, without blocking; True when held afterwards.
+
+        A connection fault counts as False (the next call reconnects).
+        """
+        ...
 
     def held(self) -> bool:
         """Whether the lock is still held; False once its connection is gone."""
         ...
 
-    def release(self) -> None: ...
+    def release(self) -> None:
+        """Give the lock up; safe to call twice and after the connection died."""
+        ...

@@ -600,6 +600,8 @@ __all__ = [
     "ProbeTimeout",
     "Waiter",
     "backoff_delay",
+    "check_seconds",
+    "configure_session",
     "interrupt_after",
     "validate_channel",
 ]

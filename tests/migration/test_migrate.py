@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -89,3 +92,28 @@ def _schema_fingerprint(dsn: str) -> list[tuple[object, ...]]:
             "AND tablename NOT LIKE '\\_yoyo%' ORDER BY 1"
         ).fetchall()
     return [*cols, *idx]
+
+
+def test_a_migrator_killed_while_holding_the_lock_blocks_nobody(empty_dsn: str) -> None:
+    script = (
+        "import sys, time\n"
+        "from jobrun.postgres.migrate import _Backend\n"
+        "b = _Backend(sys.argv[1])\n"
+        "with b.lock():\n"
+        "    print('locked', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, empty_dsn], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "locked"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert m.migrate(empty_dsn)  # the session lock died with the process
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()

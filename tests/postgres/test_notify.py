@@ -21,6 +21,7 @@ import pytest
 from psycopg import sql
 
 from jobrun.job.errors import ValidationError
+from jobrun.job.ports import Dispatcher
 from jobrun.postgres.embedded import throwaway_cluster
 from jobrun.postgres.notify import DEFAULT_CHANNEL, Notifier, NullDispatcher, Waiter
 from tests.support.database import TestServer
@@ -477,7 +478,9 @@ def test_invalid_wait_timeouts_are_rejected(dsn: str, timeout: Any) -> None:
 def test_disabled_mode_opens_no_connection_and_waits_out_the_timeout(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
-    for dispatcher in (Notifier(dsn, enabled=False), NullDispatcher()):
+    dispatchers: list[Dispatcher] = [Notifier(dsn, enabled=False), NullDispatcher()]
+    for dispatcher in dispatchers:
+        assert isinstance(dispatcher, Notifier | NullDispatcher)
         dispatcher.start()
         try:
             started = time.monotonic()

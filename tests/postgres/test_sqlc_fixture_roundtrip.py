@@ -7,9 +7,8 @@ holding the fixture schema: every mapped type round-trips, enums travel by
 value, jsonb is written correctly by parameters and by binary COPY, and the
 batch commands send one statement per input row.
 
-The database: a server given by JOBRUN_TEST_DATABASE_URL (a role that may
-CREATE DATABASE); without it the tests skip. (To be wired to the shared
-harness in tests/conftest.py.)
+The database: an empty database of each test's own on the suite's server
+(tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import decimal
 import importlib
 import itertools
 import json
-import os
 import subprocess
 import sys
 import tracemalloc
@@ -32,7 +30,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg.rows import dict_row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +37,6 @@ PLUGIN = ROOT / "tools" / "sqlc_gen_psycopg.py"
 FIXTURE = ROOT / "tests" / "unit" / "sqlc_fixture"
 SCHEMA = ("schema/0001.types.sql", "schema/0002.all_types.sql")
 PACKAGE = "sqlc_fixture_gen"
-DSN_ENV = "JOBRUN_TEST_DATABASE_URL"
 
 _names = itertools.count()
 
@@ -71,28 +67,12 @@ def gen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
 
 
 @pytest.fixture
-def fixture_dsn() -> Iterator[str]:
-    """A throwaway database with the fixture schema."""
-    admin = os.environ.get(DSN_ENV)
-    if not admin:
-        pytest.skip("needs the lead's harness")
-    name = f"sqlc_fixture_{os.getpid()}_{next(_names)}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    params = psycopg.conninfo.conninfo_to_dict(admin)
-    params["dbname"] = name
-    dsn = psycopg.conninfo.make_conninfo("", **params)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for path in SCHEMA:
-                conn.execute((FIXTURE / path).read_text(encoding="utf-8").encode())
-        yield dsn
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+def fixture_dsn(empty_dsn: str) -> str:
+    """A database of the test's own holding the fixture schema."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for path in SCHEMA:
+            conn.execute((FIXTURE / path).read_text(encoding="utf-8").encode())
+    return empty_dsn
 
 
 @pytest.fixture
@@ -133,8 +113,9 @@ def all_values(gen: SimpleNamespace) -> dict[str, Any]:
         "c_json": [1, "two", {"3": 4}],
         "c_timestamptz": NOW,
         "c_ts_tz": NOW + dt.timedelta(days=1),
-        "c_timestamp": dt.datetime(2020, 2, 29, 23, 59, 59, 999999),
-        "c_ts_notz": dt.datetime(1999, 12, 31),
+        # timestamp (without time zone) columns take naive datetimes.
+        "c_timestamp": dt.datetime(2020, 2, 29, 23, 59, 59, 999999),  # noqa: DTZ001
+        "c_ts_notz": dt.datetime(1999, 12, 31),  # noqa: DTZ001
         "c_date": dt.date(2024, 2, 29),
         "c_time": dt.time(13, 14, 15, 16),
         "c_interval": dt.timedelta(days=3, seconds=7, microseconds=8),
