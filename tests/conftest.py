@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,3 +46,54 @@ def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the test's database, for setup and assertions."""
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c
+
+
+# -- every generated query is executed by some test --------------------------
+#
+# sqlc's static check cannot tell that an ON CONFLICT target misses its partial
+# index, or that a cast is wrong at run time: only running the statement does.
+# Every function of the generated query layer is wrapped to record its calls;
+# a run of the whole suite fails if one was never called.
+
+_QUERY_MODULES = ("jobs", "events", "effects", "schedules")
+_called: set[str] = set()
+_generated: set[str] = set()
+
+
+def _record(name: str, fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _called.add(name)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for module_name in _QUERY_MODULES:
+        try:
+            module = importlib.import_module(f"jobrun.postgres.sqlc.{module_name}")
+        except ModuleNotFoundError:
+            continue
+        for name, fn in list(vars(module).items()):
+            if (
+                inspect.isfunction(fn)
+                and fn.__module__ == module.__name__
+                and not name.startswith("_")
+            ):
+                qualified = f"{module_name}.{name}"
+                _generated.add(qualified)
+                setattr(module, name, _record(qualified, fn))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    whole_suite = not session.config.args or session.config.args == ["tests"]
+    selective = session.config.getoption("keyword") or session.config.getoption("markexpr")
+    if exitstatus != 0 or not whole_suite or selective:
+        return
+    never = sorted(_generated - _called)
+    if never:
+        session.config.get_terminal_writer().line(
+            f"generated queries never executed by any test: {', '.join(never)}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

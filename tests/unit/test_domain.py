@@ -1,0 +1,137 @@
+"""The domain: pure values, no database."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import random
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import jobrun.job as job_pkg
+from jobrun.job import validate
+from jobrun.job.errors import JobrunError, ValidationError
+from jobrun.job.model import Backoff, EffectKey, EventKind, Job, NewJob, State, new_job_id
+
+
+def test_exponential_backoff_doubles_and_caps() -> None:
+    b = Backoff(kind="exponential", base=1.0, factor=2.0, max_delay=10.0, jitter=0.0)
+    assert [b.delay(n).total_seconds() for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+
+
+def test_linear_and_constant_backoff() -> None:
+    assert Backoff(kind="linear", base=3.0, jitter=0.0).delay(4) == dt.timedelta(seconds=12)
+    assert Backoff(kind="constant", base=5.0, jitter=0.0).delay(9) == dt.timedelta(seconds=5)
+
+
+def test_backoff_of_a_huge_attempt_number_does_not_overflow() -> None:
+    b = Backoff(base=1.0, factor=10.0, max_delay=60.0, jitter=0.0)
+    assert b.delay(100_000) == dt.timedelta(seconds=60)
+
+
+@given(attempt=st.integers(min_value=1, max_value=10_000), seed=st.integers())
+def test_jittered_backoff_stays_within_its_spread(attempt: int, seed: int) -> None:
+    b = Backoff(base=2.0, factor=3.0, max_delay=600.0, jitter=0.25)
+    plain = dataclasses.replace(b, jitter=0.0).delay(attempt).total_seconds()
+    got = b.delay(attempt, random.Random(seed)).total_seconds()
+    assert plain * 0.75 - 1e-9 <= got <= plain * 1.25 + 1e-9
+
+
+def test_backoff_round_trips_through_its_stored_form() -> None:
+    b = Backoff(kind="linear", base=1.5, factor=1.0, max_delay=30.0, jitter=0.2)
+    assert Backoff.from_json(b.to_json()) == b
+
+
+def test_backoff_from_json_rejects_unknown_keys() -> None:
+    with pytest.raises(ValidationError):
+        Backoff.from_json({"kind": "exponential", "surprise": 1})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"base": -1.0},
+        {"factor": 0.5},
+        {"jitter": 1.5},
+        {"max_delay": 1e12},
+        {"base": True},
+        {"kind": "fibonacci"},
+    ],
+)
+def test_bad_backoff_is_a_validation_error(fields: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Backoff(**fields)  # type: ignore[arg-type]
+
+
+def test_job_ids_are_time_ordered_uuid7() -> None:
+    ids = [new_job_id() for _ in range(1000)]
+    assert all(i.version == 7 for i in ids)
+    assert ids == sorted(ids)
+
+
+def test_effect_key_is_type_scoped_and_prefers_the_idempotency_key() -> None:
+    base = {
+        "queue": "q",
+        "type": "email.send",
+        "payload": {},
+        "priority": 0,
+        "state": State.LEASED,
+        "attempts": 1,
+        "max_attempts": 3,
+        "backoff": Backoff(),
+        "run_at": _T,
+        "lease_owner": "w",
+        "lease_token": uuid.uuid4(),
+        "lease_expires_at": _T,
+        "cancel_requested": False,
+        "last_error": None,
+        "created_at": _T,
+        "updated_at": _T,
+        "finished_at": None,
+    }
+    jid = uuid.uuid4()
+    assert EffectKey.of(Job(id=jid, idempotency_key=None, **base)) == EffectKey(
+        "job:email.send", str(jid)
+    )
+    assert EffectKey.of(Job(id=jid, idempotency_key="k", **base)) == EffectKey(
+        "job:email.send", "k"
+    )
+
+
+_T = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+def test_terminal_states_and_event_kinds() -> None:
+    assert {s for s in State if s.terminal} == {State.SUCCEEDED, State.DEAD, State.CANCELLED}
+    assert {k for k in EventKind if k.terminal} == {
+        EventKind.SUCCEEDED,
+        EventKind.DEAD,
+        EventKind.CANCELLED,
+    }
+
+
+def test_every_jobrun_error_derives_from_jobrun_error() -> None:
+    for name in job_pkg.__all__:
+        obj = getattr(job_pkg, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, JobrunError), name
+    assert issubclass(ValidationError, ValueError)
+
+
+def test_new_job_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        NewJob(type="t").queue = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", ["a", "emails", "q-1", "x.y_z", "0", "a" * 63])
+def test_valid_queue_names(name: str) -> None:
+    assert validate.queue_name(name) == name
+
+
+def test_error_text_is_truncated_and_cleaned() -> None:
+    text = validate.error_text("a\x00b" + "c" * 20_000)
+    assert "\x00" not in text and len(text) <= validate.MAX_ERROR_CHARS
+    assert text.endswith("[truncated]")
