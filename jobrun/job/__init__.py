@@ -1,6 +1,7 @@
 """The job domain: values, errors and ports. No I/O here."""
 
 from jobrun.job.errors import (
+    AlreadyExists,
     CommitRefused,
     DatabaseError,
     IdempotencyConflict,
@@ -28,12 +29,14 @@ from jobrun.job.model import (
     QueueDepth,
     ReapResult,
     Schedule,
+    ScheduleSpec,
     State,
     new_job_id,
 )
 from jobrun.job.ports import CommitCallable, Dispatcher, Locker, Schedules, Store
 
 __all__ = [
+    "AlreadyExists",
     "DEFAULT_BACKOFF",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_PRIORITY",
@@ -60,6 +63,7 @@ __all__ = [
     "QueueDepth",
     "ReapResult",
     "Schedule",
+    "ScheduleSpec",
     "Schedules",
     "State",
     "Store",

@@ -6,6 +6,7 @@ carries its context as attributes rather than only in the message::
     JobrunError
     ├── ValidationError        bad input, raised before anything is written
     ├── NotFound               no job (or schedule) with that id
+    ├── AlreadyExists          a schedule with that id exists already
     ├── InvalidState           the operation does not apply to the job's current state
     ├── IdempotencyConflict    the key is taken by a job with a different body
     ├── LeaseLost              the caller no longer holds the job's lease (the fence)
@@ -43,6 +44,15 @@ class NotFound(JobrunError):
 
     def __init__(self, what: str, ident: object) -> None:
         super().__init__(f"{what} {ident} not found")
+        self.what = what
+        self.ident = ident
+
+
+class AlreadyExists(JobrunError):
+    """Creating something whose id is taken (``create_schedule``; upsert replaces instead)."""
+
+    def __init__(self, what: str, ident: object) -> None:
+        super().__init__(f"{what} {ident!r} already exists")
         self.what = what
         self.ident = ident
 

@@ -22,6 +22,7 @@ import datetime as dt
 import enum
 import math
 import random
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
@@ -29,6 +30,7 @@ from typing import Any, Literal, TypeAlias
 import uuid6
 
 from jobrun.job import validate
+from jobrun.job.cron import CronSchedule
 from jobrun.job.errors import ValidationError
 
 JSONValue: TypeAlias = Any
@@ -286,6 +288,44 @@ class EffectKey:
         return cls("job:" + job.type, job.idempotency_key or str(job.id))
 
 
+SCHEDULE_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+"""Schedule ids: no ``:``, so the key ``sched:<id>:<next_run>`` cannot be ambiguous."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleSpec:
+    """A schedule to create or upsert: cron, time zone and the job template. Validated."""
+
+    id: str
+    cron: str
+    type: str
+    payload: JSONValue = dataclasses.field(default_factory=dict)
+    timezone: str = "UTC"
+    queue: str = DEFAULT_QUEUE
+    priority: int = DEFAULT_PRIORITY
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff: Backoff = DEFAULT_BACKOFF
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not SCHEDULE_ID_PATTERN.fullmatch(self.id):
+            raise ValidationError(
+                "id", f"{self.id!r} is not a valid schedule id (1-100 of A-Z a-z 0-9 _ . -)"
+            )
+        parsed = CronSchedule.parse(self.cron, self.timezone)
+        object.__setattr__(self, "cron", parsed.expression)
+        validate.job_type(self.type)
+        validate.queue_name(self.queue)
+        validate.priority(self.priority)
+        validate.max_attempts(self.max_attempts)
+        if not isinstance(self.backoff, Backoff):
+            raise ValidationError("backoff", "must be a jobrun.Backoff")
+        object.__setattr__(self, "payload", validate.payload(self.payload))
+
+    @property
+    def schedule(self) -> CronSchedule:
+        return CronSchedule.parse(self.cron, self.timezone)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Schedule:
     """A cron schedule and the template of the job each occurrence enqueues."""
@@ -303,6 +343,15 @@ class Schedule:
     paused: bool
     created_at: dt.datetime
     updated_at: dt.datetime
+
+    @property
+    def cron_schedule(self) -> CronSchedule:
+        return CronSchedule.parse(self.cron, self.timezone)
+
+    def occurrence_key(self, occurrence: dt.datetime) -> str:
+        """The idempotency key of the job an occurrence enqueues: ``sched:<id>:<UTC instant>``."""
+        instant = occurrence.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"sched:{self.id}:{instant}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

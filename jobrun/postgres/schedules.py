@@ -1,7 +1,222 @@
-"""The job.Schedules half of the Store (filled in by the Schedules issue)."""
+"""The job.Schedules half of the Store: cron schedules next to the jobs.
+
+Materialising an occurrence
+---------------------------
+The leader asks :meth:`due_schedules` (``SELECT ... FOR UPDATE SKIP LOCKED``
+in its own short transaction, defensive against two leaders), then calls
+:meth:`materialize` for each. One materialisation is ONE transaction::
+
+    1. enqueue the occurrence's job, idempotency key sched:<id>:<occurrence>
+       (a replay when that occurrence was already enqueued)
+    2. advance next_run_at from the value read to the first occurrence after
+       now, as a compare-and-set (WHERE next_run_at = <value read>)
+    3. commit -- or, when the compare-and-set matched nothing (another
+       leader moved first), roll back
+
+No occurrence is lost: until the commit nothing moved, and a crash before it
+leaves next_run_at where it was, so the next tick enqueues the same
+occurrence again. None runs twice: the enqueue and the advance commit
+together, so an advanced schedule never re-enqueues an old occurrence; and
+two leaders racing on one occurrence compute the same key, so the second
+insert is a replay of the first, and the loser's compare-and-set fails and
+rolls its transaction back. The key is the durable guard; the row locks and
+the compare-and-set only keep the losers cheap.
+
+Misfires: after downtime spanning several periods only the latest due
+occurrence is enqueued (coalesced, never a burst), keyed by that occurrence.
+Pausing keeps the schedule's row; resuming continues from the first
+occurrence after now (occurrences missed while paused are not run).
+Occurrences and next runs are computed from the database clock (the ``now``
+the caller read with Store.now()); see jobrun.job.cron for the DST rule.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+
+from jobrun.job import validate
+from jobrun.job.errors import AlreadyExists, IdempotencyConflict, NotFound, ValidationError
+from jobrun.job.model import Job, NewJob, Schedule, ScheduleSpec
+from jobrun.postgres.convert import job_from_row, schedule_from_row
+from jobrun.postgres.sqlc import jobs as jq
+from jobrun.postgres.sqlc import schedules as q
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class _LostRace(Exception):
+    """Another materialiser advanced the schedule first: roll ours back."""
+
 
 class SchedulesMixin:
-    """Cron schedules stored next to the jobs."""
+    """Cron schedules (mixed into :class:`jobrun.postgres.store.Store`)."""
+
+    if TYPE_CHECKING:
+        pool: ConnectionPool[Any]
+
+        def _with_tx(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T: ...
+        def _on_pool(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T: ...
+        def _on_pool_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T: ...
+        def _enqueue_on(self, conn: psycopg.Connection[Any], job: NewJob) -> Job: ...
+
+    # -- definitions -------------------------------------------------------------
+
+    def create_schedule(self, spec: ScheduleSpec) -> Schedule:
+        """Create a schedule; AlreadyExists when its id is taken."""
+        _check_spec(spec)
+
+        def run(c: psycopg.Connection[Any]) -> Schedule:
+            row = q.insert_schedule(c, **_row_args(spec, _first_run(c, spec)))
+            if row is None:
+                raise AlreadyExists("schedule", spec.id)
+            return schedule_from_row(row)
+
+        return self._with_tx(run)
+
+    def upsert_schedule(self, spec: ScheduleSpec) -> Schedule:
+        """Create or replace a schedule (an unchanged cron keeps its next run)."""
+        _check_spec(spec)
+
+        def run(c: psycopg.Connection[Any]) -> Schedule:
+            row = q.upsert_schedule(c, **_row_args(spec, _first_run(c, spec)))
+            assert row is not None
+            return schedule_from_row(row)
+
+        return self._with_tx(run)
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        row = self._on_pool_read(lambda c: q.get_schedule(c, id=_check_id(schedule_id)))
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        return schedule_from_row(row)
+
+    def list_schedules(self) -> list[Schedule]:
+        return [schedule_from_row(r) for r in self._on_pool_read(q.list_schedules)]
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        deleted = self._on_pool(lambda c: q.delete_schedule(c, id=_check_id(schedule_id)))
+        if not deleted:
+            raise NotFound("schedule", schedule_id)
+
+    def pause_schedule(self, schedule_id: str) -> Schedule:
+        _check_id(schedule_id)
+        row = self._on_pool(
+            lambda c: q.set_schedule_paused(c, paused=True, next_run_at=None, id=schedule_id)
+        )
+        if row is None:
+            raise NotFound("schedule", schedule_id)
+        return schedule_from_row(row)
+
+    def resume_schedule(self, schedule_id: str) -> Schedule:
+        """Resume from the first occurrence after now."""
+        _check_id(schedule_id)
+
+        def run(c: psycopg.Connection[Any]) -> Schedule:
+            current = q.get_schedule(c, id=schedule_id)
+            if current is None:
+                raise NotFound("schedule", schedule_id)
+            now = jq.db_now(c)
+            assert now is not None
+            following = schedule_from_row(current).cron_schedule.next_after(now)
+            row = q.set_schedule_paused(c, paused=False, next_run_at=following, id=schedule_id)
+            assert row is not None
+            return schedule_from_row(row)
+
+        return self._with_tx(run)
+
+    # -- the leader's side -------------------------------------------------------
+
+    def due_schedules(self, now: dt.datetime, limit: int) -> list[Schedule]:
+        """Unpaused schedules whose next run is at or before ``now`` (db now), oldest first."""
+        validate.aware_datetime("now", now)
+        validate.batch_limit(limit, 10_000)
+        rows = self._with_tx(lambda c: q.due_schedules(c, now=now, max_schedules=limit))
+        return [schedule_from_row(r) for r in rows]
+
+    def materialize(self, schedule: Schedule, now: dt.datetime) -> Job | None:
+        """Enqueue the latest due occurrence of ``schedule`` and advance it (one transaction).
+
+        Returns the occurrence's job (possibly a replay), or None when nothing
+        was due or another leader advanced the schedule first.
+        """
+        validate.aware_datetime("now", now)
+        cron = schedule.cron_schedule
+        occurrence = cron.latest_due(schedule.next_run_at, now)
+        if occurrence is None:
+            return None
+        following = cron.next_after(now)
+        job = NewJob(
+            type=schedule.type,
+            payload=schedule.payload,
+            queue=schedule.queue,
+            priority=schedule.priority,
+            max_attempts=schedule.max_attempts,
+            backoff=schedule.backoff,
+            run_at=occurrence,
+            idempotency_key=schedule.occurrence_key(occurrence),
+        )
+
+        def run(c: psycopg.Connection[Any]) -> Job:
+            try:
+                enqueued = self._enqueue_on(c, job)
+            except IdempotencyConflict as exc:
+                # The occurrence was enqueued before the template changed:
+                # it is materialised all the same.
+                stored = jq.get_job(c, id=exc.existing_id) if exc.existing_id else None
+                if stored is None:
+                    raise
+                enqueued = job_from_row(stored)
+            moved = q.advance_schedule(
+                c, next_run_at=following, id=schedule.id, previous=schedule.next_run_at
+            )
+            if not moved:
+                raise _LostRace
+            return enqueued
+
+        try:
+            return self._with_tx(run)
+        except _LostRace:
+            log.info("schedule %s was advanced by another materialiser", schedule.id)
+            return None
+
+
+def _check_spec(spec: object) -> None:
+    if not isinstance(spec, ScheduleSpec):
+        raise ValidationError("spec", f"must be a jobrun.ScheduleSpec, not {type(spec).__name__}")
+
+
+def _check_id(schedule_id: object) -> str:
+    if not isinstance(schedule_id, str) or not schedule_id:
+        raise ValidationError("schedule_id", "must be a non-empty str")
+    return schedule_id
+
+
+def _first_run(conn: psycopg.Connection[Any], spec: ScheduleSpec) -> dt.datetime:
+    now = jq.db_now(conn)
+    assert now is not None
+    return spec.schedule.next_after(now)
+
+
+def _row_args(spec: ScheduleSpec, next_run_at: dt.datetime) -> dict[str, Any]:
+    return {
+        "id": spec.id,
+        "cron": spec.cron,
+        "timezone": spec.timezone,
+        "queue": spec.queue,
+        "type": spec.type,
+        "payload": spec.payload,
+        "priority": spec.priority,
+        "max_attempts": spec.max_attempts,
+        "backoff": spec.backoff.to_json(),
+        "next_run_at": next_run_at,
+    }

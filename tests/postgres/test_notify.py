@@ -8,6 +8,7 @@ that stops forwarding without closing anything.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -22,7 +23,7 @@ from psycopg import sql
 
 from jobrun.job.errors import ValidationError
 from jobrun.job.ports import Dispatcher
-from jobrun.postgres.embedded import throwaway_cluster
+from jobrun.postgres.embedded import LocalCluster, free_port, throwaway_cluster
 from jobrun.postgres.notify import DEFAULT_CHANNEL, Notifier, NullDispatcher, Waiter
 from tests.support.database import TestServer
 
@@ -377,6 +378,43 @@ def test_the_listener_keeps_retrying_while_the_server_is_down() -> None:
             assert waiter.wait(DEADLINE)
         finally:
             notifier.stop()
+
+
+@pytest.mark.slow
+def test_a_standby_in_recovery_is_a_connection_fault_until_promoted() -> None:
+    """LISTEN fails on a hot standby; the listener backs off and retries, never dies."""
+    with throwaway_cluster() as primary:
+        owner = primary.datadir.stat()
+        standby_dir = primary.datadir.parent / "standby"
+        standby_dir.mkdir(mode=0o700)
+        os.chown(standby_dir, owner.st_uid, owner.st_gid)
+        standby = LocalCluster(datadir=standby_dir, port=free_port(), bindir=primary.bindir)
+        standby._run(
+            str(standby.bindir / "pg_basebackup"),
+            *("-D", str(standby_dir), "-h", "127.0.0.1", "-p", str(primary.port)),
+            *("-U", "postgres", "-R", "-X", "stream"),
+        )
+        standby.start()
+        try:
+            with psycopg.connect(standby.dsn()) as probe:
+                assert probe.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+            notifier = Notifier(standby.dsn(), backoff_initial=0.05, backoff_max=0.2)
+            notifier.start()
+            try:
+                assert eventually(lambda: notifier.stats.faults >= 3)
+                assert "recovery" in (notifier.last_error or "")
+                assert notifier.running and not notifier.connected
+                with psycopg.connect(standby.dsn(), autocommit=True) as promote:
+                    assert promote.execute("SELECT pg_promote()").fetchone() == (True,)
+                assert notifier.wait_connected(60)
+                waiter = subscribed(notifier, "default")
+                with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                    notify(conn, "default")
+                assert waiter.wait(DEADLINE)
+            finally:
+                notifier.stop()
+        finally:
+            standby.destroy()
 
 
 def test_the_liveness_probe_notices_a_half_open_connection(
