@@ -36,12 +36,12 @@ from jobrun.job.model import (
 from jobrun.job.ports import CommitCallable, Dispatcher, Locker, Schedules, Store
 
 __all__ = [
-    "AlreadyExists",
     "DEFAULT_BACKOFF",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_PRIORITY",
     "DEFAULT_QUEUE",
     "TERMINAL_STATES",
+    "AlreadyExists",
     "Backoff",
     "CommitCallable",
     "CommitRefused",

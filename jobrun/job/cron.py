@@ -22,8 +22,8 @@ clock; nothing here reads this host's clock.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import datetime as dt
+import itertools
 import re
 import zoneinfo
 from collections.abc import Iterator
@@ -70,7 +70,7 @@ class CronSchedule:
             )
         tz = time_zone(timezone)
         schedule = cls(" ".join(fields), tz)
-        start = dt.datetime(2000, 1, 1)
+        start = dt.datetime(2000, 1, 1)  # noqa: DTZ001 - a naive local wall-clock time
         try:
             next(CronSim(schedule.expression, start))
         except CronSimError as exc:

@@ -1,4 +1,4 @@
-"""Schedules: definitions, due_schedules + materialize, DST and misfires, driven by synthetic now."""
+"""Schedules: definitions, due_schedules + materialize, DST, misfires; synthetic now."""
 
 from __future__ import annotations
 
@@ -240,7 +240,9 @@ def test_two_schedulers_materialising_the_same_schedule_for_10_ticks_create_each
             now = start + dt.timedelta(minutes=minute, seconds=5)
             barrier = threading.Barrier(2)
 
-            def leader(s: Store, now: dt.datetime = now) -> None:
+            def leader(
+                s: Store, now: dt.datetime = now, barrier: threading.Barrier = barrier
+            ) -> None:
                 try:
                     barrier.wait()
                     # Bypass the row locks too: both read the schedule first.
