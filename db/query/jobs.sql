@@ -60,6 +60,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
 WITH next AS (
     SELECT id FROM jobs
     WHERE state = 'queued' AND queue = ANY(sqlc.arg(queues)::text[]) AND run_at <= now()
+      AND queue NOT IN (SELECT queue_pauses.queue FROM queue_pauses)
     ORDER BY priority, run_at, id
     LIMIT sqlc.arg(max_jobs)
     FOR UPDATE SKIP LOCKED
@@ -276,6 +277,15 @@ FROM jobs
 WHERE state IN ('queued', 'leased', 'dead')
 GROUP BY queue
 ORDER BY queue;
+
+-- name: PauseQueue :exec
+INSERT INTO queue_pauses (queue) VALUES (sqlc.arg(queue)) ON CONFLICT (queue) DO NOTHING;
+
+-- name: ResumeQueue :execrows
+DELETE FROM queue_pauses WHERE queue = sqlc.arg(queue);
+
+-- name: PausedQueues :many
+SELECT queue FROM queue_pauses ORDER BY queue;
 
 -- name: DbNow :one
 SELECT now()::timestamptz AS now;

@@ -750,6 +750,22 @@ class Store(SchedulesMixin):
             lambda c: eq.prune_events(c, age_seconds=older_than.total_seconds(), max_events=limit)
         )
 
+    def pause_queue(self, queue: str) -> None:
+        """Stop every worker from claiming from ``queue``; enqueue still works."""
+        validate.queue_name(queue)
+        self._on_pool(lambda c: q.pause_queue(c, queue=queue))
+
+    def resume_queue(self, queue: str) -> bool:
+        """Let workers claim from ``queue`` again; False when it was not paused."""
+        validate.queue_name(queue)
+        resumed = self._on_pool(lambda c: q.resume_queue(c, queue=queue)) > 0
+        if resumed:
+            self._on_pool(lambda c: q.notify(c, channel=self.notify_channel, payload=queue))
+        return resumed
+
+    def paused_queues(self) -> builtins.list[str]:
+        return self._on_pool_read(q.paused_queues)
+
     def effect_done(self, job: Job | EffectKey) -> bool:
         """Whether the job's (or key's) effect has committed."""
         key = job if isinstance(job, EffectKey) else EffectKey.of(job)

@@ -391,8 +391,9 @@ def test_a_standby_in_recovery_is_a_connection_fault_until_promoted() -> None:
         standby = LocalCluster(datadir=standby_dir, port=free_port(), bindir=primary.bindir)
         standby._run(
             str(standby.bindir / "pg_basebackup"),
-            *("-D", str(standby_dir), "-h", "127.0.0.1", "-p", str(primary.port)),
-            *("-U", "postgres", "-R", "-X", "stream"),
+            *("-D", str(standby_dir), "-h", str(primary.datadir), "-p", str(primary.port)),
+            *("-U", "postgres", "-R", "-X", "stream", "--no-password"),
+            timeout=60,
         )
         standby.start()
         try:

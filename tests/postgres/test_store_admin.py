@@ -264,3 +264,21 @@ def test_effect_key_without_an_idempotency_key_is_the_job_id(store: Store) -> No
     assert not store.effect_done(job)
     store.complete(job)
     assert store.effect_done(job)
+
+
+# -- paused queues ---------------------------------------------------------------
+
+
+def test_a_paused_queue_is_not_claimed_from_but_accepts_jobs(store: Store, dsn: str) -> None:
+    store.pause_queue("emails")
+    store.pause_queue("emails")  # twice is fine
+    job = store.enqueue(new_job(queue="emails"))
+    store.enqueue(new_job(queue="other"))
+    assert store.paused_queues() == ["emails"]
+    assert [j.queue for j in store.claim(OWNER, ["emails", "other"], 10, TTL)] == ["other"]
+    with listen(dsn) as listener:
+        assert store.resume_queue("emails")
+        assert pending_notifies(listener) == ["emails"]
+    assert not store.resume_queue("emails")
+    assert [j.id for j in store.claim(OWNER, ["emails"], 10, TTL)] == [job.id]
+    assert store.paused_queues() == []

@@ -311,6 +311,7 @@ CLAIM_JOBS: Final = """\
 WITH next AS (
     SELECT id FROM jobs
     WHERE state = 'queued' AND queue = ANY($1::text[]) AND run_at <= now()
+      AND queue NOT IN (SELECT queue_pauses.queue FROM queue_pauses)
     ORDER BY priority, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -1039,6 +1040,32 @@ def queue_depth(conn: psycopg.Connection[Any]) -> list[QueueDepthRow]:
             QueueDepthRow(queue=r[0], ready=r[1], scheduled=r[2], leased=r[3], dead=r[4])
             for r in cur.fetchall()
         ]
+
+
+PAUSE_QUEUE: Final = "INSERT INTO queue_pauses (queue) VALUES ($1) ON CONFLICT (queue) DO NOTHING"
+
+
+def pause_queue(conn: psycopg.Connection[Any], *, queue: str) -> None:
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(PAUSE_QUEUE, (queue,))
+
+
+RESUME_QUEUE: Final = "DELETE FROM queue_pauses WHERE queue = $1"
+
+
+def resume_queue(conn: psycopg.Connection[Any], *, queue: str) -> int:
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(RESUME_QUEUE, (queue,))
+        return cur.rowcount
+
+
+PAUSED_QUEUES: Final = "SELECT queue FROM queue_pauses ORDER BY queue"
+
+
+def paused_queues(conn: psycopg.Connection[Any]) -> list[str]:
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(PAUSED_QUEUES)
+        return [r[0] for r in cur.fetchall()]
 
 
 DB_NOW: Final = "SELECT now()::timestamptz AS now"
