@@ -33,7 +33,7 @@ from jobrun.job.model import (
     State,
     new_job_id,
 )
-from jobrun.job.ports import CommitCallable, Dispatcher, Locker, Schedules, Store
+from jobrun.job.ports import CommitCallable, Dispatcher, Locker, Schedules, Store, Waiter
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -69,5 +69,6 @@ __all__ = [
     "Store",
     "TransientError",
     "ValidationError",
+    "Waiter",
     "new_job_id",
 ]

@@ -96,6 +96,20 @@ class Store(Schedules, Protocol):
     ) -> list[Job]: ...
 
 
+class Waiter(Protocol):
+    """One subscriber's wake-up slot (see Dispatcher)."""
+
+    def wait(self, timeout: float) -> bool:
+        """True when woken (notification, reconnect or ``wake``), False on timeout."""
+        ...
+
+    def wake(self) -> None:
+        """Wake this waiter now (a worker that is stopping uses it)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Dispatcher(Protocol):
     """Wake-ups for idle workers. A hint only: workers poll as well.
 
@@ -104,9 +118,12 @@ class Dispatcher(Protocol):
     calls of the same thread for the same queues makes the next call return
     at once. After the notification source reconnects, every waiter is woken
     once, since notifications sent during the gap are lost. The Postgres
-    adapter (``jobrun.postgres.notify.Notifier``) also offers
-    ``subscribe(queues)`` for a worker that registers its queues once.
+    adapter is ``jobrun.postgres.notify.Notifier``.
     """
+
+    def subscribe(self, queues: Sequence[str]) -> Waiter:
+        """A waiter for ``queues`` that a worker registers once and waits on repeatedly."""
+        ...
 
     def wait(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a job may be ready in one of ``queues`` or ``timeout`` passes.

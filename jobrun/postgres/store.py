@@ -71,7 +71,6 @@ import dataclasses
 import datetime as dt
 import itertools
 import logging
-import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -110,6 +109,7 @@ from jobrun.postgres.convert import (
     translate_errors,
 )
 from jobrun.postgres.events import EventMode, EventRow, record
+from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
 from jobrun.postgres.schedules import SchedulesMixin
 from jobrun.postgres.sqlc import events as eq
 from jobrun.postgres.sqlc import jobs as q
@@ -119,23 +119,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_NOTIFY_CHANNEL = "jobrun_jobs"
+DEFAULT_NOTIFY_CHANNEL = DEFAULT_CHANNEL
 DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
-CHANNEL_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 BATCH_CHUNK = 5000
 MAX_HEARTBEAT_IDS = 100_000
 MAX_LIST_LIMIT = 10_000
-
-
-def validate_channel(name: object) -> str:
-    """A NOTIFY channel is an identifier: lower-case, <= 63 bytes, no quoting tricks."""
-    if not isinstance(name, str) or not CHANNEL_PATTERN.fullmatch(name):
-        raise ValidationError(
-            "notify_channel",
-            f"{name!r} is not a valid channel name (1-63 characters of a-z 0-9 _, "
-            "not starting with a digit)",
-        )
-    return name
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,7 +157,7 @@ class Store(SchedulesMixin):
         if commit_timeout is not None:
             validate.positive_duration("commit_timeout", commit_timeout)
         self.commit_timeout = commit_timeout
-        self.notify_channel = validate_channel(notify_channel)
+        self.notify_channel = validate_channel(notify_channel, "notify_channel")
         self.pool = pool
 
     # -- transactions ---------------------------------------------------------

@@ -1,0 +1,674 @@
+"""The threaded worker: claim, run, heartbeat, finish.
+
+Threads (all named, so ``py-spy dump`` and logs say who is who)::
+
+    jobrun-claimer      claims only as many jobs as there are free handler
+                        threads (and per-queue slots), then waits for a
+                        notification or the poll interval
+    jobrun-handler-N    run one job each: the handler, then complete / fail
+    jobrun-completer    completes handler results without a commit callable
+                        in batches (complete_many): flushed when a batch fills
+                        or a few milliseconds pass
+    jobrun-heartbeat    extends the leases of running and not-yet-flushed
+                        jobs; cancels the context of every job the store
+                        leaves out (cancel requested, lease lost)
+    jobrun-timeouts     cancels the context of a job past its deadline
+
+Delivery: the transactional path (a handler returning a commit callable) is
+exactly-once in effect, through the effect ledger. The batched path is
+at-least-once: a crash after a handler returned but before its batch
+committed runs the job again.
+
+Shutdown (``stop``, or SIGTERM/SIGINT through :meth:`run`): stop claiming;
+let running handlers finish until the grace period ends; cancel the rest and
+give them a moment to return (an interrupted job is failed back to the
+queue, and keeps the attempt it burned); flush the completer; stop
+heartbeats last. A handler that ignores cancellation is abandoned: its lease
+expires and the reaper requeues it. A second signal stops at once.
+
+A handler's exception never kills its thread; a database error never kills
+a loop (it is logged, and the loop backs off and tries again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import heapq
+import itertools
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+from jobrun.job import validate
+from jobrun.job.errors import DatabaseError, JobrunError, LeaseLost, ValidationError
+from jobrun.job.model import Job, State
+from jobrun.job.ports import Dispatcher, Store, Waiter
+from jobrun.worker.context import JobContext
+from jobrun.worker.registry import PermanentFailure, Registry
+
+log = logging.getLogger("jobrun.worker")
+
+DEFAULT_CONCURRENCY = 10
+DEFAULT_LEASE_TTL = dt.timedelta(seconds=30)
+DEFAULT_HEARTBEAT_INTERVAL = dt.timedelta(seconds=5)
+DEFAULT_POLL_INTERVAL = dt.timedelta(seconds=1)
+DEFAULT_SHUTDOWN_GRACE = dt.timedelta(seconds=30)
+DEFAULT_COMPLETE_BATCH = 200
+DEFAULT_COMPLETE_FLUSH = dt.timedelta(milliseconds=5)
+MAX_CONCURRENCY = 1000
+_DB_RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0, 2.0)
+
+
+def parse_queues(spec: str | Sequence[str] | Mapping[str, int | None]) -> dict[str, int | None]:
+    """``"emails=4,default"`` / ``["a", "b"]`` / ``{"a": 4}`` -> {queue: per-queue limit or None}."""
+    items: list[tuple[str, int | None]]
+    if isinstance(spec, Mapping):
+        items = list(spec.items())
+    else:
+        parts = spec.split(",") if isinstance(spec, str) else list(spec)
+        items = []
+        for part in parts:
+            name, _, count = str(part).strip().partition("=")
+            if count:
+                try:
+                    items.append((name.strip(), int(count)))
+                except ValueError:
+                    raise ValidationError(
+                        "queues", f"{part!r}: the limit after '=' must be an int"
+                    ) from None
+            else:
+                items.append((name.strip(), None))
+    queues: dict[str, int | None] = {}
+    for name, limit in items:
+        validate.queue_name(name, "queues")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ValidationError("queues", f"the limit of queue {name!r} must be a positive int")
+        if name in queues:
+            raise ValidationError("queues", f"queue {name!r} is listed twice")
+        queues[name] = limit
+    if not queues:
+        raise ValidationError("queues", "at least one queue is needed")
+    return queues
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """How a worker runs. Validated on construction: bad values fail at start."""
+
+    queues: Mapping[str, int | None] = dataclasses.field(default_factory=lambda: {"default": None})
+    concurrency: int = DEFAULT_CONCURRENCY
+    lease_ttl: dt.timedelta = DEFAULT_LEASE_TTL
+    heartbeat_interval: dt.timedelta = DEFAULT_HEARTBEAT_INTERVAL
+    poll_interval: dt.timedelta = DEFAULT_POLL_INTERVAL
+    shutdown_grace: dt.timedelta = DEFAULT_SHUTDOWN_GRACE
+    complete_batch_size: int = DEFAULT_COMPLETE_BATCH
+    complete_flush_interval: dt.timedelta = DEFAULT_COMPLETE_FLUSH
+    owner: str | None = None
+    """Defaults to host:pid:random, unique per process start."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "queues", parse_queues(self.queues))
+        c = self.concurrency
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CONCURRENCY:
+            raise ValidationError("concurrency", f"must be an int between 1 and {MAX_CONCURRENCY}")
+        for name in (
+            "lease_ttl",
+            "heartbeat_interval",
+            "poll_interval",
+            "shutdown_grace",
+            "complete_flush_interval",
+        ):
+            validate.positive_duration(name, getattr(self, name))
+        if self.heartbeat_interval * 3 > self.lease_ttl:
+            raise ValidationError(
+                "heartbeat_interval",
+                f"must be at most a third of the lease TTL ({self.lease_ttl.total_seconds()} s), "
+                "so that one lost heartbeat never loses a lease",
+            )
+        b = self.complete_batch_size
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 10_000:
+            raise ValidationError("complete_batch_size", "must be an int between 1 and 10000")
+        if self.owner is not None:
+            validate.owner(self.owner)
+
+    def with_owner(self) -> WorkerConfig:
+        if self.owner is not None:
+            return self
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        return dataclasses.replace(self, owner=owner)
+
+
+@dataclasses.dataclass(eq=False)
+class _Running:
+    job: Job
+    ctx: JobContext
+
+
+class _Timeouts(threading.Thread):
+    """Cancels contexts past their deadline (one thread for every job)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="jobrun-timeouts", daemon=True)
+        self._heap: list[tuple[float, int, JobContext]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._stopped = False
+
+    def add(self, ctx: JobContext) -> None:
+        if ctx.deadline is None:
+            return
+        with self._cond:
+            heapq.heappush(self._heap, (ctx.deadline, next(self._seq), ctx))
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                deadline, _, ctx = self._heap[0]
+                wait = deadline - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                if not ctx.is_cancelled:
+                    ctx.cancel("timeout")
+
+
+class Worker:
+    """Runs jobs of ``config.queues`` with ``config.concurrency`` handler threads."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        config: WorkerConfig | None = None,
+        *,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.config = (config or WorkerConfig()).with_owner()
+        assert self.config.owner is not None
+        self.owner: str = self.config.owner
+        self.dispatcher = dispatcher
+        self._waiter: Waiter | None = None
+        self._queue_names = list(self.config.queues)
+        self._lock = threading.Lock()
+        self._running: dict[uuid.UUID, _Running] = {}
+        self._unflushed: dict[uuid.UUID, Job] = {}
+        self._inflight = 0  # claimed and not yet returned by its handler
+        self._inflight_by_queue: dict[str, int] = dict.fromkeys(self.config.queues, 0)
+        self._work: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._slot_freed = threading.Event()
+        self._stopping = threading.Event()  # stop claiming
+        self._hard_stop = threading.Event()  # give up on everything
+        self._heartbeat_stop = threading.Event()
+        self._timeouts = _Timeouts()
+        self._threads: list[threading.Thread] = []
+        self._handlers: list[threading.Thread] = []
+        self._started = False
+        self._stopped = False
+        self._log = logging.LoggerAdapter(log, {"owner": self.owner})
+        self.stats = {"succeeded": 0, "failed": 0, "cancelled": 0, "lease_lost": 0}
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every thread. Safe to call twice."""
+        if self._started:
+            return
+        self._started = True
+        if self.dispatcher is not None:
+            self._waiter = self.dispatcher.subscribe(self._queue_names)
+        self._timeouts.start()
+        for n in range(self.config.concurrency):
+            t = threading.Thread(target=self._handler_loop, name=f"jobrun-handler-{n}", daemon=True)
+            self._handlers.append(t)
+        self._threads = [
+            threading.Thread(target=self._claim_loop, name="jobrun-claimer", daemon=True),
+            threading.Thread(target=self._complete_loop, name="jobrun-completer", daemon=True),
+            threading.Thread(target=self._heartbeat_loop, name="jobrun-heartbeat", daemon=True),
+        ]
+        for t in [*self._handlers, *self._threads]:
+            t.start()
+        self._log.info(
+            "worker %s started: queues %s, concurrency %d",
+            self.owner,
+            self.config.queues,
+            self.config.concurrency,
+        )
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Shut down in order (see the module docstring). Safe to call twice.
+
+        ``timeout`` defaults to the configured shutdown grace. Returns True
+        when every handler returned.
+        """
+        if not self._started or self._stopped:
+            return True
+        grace = self.config.shutdown_grace.total_seconds() if timeout is None else timeout
+        deadline = time.monotonic() + grace
+        self._stopping.set()
+        self._slot_freed.set()
+        if self._waiter is not None:
+            self._waiter.wake()
+        claimer = self._threads[0]
+        claimer.join(max(deadline - time.monotonic(), 0.0) + 2.0)
+        drained = self._wait_idle(deadline)
+        if not drained:
+            with self._lock:
+                running = list(self._running.values())
+            self._log.warning(
+                "cancelling %d job(s) still running at the end of the grace period", len(running)
+            )
+            for r in running:
+                r.ctx.cancel("worker shutting down")
+            drained = self._wait_idle(time.monotonic() + min(5.0, max(grace, 1.0)))
+        for _ in self._handlers:
+            self._work.put(None)
+        self._done.put(None)
+        self._threads[1].join(30)  # the completer flushes what it holds
+        self._heartbeat_stop.set()
+        self._threads[2].join(10)
+        self._timeouts.stop()
+        if self._waiter is not None:
+            self._waiter.close()
+        self._stopped = True
+        self._log.info(
+            "worker %s stopped (%s)",
+            self.owner,
+            "drained" if drained else "abandoned handlers that ignored cancellation",
+        )
+        return drained
+
+    def kill(self) -> None:
+        """Stop at once: nothing more is claimed, completed or heartbeated.
+
+        Leases of running jobs expire and the reaper requeues them.
+        """
+        self._hard_stop.set()
+        self._stopping.set()
+        self._heartbeat_stop.set()
+        self._slot_freed.set()
+        self._stopped = True
+
+    def run(self, *, install_signals: bool = True) -> None:
+        """Start, then block until SIGTERM/SIGINT (a second signal stops at once)."""
+        stop_requested = threading.Event()
+        signals = 0
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            nonlocal signals
+            signals += 1
+            if signals == 1:
+                self._log.info("signal %d: stopping gracefully (again to stop at once)", signum)
+                stop_requested.set()
+            else:
+                self._log.warning("second signal: stopping at once")
+                self.kill()
+                stop_requested.set()
+
+        previous: dict[int, Any] = {}
+        if install_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, on_signal)
+        try:
+            self.start()
+            while not stop_requested.wait(0.5):
+                pass
+            if not self._hard_stop.is_set():
+                done = threading.Thread(target=self.stop, name="jobrun-shutdown", daemon=True)
+                done.start()
+                while done.is_alive() and not self._hard_stop.is_set():
+                    done.join(0.2)
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+    def _wait_idle(self, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._inflight == 0:
+                    return True
+            self._slot_freed.wait(0.05)
+            self._slot_freed.clear()
+        with self._lock:
+            return self._inflight == 0
+
+    # -- claiming ------------------------------------------------------------------
+
+    def _claim_plan(self) -> list[tuple[list[str], int]]:
+        """What to claim now: per-queue limited queues alone, the others together."""
+        with self._lock:
+            free = self.config.concurrency - self._inflight
+            plan: list[tuple[list[str], int]] = []
+            unlimited: list[str] = []
+            for name, limit in self.config.queues.items():
+                if free <= 0:
+                    break
+                if limit is None:
+                    unlimited.append(name)
+                    continue
+                n = min(limit - self._inflight_by_queue[name], free)
+                if n > 0:
+                    plan.append(([name], n))
+                    free -= n
+            if unlimited and free > 0:
+                plan.append((unlimited, free))
+            return plan
+
+    def _claim_loop(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            plan = self._claim_plan()
+            if not plan:
+                self._slot_freed.wait(self.config.poll_interval.total_seconds())
+                self._slot_freed.clear()
+                continue
+            drained = False
+            try:
+                for queues, n in plan:
+                    jobs = self.store.claim(
+                        self.owner, queues, min(n, validate.MAX_CLAIM_LIMIT), self.config.lease_ttl
+                    )
+                    self._dispatch(jobs)
+                    if len(jobs) < n:
+                        drained = True
+                failures = 0
+            except JobrunError as exc:
+                failures += 1
+                pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
+                self._log.warning("claim failed (%s); retrying in %.2f s", exc, pause)
+                self._stopping.wait(pause)
+                continue
+            except Exception:
+                self._log.exception("claim loop error")
+                self._stopping.wait(1.0)
+                continue
+            if drained:
+                self._wait_for_work()
+
+    def _wait_for_work(self) -> None:
+        timeout = self.config.poll_interval.total_seconds()
+        if self._waiter is None:
+            self._stopping.wait(timeout)
+            return
+        try:
+            self._waiter.wait(timeout)
+        except Exception:
+            self._log.exception("dispatcher wait failed; polling")
+            self._stopping.wait(timeout)
+
+    def _dispatch(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            ctx = JobContext(
+                job=job,
+                cancelled=threading.Event(),
+                deadline=None,
+                logger=logging.LoggerAdapter(
+                    logging.getLogger(f"jobrun.job.{job.type}"),
+                    {"job_id": str(job.id), "attempt": job.attempts},
+                ),
+            )
+            registration = self.registry.get(job.type)
+            timeout = self.registry.timeout_for(registration)
+            if timeout is not None:
+                ctx.deadline = time.monotonic() + timeout.total_seconds()
+            with self._lock:
+                self._running[job.id] = _Running(job, ctx)
+                self._inflight += 1
+                self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
+            self._timeouts.add(ctx)
+            self._work.put(job)
+
+    # -- running -----------------------------------------------------------------
+
+    def _handler_loop(self) -> None:
+        while True:
+            job = self._work.get()
+            if job is None or self._hard_stop.is_set():
+                return
+            with self._lock:
+                running = self._running.get(job.id)
+            if running is None:  # pragma: no cover - dispatched jobs are registered first
+                continue
+            try:
+                self._run_one(running)
+            except BaseException:
+                self._log.exception("unexpected error running job %s", job.id)
+            finally:
+                with self._lock:
+                    self._running.pop(job.id, None)
+                    self._inflight -= 1
+                    self._inflight_by_queue[job.queue] -= 1
+                self._slot_freed.set()
+
+    def _run_one(self, running: _Running) -> None:
+        job, ctx = running.job, running.ctx
+        registration = self.registry.get(job.type)
+        if registration is None:
+            self._fail(
+                job,
+                f"no handler for job type {job.type!r} in this worker "
+                f"(it knows {', '.join(self.registry.types) or 'none'})",
+            )
+            return
+        try:
+            result = registration.handler(ctx, job)
+        except PermanentFailure as exc:
+            self._fail(job, _describe(exc), permanent=True)
+            return
+        except Exception as exc:
+            ctx.logger.info("attempt %d failed: %s", job.attempts, _describe(exc))
+            self._fail(job, _describe(exc, with_traceback=True))
+            return
+        if ctx.is_cancelled:
+            # Cancel wins: a handler that returns after cancellation never succeeds.
+            self._fail(job, f"cancelled ({ctx.cancel_reason})")
+            return
+        if result is None:
+            with self._lock:
+                self._unflushed[job.id] = job
+            self._done.put(job)
+            return
+        if callable(result):
+            self._complete_tx(job, result)
+            return
+        self._fail(
+            job, f"handler returned a {type(result).__name__}; expected None or a commit callable"
+        )
+
+    def _complete_tx(self, job: Job, commit: Callable[[Any], None]) -> None:
+        for attempt in range(len(_DB_RETRY_BACKOFF) + 1):
+            try:
+                done = self.store.complete(job, commit)
+            except LeaseLost:
+                self._count("lease_lost", 1)
+                self._log.info("job %s: lease lost before complete; another owner has it", job.id)
+                return
+            except JobrunError as exc:
+                if (
+                    _db_fault(exc)
+                    and attempt < len(_DB_RETRY_BACKOFF)
+                    and not self._hard_stop.is_set()
+                ):
+                    time.sleep(_DB_RETRY_BACKOFF[attempt])
+                    continue
+                self._fail(job, f"complete failed: {_describe(exc)}")
+                return
+            except Exception as exc:
+                self._fail(job, f"commit callable failed: {_describe(exc, with_traceback=True)}")
+                return
+            self._count("cancelled" if done.state is State.CANCELLED else "succeeded")
+            return
+
+    def _fail(self, job: Job, error: str, *, permanent: bool = False) -> None:
+        for attempt in range(len(_DB_RETRY_BACKOFF) + 1):
+            try:
+                retry_at = None if permanent else self.store.now() + job.backoff.delay(job.attempts)
+                failed = self.store.fail(job, error, retry_at, permanent=permanent)
+            except LeaseLost:
+                self._count("lease_lost", 1)
+                self._log.info("job %s: lease lost before fail; another owner has it", job.id)
+                return
+            except JobrunError as exc:
+                if (
+                    _db_fault(exc)
+                    and attempt < len(_DB_RETRY_BACKOFF)
+                    and not self._hard_stop.is_set()
+                ):
+                    time.sleep(_DB_RETRY_BACKOFF[attempt])
+                    continue
+                self._log.error(
+                    "job %s: could not record the failure (%s); its lease will "
+                    "expire and the reaper will requeue it",
+                    job.id,
+                    exc,
+                )
+                return
+            self._count("cancelled" if failed.state is State.CANCELLED else "failed")
+            return
+
+    # -- completing ----------------------------------------------------------------
+
+    def _complete_loop(self) -> None:
+        size = self.config.complete_batch_size
+        flush_after = self.config.complete_flush_interval.total_seconds()
+        closing = False
+        while not closing:
+            first = self._done.get()
+            if first is None:
+                closing = True
+                batch: list[Job] = []
+            else:
+                batch = [first]
+            deadline = time.monotonic() + flush_after
+            while len(batch) < size:
+                wait = deadline - time.monotonic()
+                try:
+                    item = self._done.get(timeout=wait) if wait > 0 else self._done.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    closing = True
+                    continue
+                batch.append(item)
+            if batch:
+                self._flush(batch)
+
+    def _flush(self, batch: list[Job]) -> None:
+        failures = 0
+        while True:
+            if self._hard_stop.is_set():
+                return
+            try:
+                result = self.store.complete_many(batch)
+                break
+            except JobrunError as exc:
+                failures += 1
+                pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
+                self._log.warning(
+                    "complete_many of %d job(s) failed (%s); retrying in %.2f s",
+                    len(batch),
+                    exc,
+                    pause,
+                )
+                time.sleep(pause)
+        with self._lock:
+            for job in batch:
+                self._unflushed.pop(job.id, None)
+        self._count("succeeded", len(result.completed))
+        self._count("cancelled", len(result.cancelled))
+        self._count("lease_lost", len(result.lease_lost))
+        if result.lease_lost:
+            self._log.info(
+                "%d job(s) lost their lease before their batch completed", len(result.lease_lost)
+            )
+
+    # -- heartbeats ----------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.config.heartbeat_interval.total_seconds()
+        ttl = self.config.lease_ttl.total_seconds()
+        last_ok = time.monotonic()
+        while not self._heartbeat_stop.wait(interval):
+            try:
+                self.heartbeat_once()
+                last_ok = time.monotonic()
+            except JobrunError as exc:
+                self._log.warning("heartbeat failed: %s", exc)
+                if time.monotonic() - last_ok > ttl:
+                    # Our leases may be gone: stop the handlers rather than
+                    # let them finish work someone else may already redo.
+                    with self._lock:
+                        running = list(self._running.values())
+                    for r in running:
+                        r.ctx.cancel("heartbeats failing for longer than the lease TTL")
+            except Exception:
+                self._log.exception("heartbeat loop error")
+
+    def heartbeat_once(self) -> None:
+        """Extend every lease this worker holds; cancel the jobs the store left out."""
+        with self._lock:
+            leases = [(r.job.id, r.job.lease_token) for r in self._running.values()]
+            leases += [(j.id, j.lease_token) for j in self._unflushed.values()]
+        if not leases:
+            return
+        until = self.store.now() + self.config.lease_ttl
+        kept = self.store.heartbeat(self.owner, leases, until)  # type: ignore[arg-type]
+        with self._lock:
+            lost = [r for job_id, r in self._running.items() if job_id not in kept]
+        for r in lost:
+            if not r.ctx.is_cancelled:
+                r.ctx.logger.info("cancelling: cancel requested or lease lost")
+                r.ctx.cancel("cancel requested or lease lost")
+
+    # -- introspection -----------------------------------------------------------
+
+    def _count(self, outcome: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[outcome] += n
+
+    @property
+    def running_jobs(self) -> list[Job]:
+        with self._lock:
+            return [r.job for r in self._running.values()]
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return self._inflight == 0 and not self._unflushed
+
+
+def _db_fault(exc: JobrunError) -> bool:
+    """A database fault (retry later), as opposed to a verdict like LeaseLost."""
+    return isinstance(exc, DatabaseError)
+
+
+def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if with_traceback:
+        tb = "".join(traceback.format_exception(exc)[-6:])
+        text = f"{text}\n{tb}"
+    return text
