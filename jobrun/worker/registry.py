@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 Handler: TypeAlias = Callable[["JobContext", Job], Any]
 
 
-class PermanentFailure(Exception):  # noqa: N818 - a verdict, not an error of jobrun's
+class PermanentFailure(Exception):
     """Raise from a handler to fail the job for good: no more attempts."""
 
 

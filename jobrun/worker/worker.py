@@ -70,7 +70,7 @@ _DB_RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0, 2.0)
 
 
 def parse_queues(spec: str | Sequence[str] | Mapping[str, int | None]) -> dict[str, int | None]:
-    """``"emails=4,default"`` / ``["a", "b"]`` / ``{"a": 4}`` -> {queue: per-queue limit or None}."""
+    """Parse ``"emails=4,default"``, ``["a", "b"]`` or ``{"a": 4}`` into {queue: limit or None}."""
     items: list[tuple[str, int | None]]
     if isinstance(spec, Mapping):
         items = list(spec.items())
