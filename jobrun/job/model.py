@@ -381,6 +381,19 @@ class ReapResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BatchResult:
+    """What ``enqueue_batch`` did.
+
+    ``inserted`` counts new jobs (their ids are the ones the caller chose);
+    ``replayed`` holds the stored job for every idempotency key that was
+    already taken by an identical job.
+    """
+
+    inserted: int
+    replayed: tuple[Job, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CompleteManyResult:
     """The three outcomes of ``complete_many``, as sets of job ids."""
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from jobrun.job.model import (
+    BatchResult,
     CompleteManyResult,
     Event,
     Job,
@@ -46,7 +47,7 @@ class Store(Schedules, Protocol):
 
     def enqueue(self, job: NewJob, *, conn: Any = None) -> Job: ...
 
-    def enqueue_batch(self, jobs: Iterable[NewJob], *, conn: Any = None) -> list[Job]: ...
+    def enqueue_batch(self, jobs: Iterable[NewJob], *, conn: Any = None) -> BatchResult: ...
 
     def claim(
         self, owner: str, queues: Sequence[str], limit: int, ttl: dt.timedelta
@@ -151,7 +152,7 @@ class Locker(Protocol):
         """
         ...
 
-    def held(self) -> bool:
+    def held(self, *, force: bool = False) -> bool:
         """Whether the lock is still held; False once its connection is gone."""
         ...
 

@@ -273,3 +273,58 @@ def throwaway_cluster(
     finally:
         cluster.destroy()
         shutil.rmtree(root, ignore_errors=True)
+
+
+EMBEDDED_DATABASE = "jobrun"
+EMBEDDED_SETTINGS = {"max_connections": "300", "shared_buffers": "256MB"}
+
+
+def default_home() -> Path:
+    """Where ``jobrun`` keeps its embedded cluster.
+
+    The user's data directory; under the temp dir when running as root,
+    because the server then runs as an unprivileged user that must reach it.
+    """
+    if os.geteuid() == 0:
+        return Path(tempfile.gettempdir()) / "jobrun-embedded"
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "jobrun" / "embedded"
+
+
+def _running_port(datadir: Path) -> int | None:
+    """The port of a server running on ``datadir``, from its postmaster.pid."""
+    try:
+        lines = (datadir / "postmaster.pid").read_text().splitlines()
+        pid, port = int(lines[0]), int(lines[3])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return port
+
+
+def ensure_embedded(home: Path | None = None) -> tuple[LocalCluster, bool]:
+    """Start (or reuse) the embedded cluster; returns it and whether it was started now.
+
+    Serialised by a file lock, so two commands starting at once share one server.
+    """
+    import fcntl  # noqa: PLC0415 - POSIX only, and only needed here
+
+    home = home or default_home()
+    home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o755)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        datadir = home / "data"
+        port = _running_port(datadir)
+        started = False
+        cluster = LocalCluster(
+            datadir=datadir,
+            port=port or free_port(),
+            bindir=embedded_bindir(),
+            settings=EMBEDDED_SETTINGS,
+        )
+        if port is None:
+            cluster.start()
+            started = True
+        cluster.ensure_database(EMBEDDED_DATABASE)
+        return cluster, started

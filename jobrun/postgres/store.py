@@ -67,7 +67,6 @@ without running its commit callable again.
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import datetime as dt
 import itertools
 import logging
@@ -89,6 +88,7 @@ from jobrun.job.errors import (
     ValidationError,
 )
 from jobrun.job.model import (
+    BatchResult,
     CompleteManyResult,
     EffectKey,
     Event,
@@ -124,19 +124,6 @@ DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
 BATCH_CHUNK = 5000
 MAX_HEARTBEAT_IDS = 100_000
 MAX_LIST_LIMIT = 10_000
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class BatchResult:
-    """What ``enqueue_batch`` did.
-
-    ``inserted`` counts new jobs (their ids are the ones the caller chose);
-    ``replayed`` holds the stored job for every idempotency key that was
-    already taken by an identical job.
-    """
-
-    inserted: int
-    replayed: tuple[Job, ...] = ()
 
 
 class Store(SchedulesMixin):

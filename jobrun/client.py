@@ -1,0 +1,232 @@
+"""The client: enqueue, inspect and administer jobs and schedules.
+
+::
+
+    import jobrun
+
+    with jobrun.Client.connect("postgresql://app@db/app") as client:
+        job = client.enqueue("email.send", {"to": "a@example.com"}, queue="emails")
+        # inside your own transaction: the job exists iff you commit
+        with psycopg.connect(dsn) as conn:
+            conn.execute("INSERT INTO orders ...")
+            client.enqueue("order.ship", {"order": 7}, conn=conn)
+
+The client wires the PostgreSQL adapter in; it never runs SQL itself.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import uuid
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+from jobrun.job.model import (
+    DEFAULT_BACKOFF,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PRIORITY,
+    DEFAULT_QUEUE,
+    Backoff,
+    BatchResult,
+    EffectKey,
+    Event,
+    Job,
+    JSONValue,
+    NewJob,
+    QueueDepth,
+    Schedule,
+    ScheduleSpec,
+    State,
+    new_job_id,
+)
+from jobrun.postgres.events import EventMode
+from jobrun.postgres.pool import open_pool
+from jobrun.postgres.store import DEFAULT_COMMIT_TIMEOUT, DEFAULT_NOTIFY_CHANNEL, Store
+
+
+class Client:
+    """Enqueue and administer jobs through a Store (usually from :meth:`connect`)."""
+
+    def __init__(self, store: Store, *, owns_pool: bool = False) -> None:
+        self.store = store
+        self._owns_pool = owns_pool
+
+    @classmethod
+    def connect(
+        cls,
+        database_url: str,
+        *,
+        pool_size: int = 4,
+        event_mode: EventMode | str = EventMode.ALL,
+        notify_channel: str = DEFAULT_NOTIFY_CHANNEL,
+        commit_timeout: dt.timedelta | None = DEFAULT_COMMIT_TIMEOUT,
+        application_name: str = "jobrun-client",
+    ) -> Client:
+        """Open a pool (``pool_size`` + the reserve) and a Store on it. Close it when done."""
+        pool = open_pool(
+            database_url, concurrency=pool_size, min_size=1, application_name=application_name
+        )
+        try:
+            store = Store(
+                pool,
+                event_mode=event_mode,
+                commit_timeout=commit_timeout,
+                notify_channel=notify_channel,
+            )
+        except BaseException:
+            pool.close()
+            raise
+        return cls(store, owns_pool=True)
+
+    def close(self) -> None:
+        if self._owns_pool:
+            self.store.pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- enqueue -------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        type: str,
+        payload: JSONValue = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        run_at: dt.datetime | None = None,
+        delay: dt.timedelta | None = None,
+        idempotency_key: str | None = None,
+        id: uuid.UUID | None = None,
+        conn: Any = None,
+    ) -> Job:
+        """Enqueue one job; with ``conn``, inside that connection's transaction.
+
+        With an ``idempotency_key`` already used in the queue, an identical
+        job returns the stored one (its id differs from ``id``), a different
+        one raises IdempotencyConflict.
+        """
+        job = NewJob(
+            type=type,
+            payload={} if payload is None else payload,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            run_at=run_at,
+            delay=delay,
+            idempotency_key=idempotency_key,
+            id=id or new_job_id(),
+        )
+        return self.store.enqueue(job, conn=conn)
+
+    def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
+        return self.store.enqueue(job, conn=conn)
+
+    def enqueue_many(self, jobs: Iterable[NewJob], *, conn: Any = None) -> BatchResult:
+        """Enqueue many jobs at once (COPY), all or nothing; streams any iterable."""
+        return self.store.enqueue_batch(jobs, conn=conn)
+
+    # -- inspect and administer ------------------------------------------------------
+
+    def get(self, job_id: uuid.UUID | str) -> Job:
+        return self.store.get(_uuid(job_id))
+
+    def list(
+        self,
+        *,
+        queue: str | None = None,
+        state: State | str | None = None,
+        type: str | None = None,
+        after: uuid.UUID | str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Job]:
+        return self.store.list(
+            queue=queue,
+            state=state,
+            type=type,
+            after=None if after is None else _uuid(after),
+            limit=limit,
+        )
+
+    def cancel(self, job_id: uuid.UUID | str) -> Job:
+        return self.store.cancel(_uuid(job_id))
+
+    def retry(self, job_id: uuid.UUID | str) -> Job:
+        return self.store.retry(_uuid(job_id))
+
+    def events(self, job_id: uuid.UUID | str) -> builtins.list[Event]:
+        return self.store.events(_uuid(job_id))
+
+    def depth(self) -> builtins.list[QueueDepth]:
+        return self.store.depth()
+
+    def purge(self, older_than: dt.timedelta, *, batch: int = 1000) -> int:
+        """Delete every terminal job finished more than ``older_than`` ago, in batches."""
+        total = 0
+        while (n := self.store.purge(older_than, batch)) > 0:
+            total += n
+            if n < batch:
+                break
+        return total
+
+    def effect_done(self, job: Job | EffectKey) -> bool:
+        return self.store.effect_done(job)
+
+    def pause_queue(self, queue: str) -> None:
+        self.store.pause_queue(queue)
+
+    def resume_queue(self, queue: str) -> bool:
+        return self.store.resume_queue(queue)
+
+    def paused_queues(self) -> builtins.list[str]:
+        return self.store.paused_queues()
+
+    def now(self) -> dt.datetime:
+        return self.store.now()
+
+    # -- schedules -----------------------------------------------------------------------
+
+    def create_schedule(self, spec: ScheduleSpec) -> Schedule:
+        return self.store.create_schedule(spec)
+
+    def upsert_schedule(self, spec: ScheduleSpec) -> Schedule:
+        return self.store.upsert_schedule(spec)
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        return self.store.get_schedule(schedule_id)
+
+    def list_schedules(self) -> builtins.list[Schedule]:
+        return self.store.list_schedules()
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        self.store.delete_schedule(schedule_id)
+
+    def pause_schedule(self, schedule_id: str) -> Schedule:
+        return self.store.pause_schedule(schedule_id)
+
+    def resume_schedule(self, schedule_id: str) -> Schedule:
+        return self.store.resume_schedule(schedule_id)
+
+
+def _uuid(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        from jobrun.job.errors import ValidationError  # noqa: PLC0415
+
+        raise ValidationError("job_id", f"{value!r} is not a job id (a UUID)") from None

@@ -1,0 +1,155 @@
+"""Settings from the environment (each with a matching ``jobrun`` flag).
+
+=============================  ======================  =========================
+environment                    flag                    default
+=============================  ======================  =========================
+DATABASE_URL                   --database-url          embedded PostgreSQL
+WORKER_CONCURRENCY             --concurrency           10
+JOB_EVENTS (all|terminal)      --job-events            all
+JOBRUN_QUEUES                  --queues                default
+JOBRUN_LEASE_TTL               --lease-ttl             30s
+JOBRUN_HEARTBEAT_INTERVAL      --heartbeat-interval    5s
+JOBRUN_POLL_INTERVAL           --poll-interval         1s
+JOBRUN_NOTIFY_CHANNEL          --notify-channel        jobrun_jobs
+JOBRUN_NOTIFICATIONS (on|off)  --no-notifications      on
+JOBRUN_COMMIT_TIMEOUT          --commit-timeout        30s
+JOBRUN_SHUTDOWN_GRACE          --shutdown-grace        30s
+JOBRUN_RETENTION               --retention             7d (finished jobs; "off" keeps them)
+JOBRUN_EVENTS_RETENTION        --events-retention      7d ("off" keeps them)
+=============================  ======================  =========================
+
+Durations are ``250ms``, ``30s``, ``5m``, ``2h``, ``7d`` or plain seconds.
+Invalid settings raise ValidationError naming the variable, at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from jobrun.job.errors import ValidationError
+from jobrun.postgres.events import EventMode
+from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
+from jobrun.scheduler.service import SchedulerConfig
+from jobrun.worker.worker import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_LEASE_TTL,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_SHUTDOWN_GRACE,
+    WorkerConfig,
+    parse_queues,
+)
+
+_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(text: str, name: str) -> dt.timedelta:
+    """``"250ms"``, ``"30s"``, ``"5m"``, ``"2h"``, ``"7d"`` or seconds -> timedelta."""
+    match = _DURATION.fullmatch(text)
+    if not match:
+        raise ValidationError(name, f"{text!r} is not a duration (like 30s, 5m, 7d)")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if not math.isfinite(seconds) or seconds > 10 * 365 * 86400:
+        raise ValidationError(name, f"{text!r} is too long")
+    return dt.timedelta(seconds=seconds)
+
+
+def _optional_duration(text: str, name: str) -> dt.timedelta | None:
+    if text.strip().lower() in ("off", "none", "forever"):
+        return None
+    return parse_duration(text, name)
+
+
+def _int(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValidationError(name, f"{text!r} is not an integer") from None
+
+
+def _switch(text: str, name: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise ValidationError(name, f"{text!r} is not on/off")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything a jobrun process is configured with."""
+
+    database_url: str | None = None
+    concurrency: int = DEFAULT_CONCURRENCY
+    job_events: EventMode = EventMode.ALL
+    queues: Mapping[str, int | None] = dataclasses.field(default_factory=lambda: {"default": None})
+    lease_ttl: dt.timedelta = DEFAULT_LEASE_TTL
+    heartbeat_interval: dt.timedelta = DEFAULT_HEARTBEAT_INTERVAL
+    poll_interval: dt.timedelta = DEFAULT_POLL_INTERVAL
+    notify_channel: str = DEFAULT_CHANNEL
+    notifications: bool = True
+    commit_timeout: dt.timedelta | None = dt.timedelta(seconds=30)
+    shutdown_grace: dt.timedelta = DEFAULT_SHUTDOWN_GRACE
+    retention: dt.timedelta | None = dt.timedelta(days=7)
+    events_retention: dt.timedelta | None = dt.timedelta(days=7)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "job_events", EventMode(self.job_events))
+        except ValueError:
+            raise ValidationError("JOB_EVENTS", "must be 'all' or 'terminal'") from None
+        validate_channel(self.notify_channel, "JOBRUN_NOTIFY_CHANNEL")
+        # Building the service configs validates the rest, with their own messages.
+        self.worker_config()
+        self.scheduler_config()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read the environment, then apply ``overrides`` (the CLI flags that were given)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for var, (field, parse) in _ENV.items():
+            if env.get(var, "").strip():
+                values[field] = parse(env[var], var)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def worker_config(self) -> WorkerConfig:
+        return WorkerConfig(
+            queues=self.queues,
+            concurrency=self.concurrency,
+            lease_ttl=self.lease_ttl,
+            heartbeat_interval=self.heartbeat_interval,
+            poll_interval=self.poll_interval,
+            shutdown_grace=self.shutdown_grace,
+        )
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            finished_retention=self.retention, events_retention=self.events_retention
+        )
+
+
+_ENV: dict[str, tuple[str, Any]] = {
+    "DATABASE_URL": ("database_url", lambda text, name: text.strip()),
+    "WORKER_CONCURRENCY": ("concurrency", _int),
+    "JOB_EVENTS": ("job_events", lambda text, name: text.strip().lower()),
+    "JOBRUN_QUEUES": ("queues", lambda text, name: parse_queues(text)),
+    "JOBRUN_LEASE_TTL": ("lease_ttl", parse_duration),
+    "JOBRUN_HEARTBEAT_INTERVAL": ("heartbeat_interval", parse_duration),
+    "JOBRUN_POLL_INTERVAL": ("poll_interval", parse_duration),
+    "JOBRUN_NOTIFY_CHANNEL": ("notify_channel", lambda text, name: text.strip()),
+    "JOBRUN_NOTIFICATIONS": ("notifications", _switch),
+    "JOBRUN_COMMIT_TIMEOUT": ("commit_timeout", _optional_duration),
+    "JOBRUN_SHUTDOWN_GRACE": ("shutdown_grace", parse_duration),
+    "JOBRUN_RETENTION": ("retention", _optional_duration),
+    "JOBRUN_EVENTS_RETENTION": ("events_retention", _optional_duration),
+}

@@ -1,0 +1,207 @@
+"""The scheduler service: one elected leader materialises cron, reaps, and prunes.
+
+Every instance runs the same loop; only the one holding the Locker acts::
+
+              try_acquire() ok                 held() False (connection gone)
+    follower ──────────────────▶ leader ───────────────────────────────────▶ follower
+        ▲                          │ each tick, held(force) before acting:
+        └──────── release() ───────┘   materialise due schedules
+                                        reap_expired   (every reap_interval)
+                                        purge / prune  (every retention_interval)
+
+The leader checks that it still holds the lock before every action, so a
+leader whose connection died acts at most once more, and even then the
+durable guards (the occurrence's idempotency key, the reaper's re-checked
+lease) make that action harmless. Every many-row call works in bounded
+batches and is repeated until less than a batch comes back.
+
+Time arguments are the database clock (``store.now()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import threading
+import time
+
+from jobrun.job import validate
+from jobrun.job.errors import JobrunError, ValidationError
+from jobrun.job.ports import Locker, Store
+
+log = logging.getLogger("jobrun.scheduler")
+
+DEFAULT_TICK_INTERVAL = dt.timedelta(seconds=1)
+DEFAULT_REAP_INTERVAL = dt.timedelta(seconds=5)
+DEFAULT_RETENTION_INTERVAL = dt.timedelta(minutes=1)
+DEFAULT_FINISHED_RETENTION = dt.timedelta(days=7)
+DEFAULT_EVENTS_RETENTION = dt.timedelta(days=7)
+DEFAULT_BATCH = 1000
+MAX_ROUNDS = 100  # per action and tick: a huge backlog is worked off over several ticks
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """How often the leader does what, and how long finished jobs and events are kept.
+
+    A retention of None keeps them forever.
+    """
+
+    tick_interval: dt.timedelta = DEFAULT_TICK_INTERVAL
+    reap_interval: dt.timedelta = DEFAULT_REAP_INTERVAL
+    retention_interval: dt.timedelta = DEFAULT_RETENTION_INTERVAL
+    finished_retention: dt.timedelta | None = DEFAULT_FINISHED_RETENTION
+    events_retention: dt.timedelta | None = DEFAULT_EVENTS_RETENTION
+    batch: int = DEFAULT_BATCH
+
+    def __post_init__(self) -> None:
+        for name in ("tick_interval", "reap_interval", "retention_interval"):
+            validate.positive_duration(name, getattr(self, name))
+        for name in ("finished_retention", "events_retention"):
+            if getattr(self, name) is not None:
+                validate.positive_duration(name, getattr(self, name))
+        b = self.batch
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 100_000:
+            raise ValidationError("batch", "must be an int between 1 and 100000")
+
+
+@dataclasses.dataclass
+class TickReport:
+    """What one leader tick did (for logs and tests)."""
+
+    leader: bool = False
+    materialized: int = 0
+    reaped: int = 0
+    purged: int = 0
+    pruned: int = 0
+
+
+class SchedulerService:
+    """Leader election plus the leader's periodic work. ``start``/``stop`` are idempotent."""
+
+    def __init__(self, store: Store, locker: Locker, config: SchedulerConfig | None = None) -> None:
+        self.store = store
+        self.locker = locker
+        self.config = config or SchedulerConfig()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._leader = False
+        self._last_reap = float("-inf")
+        self._last_retention = float("-inf")
+        self.totals = TickReport()
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="jobrun-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._step_down("stopping")
+        self.locker.release()
+
+    def _loop(self) -> None:
+        interval = self.config.tick_interval.total_seconds()
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("scheduler tick failed")
+            self._stop.wait(interval)
+
+    def _step_down(self, why: str) -> None:
+        if self._leader:
+            log.warning("scheduler: no longer the leader (%s)", why)
+        self._leader = False
+
+    def _still_leader(self) -> bool:
+        if not self.locker.held(force=True):
+            self._step_down("lock lost")
+            return False
+        return True
+
+    def run_once(self) -> TickReport:
+        """One tick: (re)elect, then do whatever is due. Tests call this instead of sleeping."""
+        report = TickReport()
+        if not self._leader:
+            if not self.locker.try_acquire():
+                return report
+            self._leader = True
+            log.info("scheduler: elected leader")
+        if not self._still_leader():
+            return report
+        report.leader = True
+        try:
+            report.materialized = self._materialize()
+            now_mono = time.monotonic()
+            reap_due = now_mono - self._last_reap >= self.config.reap_interval.total_seconds()
+            if reap_due and self._still_leader():
+                report.reaped = self._reap()
+                self._last_reap = now_mono
+            retention_interval = self.config.retention_interval.total_seconds()
+            if now_mono - self._last_retention >= retention_interval and self._still_leader():
+                report.purged, report.pruned = self._retention()
+                self._last_retention = now_mono
+        except JobrunError as exc:
+            log.warning("scheduler: %s (will retry next tick)", exc)
+        for field in ("materialized", "reaped", "purged", "pruned"):
+            setattr(self.totals, field, getattr(self.totals, field) + getattr(report, field))
+        return report
+
+    def _materialize(self) -> int:
+        count = 0
+        for _ in range(MAX_ROUNDS):
+            now = self.store.now()
+            due = self.store.due_schedules(now, self.config.batch)
+            for schedule in due:
+                if not self._still_leader():
+                    return count
+                try:
+                    if self.store.materialize(schedule, now) is not None:
+                        count += 1
+                except JobrunError as exc:
+                    log.warning("scheduler: schedule %s not materialised: %s", schedule.id, exc)
+            if len(due) < self.config.batch:
+                break
+        return count
+
+    def _reap(self) -> int:
+        total = 0
+        for _ in range(MAX_ROUNDS):
+            result = self.store.reap_expired(self.store.now(), self.config.batch)
+            total += result.total
+            if result.total:
+                log.info(
+                    "reaped %d expired lease(s): %d requeued, %d dead, %d cancelled",
+                    result.total,
+                    len(result.requeued),
+                    len(result.dead),
+                    len(result.cancelled),
+                )
+            if result.total < self.config.batch or not self._still_leader():
+                break
+        return total
+
+    def _retention(self) -> tuple[int, int]:
+        purged = pruned = 0
+        if self.config.finished_retention is not None:
+            for _ in range(MAX_ROUNDS):
+                n = self.store.purge(self.config.finished_retention, self.config.batch)
+                purged += n
+                if n < self.config.batch or not self._still_leader():
+                    break
+        if self.config.events_retention is not None:
+            for _ in range(MAX_ROUNDS):
+                n = self.store.prune_events(self.config.events_retention, self.config.batch)
+                pruned += n
+                if n < self.config.batch or not self._still_leader():
+                    break
+        return purged, pruned

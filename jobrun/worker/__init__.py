@@ -1,0 +1,15 @@
+"""The threaded worker runtime."""
+
+from jobrun.worker.context import JobContext
+from jobrun.worker.registry import Handler, PermanentFailure, Registry
+from jobrun.worker.worker import Worker, WorkerConfig, parse_queues
+
+__all__ = [
+    "Handler",
+    "JobContext",
+    "PermanentFailure",
+    "Registry",
+    "Worker",
+    "WorkerConfig",
+    "parse_queues",
+]
