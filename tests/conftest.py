@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from jobrun.postgres.events import EventMode
+from jobrun.postgres.pool import open_pool
+from jobrun.postgres.store import Store
 from tests.support.database import TestServer, test_server
 
 
@@ -39,6 +42,33 @@ def empty_dsn(pg_server: TestServer) -> Iterator[str]:
         yield pg_server.dsn(name)
     finally:
         pg_server.drop_database(name)
+
+
+@pytest.fixture
+def pool(dsn: str) -> Iterator[Any]:
+    p = open_pool(dsn, concurrency=8)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def store(pool: Any) -> Store:
+    return Store(pool)
+
+
+@pytest.fixture
+def terminal_store(pool: Any) -> Store:
+    return Store(pool, event_mode=EventMode.TERMINAL)
+
+
+@pytest.fixture
+def make_store(pool: Any) -> Callable[..., Store]:
+    def make(**options: Any) -> Store:
+        return Store(pool, **options)
+
+    return make
 
 
 @pytest.fixture
