@@ -159,3 +159,7 @@ class Locker(Protocol):
     def release(self) -> None:
         """Give the lock up; safe to call twice and after the connection died."""
         ...
+
+    def close(self) -> None:
+        """Release and close the lock's connection for good."""
+        ...

@@ -106,7 +106,7 @@ class SchedulerService:
         if self._thread is not None:
             self._thread.join(timeout)
         self._step_down("stopping")
-        self.locker.release()
+        self.locker.close()
 
     def _loop(self) -> None:
         interval = self.config.tick_interval.total_seconds()
