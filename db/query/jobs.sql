@@ -297,3 +297,11 @@ SELECT pg_notify(sqlc.arg(channel)::text, sqlc.arg(payload)::text);
 -- Transaction-local (is_local = true): it ends with the transaction and
 -- never leaks to the next user of the pooled connection.
 SELECT set_config('statement_timeout', sqlc.arg(timeout_ms)::text, true);
+
+-- name: CountByState :many
+-- Jobs and attempts per state, for one queue or all.
+SELECT state, count(*)::int8 AS jobs, COALESCE(sum(attempts), 0)::int8 AS attempts
+FROM jobs
+WHERE sqlc.narg(queue)::text IS NULL OR queue = sqlc.narg(queue)::text
+GROUP BY state
+ORDER BY state;

@@ -32,6 +32,7 @@ from jobrun.job.model import (
     Schedule,
     ScheduleSpec,
     State,
+    StateCount,
     new_job_id,
 )
 from jobrun.job.ports import CommitCallable, Dispatcher, Locker, Schedules, Store, Waiter
@@ -68,6 +69,7 @@ __all__ = [
     "ScheduleSpec",
     "Schedules",
     "State",
+    "StateCount",
     "Store",
     "TransientError",
     "ValidationError",

@@ -368,6 +368,15 @@ class QueueDepth:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class StateCount:
+    """How many jobs are in a state, and how many attempts they burned in all."""
+
+    state: State
+    jobs: int
+    attempts: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ReapResult:
     """What one ``reap_expired`` call did, per verdict."""
 

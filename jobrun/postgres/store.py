@@ -98,6 +98,7 @@ from jobrun.job.model import (
     QueueDepth,
     ReapResult,
     State,
+    StateCount,
 )
 from jobrun.job.ports import CommitCallable
 from jobrun.postgres import effects
@@ -724,6 +725,16 @@ class Store(SchedulesMixin):
         return self._on_pool(
             lambda c: eq.prune_events(c, age_seconds=older_than.total_seconds(), max_events=limit)
         )
+
+    def state_counts(self, queue: str | None = None) -> dict[State, StateCount]:
+        """Jobs and attempts burned per state, for ``queue`` or every queue."""
+        if queue is not None:
+            validate.queue_name(queue)
+        rows = self._on_pool_read(lambda c: q.count_by_state(c, queue=queue))
+        return {
+            State(r.state): StateCount(state=State(r.state), jobs=r.jobs, attempts=r.attempts)
+            for r in rows
+        }
 
     def pause_queue(self, queue: str) -> None:
         """Stop every worker from claiming from ``queue``; enqueue still works."""

@@ -282,3 +282,16 @@ def test_a_paused_queue_is_not_claimed_from_but_accepts_jobs(store: Store, dsn: 
     assert not store.resume_queue("emails")
     assert [j.id for j in store.claim(OWNER, ["emails"], 10, TTL)] == [job.id]
     assert store.paused_queues() == []
+
+
+def test_state_counts_give_jobs_and_attempts_per_state(store: Store) -> None:
+    store.enqueue(new_job(queue="a"))
+    job = store.claim(OWNER, ["a"], 1, TTL)[0]
+    store.fail(job, "x", None)
+    job = store.claim(OWNER, ["a"], 1, TTL)[0]
+    store.complete(job)
+    store.enqueue_batch([new_job(queue="a") for _ in range(2)] + [new_job(queue="b")])
+    counts_a = store.state_counts("a")
+    assert counts_a[State.QUEUED].jobs == 2
+    assert counts_a[State.SUCCEEDED].jobs == 1 and counts_a[State.SUCCEEDED].attempts == 2
+    assert sum(c.jobs for c in store.state_counts().values()) == 4

@@ -1098,3 +1098,28 @@ def set_statement_timeout(conn: psycopg.Connection[Any], *, timeout_ms: str) -> 
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(SET_STATEMENT_TIMEOUT, (timeout_ms,))
+
+
+COUNT_BY_STATE: Final = """\
+SELECT state, count(*)::int8 AS jobs, COALESCE(sum(attempts), 0)::int8 AS attempts
+FROM jobs
+WHERE $1::text IS NULL OR queue = $1::text
+GROUP BY state
+ORDER BY state"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CountByStateRow:
+    state: JobState
+    jobs: int
+    attempts: int
+
+
+def count_by_state(conn: psycopg.Connection[Any], *, queue: str | None) -> list[CountByStateRow]:
+    """Jobs and attempts per state, for one queue or all."""
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(COUNT_BY_STATE, (queue,))
+        return [
+            CountByStateRow(state=JobState(r[0]), jobs=r[1], attempts=r[2])
+            for r in cur.fetchall()
+        ]
