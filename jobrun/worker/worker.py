@@ -225,6 +225,7 @@ class Worker:
         self._hard_stop = threading.Event()  # give up on everything
         self._heartbeat_stop = threading.Event()
         self._timeouts = _Timeouts()
+        self._timeouts_started = False
         self._threads: list[threading.Thread] = []
         self._handlers: list[threading.Thread] = []
         self._started = False
@@ -241,7 +242,7 @@ class Worker:
         self._started = True
         if self.dispatcher is not None:
             self._waiter = self.dispatcher.subscribe(self._queue_names)
-        self._timeouts.start()
+        self._start_timeouts()
         for n in range(self.config.concurrency):
             t = threading.Thread(target=self._handler_loop, name=f"jobrun-handler-{n}", daemon=True)
             self._handlers.append(t)
@@ -355,6 +356,47 @@ class Worker:
             self._slot_freed.clear()
         with self._lock:
             return self._inflight == 0
+
+    def _start_timeouts(self) -> None:
+        if not self._timeouts_started:
+            self._timeouts_started = True
+            self._timeouts.start()
+
+    def drain(self, *, max_jobs: int | None = None) -> int:
+        """Run runnable jobs one by one in the calling thread until none is left.
+
+        No worker threads: the handler runs here, and its completion (batch
+        or commit callable) or failure is written before the next claim. For
+        tests and :func:`jobrun.testing.run_jobs`; a retry scheduled for
+        later is left queued. Returns how many jobs ran.
+        """
+        self._start_timeouts()
+        ran = 0
+        while max_jobs is None or ran < max_jobs:
+            jobs = self.store.claim(self.owner, self._queue_names, 1, self.config.lease_ttl)
+            if not jobs:
+                break
+            self._dispatch(jobs)
+            job = self._work.get()
+            assert job is not None
+            with self._lock:
+                running = self._running[job.id]
+            try:
+                self._run_one(running)
+            finally:
+                with self._lock:
+                    self._running.pop(job.id, None)
+                    self._inflight -= 1
+                    self._inflight_by_queue[job.queue] -= 1
+            pending: list[Job] = []
+            while not self._done.empty():
+                item = self._done.get_nowait()
+                if item is not None:
+                    pending.append(item)
+            if pending:
+                self._flush(pending)
+            ran += 1
+        return ran
 
     # -- claiming ------------------------------------------------------------------
 

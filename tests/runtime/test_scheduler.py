@@ -22,9 +22,13 @@ def services(store: Store, dsn: str) -> Iterator[list[SchedulerService]]:
 
     def make(**config: Any) -> SchedulerService:
         service = SchedulerService(
-            store, AdvisoryLocker(dsn, name="test"),
-            SchedulerConfig(reap_interval=dt.timedelta(milliseconds=1),
-                            retention_interval=dt.timedelta(milliseconds=1), **config),
+            store,
+            AdvisoryLocker(dsn, name="test"),
+            SchedulerConfig(
+                reap_interval=dt.timedelta(milliseconds=1),
+                retention_interval=dt.timedelta(milliseconds=1),
+                **config,
+            ),
         )
         made.append(service)
         return service
@@ -64,8 +68,9 @@ def test_the_leader_applies_retention(services: Any, store: Store, conn: Any) ->
     store.cancel(job.id)
     conn.execute("UPDATE jobs SET finished_at = now() - interval '10 days'")
     conn.execute("UPDATE job_events SET at = now() - interval '10 days'")
-    report = services(finished_retention=dt.timedelta(days=7),
-                      events_retention=dt.timedelta(days=7)).run_once()
+    report = services(
+        finished_retention=dt.timedelta(days=7), events_retention=dt.timedelta(days=7)
+    ).run_once()
     assert (report.purged, report.pruned) == (1, 2)
 
 

@@ -1,0 +1,45 @@
+"""The public facade: a curated, sorted __all__ whose every name exists."""
+
+from __future__ import annotations
+
+import jobrun
+
+
+def test_all_is_sorted_and_complete() -> None:
+    names = [n for n in jobrun.__all__ if n != "__version__"]
+    assert names == sorted(names)
+    for name in jobrun.__all__:
+        assert hasattr(jobrun, name), name
+
+
+def test_every_public_attribute_is_exported() -> None:
+    modules = {
+        "client",
+        "config",
+        "job",
+        "postgres",
+        "runtime",
+        "scheduler",
+        "worker",
+        "testing",
+        "cli",
+        "demo",
+    }
+    public = {n for n in vars(jobrun) if not n.startswith("_")} - modules
+    assert public <= set(jobrun.__all__)
+
+
+def test_the_main_entry_points_are_exported() -> None:
+    for name in (
+        "Client",
+        "Registry",
+        "Worker",
+        "SchedulerService",
+        "NewJob",
+        "ScheduleSpec",
+        "PermanentFailure",
+        "JobContext",
+        "LeaseLost",
+        "IdempotencyConflict",
+    ):
+        assert name in jobrun.__all__
