@@ -105,7 +105,7 @@ class SchedulerService:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._step_down("stopping")
+        self._step_down("stopping", expected=True)
         self.locker.close()
 
     def _loop(self) -> None:
@@ -117,9 +117,9 @@ class SchedulerService:
                 log.exception("scheduler tick failed")
             self._stop.wait(interval)
 
-    def _step_down(self, why: str) -> None:
+    def _step_down(self, why: str, *, expected: bool = False) -> None:
         if self._leader:
-            log.warning("scheduler: no longer the leader (%s)", why)
+            (log.info if expected else log.warning)("scheduler: no longer the leader (%s)", why)
         self._leader = False
 
     def _still_leader(self) -> bool:
