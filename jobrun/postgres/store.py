@@ -67,9 +67,11 @@ without running its commit callable again.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import datetime as dt
 import itertools
 import logging
+import select
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -85,6 +87,7 @@ from jobrun.job.errors import (
     InvalidState,
     LeaseLost,
     NotFound,
+    TransientError,
     ValidationError,
 )
 from jobrun.job.model import (
@@ -150,6 +153,26 @@ class Store(SchedulesMixin):
 
     # -- transactions ---------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A live pooled connection.
+
+        An idle pooled connection whose server went away (restart, failover,
+        pg_terminate_backend) has bytes waiting on its socket: the FATAL
+        message or EOF. One non-blocking poll per checkout (no round trip)
+        spots it; it is closed, so the pool replaces it, and the next one is
+        tried. After a restart every caller gets a fresh connection instead
+        of one failure per stale connection.
+        """
+        for _ in range(self.pool.max_size + 1):
+            with self.pool.connection() as conn:
+                if _stale(conn):
+                    conn.close()
+                    continue
+                yield conn
+                return
+        raise TransientError("every pooled connection was dead")  # pragma: no cover
+
     def _with_tx(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``fn`` in one transaction on a pooled connection.
 
@@ -160,7 +183,7 @@ class Store(SchedulesMixin):
         for attempt in (1, 2):
             committing = [False]
             try:
-                with translate_errors(committing=committing), self.pool.connection() as conn:
+                with translate_errors(committing=committing), self._connection() as conn:
                     with conn.transaction():
                         result = fn(conn)
                         committing[0] = True
@@ -177,7 +200,7 @@ class Store(SchedulesMixin):
         for attempt in (1, 2):
             committing = [True]  # a lone statement commits as it returns
             try:
-                with translate_errors(committing=committing), self.pool.connection() as conn:
+                with translate_errors(committing=committing), self._connection() as conn:
                     return fn(conn)
             except DatabaseError as exc:
                 if attempt == 1 and is_retryable(exc.__cause__ or exc):
@@ -187,7 +210,7 @@ class Store(SchedulesMixin):
 
     def _on_pool_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """A read: no commit outcome to be unsure about."""
-        with translate_errors(), self.pool.connection() as conn:
+        with translate_errors(), self._connection() as conn:
             return fn(conn)
 
     @staticmethod
@@ -759,6 +782,17 @@ class Store(SchedulesMixin):
 
 
 # -- helpers ---------------------------------------------------------------------
+
+
+def _stale(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection has been hung up on (see Store._connection)."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def same_body(job: NewJob, stored: Job) -> bool:

@@ -112,3 +112,24 @@ def test_pool_exhaustion_is_a_bounded_transient_error(dsn: str) -> None:
         assert store.enqueue(new_job()).state is State.QUEUED
     finally:
         pool.close()
+
+
+def test_after_a_restart_stale_pooled_connections_are_replaced_without_errors() -> None:
+    from jobrun.postgres.embedded import throwaway_cluster  # noqa: PLC0415
+    from jobrun.postgres.migrate import migrate  # noqa: PLC0415
+
+    with throwaway_cluster() as cluster:
+        cluster.ensure_database("jobrun")
+        url = cluster.dsn("jobrun")
+        migrate(url)
+        pool = open_pool(url, concurrency=4, min_size=12)
+        try:
+            store = Store(pool)
+            pool.wait(10)
+            store.enqueue(new_job())
+            cluster.restart("fast")
+            for _ in range(20):  # more calls than stale connections: none fails
+                store.enqueue(new_job())
+            assert len(store.list(limit=100)) == 21
+        finally:
+            pool.close()

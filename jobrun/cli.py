@@ -1,0 +1,1136 @@
+"""The ``jobrun`` command: run workers, enqueue, inspect and administer jobs.
+
+::
+
+    jobrun migrate
+    jobrun worker --app myapp.jobs:registry [--queues emails=4,default] [--concurrency N] ...
+    jobrun scheduler [--app MODULE:REGISTRY]
+    jobrun enqueue TYPE [PAYLOAD_JSON] [--queue Q] [--priority N] [--max-attempts N]
+                   [--delay 30s] [--key KEY]
+    jobrun get ID | list [--queue Q] [--state S] [--type T] [--limit N] [--after ID]
+    jobrun events ID | depth
+    jobrun cancel ID | cancel --state S [--queue Q] [--type T]
+    jobrun retry ID  | retry --state dead [--queue Q] [--type T]
+    jobrun queues pause Q | resume Q | list
+    jobrun purge --older-than 30d
+    jobrun schedules add ID CRON TYPE [PAYLOAD_JSON] [--tz ZONE] [--replace] ...
+    jobrun schedules list | remove ID | pause ID | resume ID
+    jobrun demo [...]
+    jobrun embedded status | stop
+
+Global options (``--database-url``, ``--job-events``, ``--notify-channel``) may
+be given before or after the subcommand. Without ``--database-url`` the
+command reads ``DATABASE_URL``, and without that it starts (or reuses) the
+embedded PostgreSQL, saying so on stderr. Every other setting comes from the
+environment (see :mod:`jobrun.config`), overridden by the flags given.
+
+Output: tables for people (plain text, no colour codes, when stdout is not a
+terminal), and with ``--json`` (accepted by every command that is not a
+long-running process) JSON on stdout: objects with stable keys, ISO-8601 UTC
+timestamps and UUIDs as strings; list commands print an array.
+
+Errors are one line on stderr, ``jobrun: <message>`` (never a traceback, never
+a password), with a distinct exit code:
+
+====  ==========================================================================
+code  meaning
+====  ==========================================================================
+0     ok
+1     any other error
+2     usage error (bad arguments)
+3     not found (no such job or schedule)
+4     conflict: the idempotency key is taken by a different job, or the
+      schedule already exists
+5     invalid state: the operation does not apply to the job's state
+      (retry of a leased job, cancel of a finished one, bulk retry of leased jobs)
+6     database unavailable (cannot connect, connection lost, outcome unknown)
+7     validation error: bad input or bad configuration
+130   interrupted (Ctrl-C during a short command)
+====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import enum
+import importlib
+import io
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import psycopg
+from psycopg_pool import PoolTimeout
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from jobrun.client import Client
+from jobrun.config import Settings, parse_duration
+from jobrun.job.errors import (
+    AlreadyExists,
+    IdempotencyConflict,
+    InvalidState,
+    NotFound,
+    OutcomeUnknown,
+    TransientError,
+    ValidationError,
+)
+from jobrun.job.model import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PRIORITY,
+    DEFAULT_QUEUE,
+    Backoff,
+    Event,
+    Job,
+    JSONValue,
+    QueueDepth,
+    Schedule,
+    ScheduleSpec,
+    State,
+)
+from jobrun.postgres import embedded
+from jobrun.postgres.pool import conninfo_with, redact
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_CONFLICT = 4
+EXIT_INVALID_STATE = 5
+EXIT_UNAVAILABLE = 6
+EXIT_VALIDATION = 7
+EXIT_INTERRUPTED = 130
+
+PROG = "jobrun"
+BULK_PAGE = 500
+"""Jobs fetched per page by the bulk ``cancel`` and ``retry``."""
+ERROR_WIDTH = 60
+"""last_error is cut to this many characters in job tables."""
+
+_ERROR_CODES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...] = (
+    (NotFound, EXIT_NOT_FOUND),
+    ((IdempotencyConflict, AlreadyExists), EXIT_CONFLICT),
+    (InvalidState, EXIT_INVALID_STATE),
+    ((TransientError, OutcomeUnknown, psycopg.OperationalError, PoolTimeout), EXIT_UNAVAILABLE),
+    (ValidationError, EXIT_VALIDATION),
+)
+
+
+class CommandError(Exception):
+    """A failure the command itself detected, with the exit code to end with."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# -- entry point --------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``jobrun`` command; returns the exit code (see the module docstring)."""
+    parser = build_parser()
+    try:
+        args, extras = parser.parse_known_args(argv)
+        if extras and getattr(args, "command", None) != "demo":
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        args.extras = extras
+        if getattr(args, "func", None) is None:
+            parser.error("a command is required")
+    except _UsageError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except SystemExit as exc:  # jobrun demo --help
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except _UsageError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except Exception as exc:  # noqa: BLE001 - the one place every error becomes a line and a code
+        return _fail(_message(exc), exit_code(exc))
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an error (see the module docstring)."""
+    if isinstance(exc, CommandError):
+        return exc.code
+    for kinds, code in _ERROR_CODES:
+        if isinstance(exc, kinds):
+            return code
+    return EXIT_ERROR
+
+
+def _message(exc: BaseException) -> str:
+    known = isinstance(exc, CommandError) or any(isinstance(exc, k) for k, _ in _ERROR_CODES)
+    text = str(exc).strip()
+    if not known or not text:
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text
+
+
+def _fail(message: str, code: int) -> int:
+    one_line = " ".join(redact(message).split())
+    sys.stderr.write(f"{PROG}: {one_line}\n")
+    sys.stderr.flush()
+    return code
+
+
+# -- the parser ---------------------------------------------------------------------------
+
+
+def _global_options() -> _Parser:
+    """Options valid before or after any subcommand (SUPPRESS: absent unless given)."""
+    p = _Parser(add_help=False, allow_abbrev=False)
+    g = p.add_argument_group("global options")
+    g.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="PostgreSQL URL (default: $DATABASE_URL, else the embedded PostgreSQL)",
+    )
+    g.add_argument(
+        "--job-events",
+        choices=("all", "terminal"),
+        type=str.lower,
+        default=argparse.SUPPRESS,
+        help="which job events to record (default: $JOB_EVENTS or all)",
+    )
+    g.add_argument(
+        "--notify-channel",
+        metavar="NAME",
+        default=argparse.SUPPRESS,
+        help="LISTEN/NOTIFY channel (default: $JOBRUN_NOTIFY_CHANNEL or jobrun_jobs)",
+    )
+    return p
+
+
+def _json_option() -> _Parser:
+    p = _Parser(add_help=False, allow_abbrev=False)
+    p.add_argument("--json", action="store_true", help="print JSON on stdout")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _global_options()
+    as_json = _json_option()
+    parser = _Parser(
+        prog=PROG,
+        description="A durable background-job system on PostgreSQL.",
+        parents=[common],
+        allow_abbrev=False,
+        epilog="exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 conflict, "
+        "5 invalid state, 6 database unavailable, 7 validation",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(
+        group: Any, name: str, func: Callable[[argparse.Namespace], int], help: str, *, json: bool
+    ) -> argparse.ArgumentParser:
+        parents = [common, as_json] if json else [common]
+        p: argparse.ArgumentParser = group.add_parser(
+            name, help=help, description=help, parents=parents, allow_abbrev=False
+        )
+        p.set_defaults(func=func)
+        return p
+
+    p = command(sub, "migrate", cmd_migrate, "apply pending schema migrations", json=True)
+
+    p = command(sub, "worker", cmd_worker, "run a worker (and a scheduler candidate)", json=False)
+    p.add_argument("--app", required=True, metavar="MODULE:REGISTRY", help="the handlers")
+    p.add_argument("--queues", metavar="SPEC", help="a,b or emails=4,default (per-queue limits)")
+    p.add_argument("--concurrency", type=int, metavar="N", help="handler threads")
+    p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler")
+    for flag in ("lease-ttl", "heartbeat-interval", "poll-interval", "shutdown-grace"):
+        p.add_argument(f"--{flag}", metavar="DURATION")
+    p.add_argument("--commit-timeout", metavar="DURATION", help="or 'off'")
+    p.add_argument("--no-notifications", action="store_true", help="poll only (no LISTEN/NOTIFY)")
+    _retention_options(p)
+    _log_option(p)
+
+    p = command(sub, "scheduler", cmd_scheduler, "run the scheduler only", json=False)
+    p.add_argument(
+        "--app", metavar="MODULE[:REGISTRY]", help="import this module first (for side effects)"
+    )
+    _retention_options(p)
+    _log_option(p)
+
+    p = command(sub, "enqueue", cmd_enqueue, "enqueue a job; prints its id", json=True)
+    p.add_argument("type", metavar="TYPE")
+    p.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", help="default {}")
+    p.add_argument("--queue", default=DEFAULT_QUEUE)
+    p.add_argument("--priority", type=int, default=DEFAULT_PRIORITY, help="lower runs first")
+    p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, metavar="N")
+    p.add_argument("--delay", metavar="DURATION", help="run later: seconds, or 30s, 5m, 2h, 1d")
+    p.add_argument("--key", metavar="KEY", help="idempotency key (unique per queue)")
+
+    p = command(sub, "get", cmd_get, "show one job", json=True)
+    p.add_argument("id", metavar="ID")
+
+    p = command(sub, "list", cmd_list, "list jobs, oldest first", json=True)
+    _filters(p)
+    p.add_argument("--limit", type=int, default=100, metavar="N")
+    p.add_argument("--after", metavar="ID", help="the next page: jobs after this id")
+
+    p = command(sub, "events", cmd_events, "a job's audit trail", json=True)
+    p.add_argument("id", metavar="ID")
+
+    command(sub, "depth", cmd_depth, "jobs per queue and state; paused queues", json=True)
+
+    for name, func, what in (
+        ("cancel", cmd_cancel, "cancel a job, or every job matching --state"),
+        ("retry", cmd_retry, "run a job again now, or every job matching --state"),
+    ):
+        p = command(sub, name, func, what, json=True)
+        p.add_argument("id", metavar="ID", nargs="?")
+        _filters(p)
+
+    queues = sub.add_parser(
+        "queues", help="pause, resume and list queues", parents=[common], allow_abbrev=False
+    )
+    qsub = queues.add_subparsers(dest="queues_command", metavar="ACTION", required=True)
+    for name, func, what in (
+        ("pause", cmd_queue_pause, "stop workers claiming from a queue"),
+        ("resume", cmd_queue_resume, "let workers claim from a queue again"),
+    ):
+        p = command(qsub, name, func, what, json=True)
+        p.add_argument("queue", metavar="QUEUE")
+    command(qsub, "list", cmd_queue_list, "known queues and whether paused", json=True)
+
+    p = command(sub, "purge", cmd_purge, "delete finished jobs; prints the count", json=True)
+    p.add_argument("--older-than", required=True, metavar="DURATION", help="like 7d")
+
+    schedules = sub.add_parser(
+        "schedules", help="cron schedules", parents=[common], allow_abbrev=False
+    )
+    ssub = schedules.add_subparsers(dest="schedules_command", metavar="ACTION", required=True)
+    p = command(ssub, "add", cmd_schedule_add, "create a schedule", json=True)
+    p.add_argument("id", metavar="ID")
+    p.add_argument("cron", metavar="CRON", help="5 fields, or 6 with leading seconds")
+    p.add_argument("type", metavar="TYPE")
+    p.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", help="default {}")
+    p.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA time zone (default UTC)")
+    p.add_argument("--queue", default=DEFAULT_QUEUE)
+    p.add_argument("--priority", type=int, default=DEFAULT_PRIORITY)
+    p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, metavar="N")
+    p.add_argument("--replace", action="store_true", help="replace a schedule with this id")
+    command(ssub, "list", cmd_schedule_list, "list schedules", json=True)
+    for name, func, what in (
+        ("remove", cmd_schedule_remove, "delete a schedule"),
+        ("pause", cmd_schedule_pause, "stop a schedule enqueuing"),
+        ("resume", cmd_schedule_resume, "resume a schedule from its next occurrence"),
+    ):
+        p = command(ssub, name, func, what, json=True)
+        p.add_argument("id", metavar="ID")
+
+    # The demo's own options are added by jobrun.demo, imported only when run.
+    p = sub.add_parser(
+        "demo",
+        help="run the demo (jobrun demo --help for its options)",
+        parents=[common],
+        add_help=False,
+        allow_abbrev=False,
+    )
+    p.set_defaults(func=cmd_demo)
+
+    emb = sub.add_parser(
+        "embedded", help="the embedded PostgreSQL", parents=[common], allow_abbrev=False
+    )
+    esub = emb.add_subparsers(dest="embedded_command", metavar="ACTION", required=True)
+    command(esub, "status", cmd_embedded_status, "whether it runs, and its URL", json=True)
+    command(esub, "stop", cmd_embedded_stop, "stop it", json=True)
+    return parser
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--queue", metavar="Q")
+    p.add_argument("--state", metavar="S", help="queued, leased, succeeded, dead or cancelled")
+    p.add_argument("--type", metavar="T")
+
+
+def _retention_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retention", metavar="DURATION", help="keep finished jobs this long, or off")
+    p.add_argument("--events-retention", metavar="DURATION", help="keep events this long, or off")
+
+
+def _log_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=("debug", "info", "warning", "error"),
+        help="stderr log level (default info)",
+    )
+
+
+# -- settings, database, output -----------------------------------------------------------
+
+
+def _optional_duration(text: str | None, flag: str) -> dt.timedelta | None:
+    if text is None:
+        return None
+    return parse_duration(text, flag)
+
+
+def _is_off(text: str | None) -> bool:
+    return text is not None and text.strip().lower() in ("off", "none", "forever")
+
+
+def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """Settings.from_env(os.environ) with the flags that were given applied.
+
+    ``overrides`` hold parsed flag values (None: not given). A string value
+    ``"off"`` for an optional duration switches it off (from_env cannot take
+    None as an override, so that is applied afterwards).
+    """
+    switched_off: dict[str, Any] = {
+        k: None for k, v in overrides.items() if isinstance(v, str) and _is_off(v)
+    }
+    given = {k: v for k, v in overrides.items() if k not in switched_off}
+    settings = Settings.from_env(
+        os.environ,
+        database_url=getattr(args, "database_url", None),
+        job_events=getattr(args, "job_events", None),
+        notify_channel=getattr(args, "notify_channel", None),
+        **given,
+    )
+    if switched_off:
+        settings = dataclasses.replace(settings, **switched_off)
+    return settings
+
+
+def database_url(settings: Settings) -> str:
+    """The flag, DATABASE_URL, or the embedded PostgreSQL; checked for syntax."""
+    from jobrun.runtime import resolve_database_url  # noqa: PLC0415 - heavy, not for every command
+
+    try:
+        url = resolve_database_url(settings)
+    except embedded.ClusterError as exc:
+        raise CommandError(f"embedded PostgreSQL: {exc}", EXIT_UNAVAILABLE) from None
+    conninfo_with(url)  # ValidationError for an unparseable string, without the password
+    return url
+
+
+@contextlib.contextmanager
+def open_client(args: argparse.Namespace) -> Iterator[Client]:
+    settings = settings_from(args)
+    url = database_url(settings)
+    with Client.connect(
+        url,
+        pool_size=1,
+        event_mode=settings.job_events,
+        notify_channel=settings.notify_channel,
+        commit_timeout=settings.commit_timeout,
+        application_name="jobrun-cli",
+    ) as client:
+        yield client
+
+
+def to_json(value: Any) -> Any:
+    """A JSON-ready copy: dataclasses as objects (field order), UTC ISO timestamps, UUID strings."""
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Backoff):
+        return value.to_json()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    return value
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(to_json(value), indent=2, ensure_ascii=False) + "\n")
+
+
+def _say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def console() -> Console:
+    """Rich on stdout; plain text (no colour, no wrapping at 80 columns) when not a terminal."""
+    out = sys.stdout
+    tty = out.isatty()
+    return Console(
+        file=out,
+        color_system="auto" if tty else None,
+        force_terminal=tty,
+        width=None if tty else 1000,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    )
+
+
+def _print_table(table: Table) -> None:
+    """A table on stdout; when not a terminal, plain lines without trailing blanks."""
+    if sys.stdout.isatty():
+        console().print(table)
+        return
+    buffer = io.StringIO()
+    Console(
+        file=buffer,
+        color_system=None,
+        force_terminal=False,
+        width=1000,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    ).print(table)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def _when(value: dt.datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _compact(value: JSONValue) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def _cut(text: str | None, width: int = ERROR_WIDTH) -> str:
+    if not text:
+        return ""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _table(*columns: str, caption: str | None = None) -> Table:
+    table = Table(
+        box=None,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 2),
+        header_style="bold",
+        caption=caption,
+        caption_justify="left",
+    )
+    for name in columns:
+        table.add_column(name, no_wrap=name in ("id", "run_at", "at", "next_run_at"))
+    return table
+
+
+def _row(table: Table, *cells: object) -> None:
+    table.add_row(*(Text("" if c is None else str(c)) for c in cells))
+
+
+def _jobs_table(jobs: Sequence[Job], caption: str | None = None) -> Table:
+    table = _table(
+        "id", "queue", "type", "state", "attempts", "run_at", "last_error", caption=caption
+    )
+    for job in jobs:
+        state = str(job.state) + (" (cancel requested)" if job.cancel_requested else "")
+        _row(
+            table,
+            job.id,
+            job.queue,
+            job.type,
+            state,
+            f"{job.attempts}/{job.max_attempts}",
+            _when(job.run_at),
+            _cut(job.last_error),
+        )
+    return table
+
+
+def _job_details(job: Job) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    b = job.backoff
+    rows: list[tuple[str, object]] = [
+        ("id", job.id),
+        ("queue", job.queue),
+        ("type", job.type),
+        ("state", job.state),
+        ("attempts", f"{job.attempts} of {job.max_attempts}"),
+        ("priority", job.priority),
+        ("payload", _compact(job.payload)),
+        ("run_at", _when(job.run_at)),
+        ("idempotency_key", job.idempotency_key or ""),
+        ("cancel_requested", "yes" if job.cancel_requested else "no"),
+        ("lease_owner", job.lease_owner or ""),
+        ("lease_expires_at", _when(job.lease_expires_at)),
+        ("last_error", job.last_error or ""),
+        ("backoff", f"{b.kind} base={b.base}s factor={b.factor} max={b.max_delay}s"),
+        ("created_at", _when(job.created_at)),
+        ("updated_at", _when(job.updated_at)),
+        ("finished_at", _when(job.finished_at)),
+    ]
+    for key, value in rows:
+        grid.add_row(Text(key), Text(str(value)))
+    return grid
+
+
+def _parse_payload(text: str | None) -> JSONValue:
+    if text is None:
+        return {}
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(
+            "payload", f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+
+
+def _parse_state(text: str) -> State:
+    try:
+        return State(text.strip().lower())
+    except ValueError:
+        names = ", ".join(s.value for s in State)
+        raise ValidationError("--state", f"unknown state {text!r} (one of {names})") from None
+
+
+# -- commands: schema and processes -------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from jobrun.postgres.migrate import migrate  # noqa: PLC0415 - yoyo is slow to import
+
+    url = database_url(settings_from(args))
+    applied = migrate(url)
+    if args.json:
+        _print_json({"applied": applied})
+    elif applied:
+        for ident in applied:
+            _say(f"applied {ident}")
+    else:
+        _say("up to date")
+    return EXIT_OK
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def load_app(spec: str, *, need_registry: bool = True) -> Any:
+    """Import MODULE of ``MODULE:ATTR`` (the current directory first on sys.path) and return ATTR.
+
+    With ``need_registry``, ATTR is required and must be a jobrun Registry.
+    """
+    from jobrun.worker.registry import Registry  # noqa: PLC0415
+
+    module_name, _, attr = spec.partition(":")
+    module_name, attr = module_name.strip(), attr.strip()
+    if not module_name or (need_registry and not attr):
+        raise ValidationError(
+            "--app", f"{spec!r} is not MODULE:REGISTRY (like myapp.jobs:registry)"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ValidationError(
+                "--app", f"no module named {module_name!r} (looked in {cwd} and sys.path)"
+            ) from None
+        raise CommandError(f"importing {module_name} failed: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the application's own import error, reported
+        raise CommandError(f"importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+    if not attr:
+        return None
+    missing_attr = object()
+    value = getattr(module, attr, missing_attr)
+    if value is missing_attr:
+        raise ValidationError("--app", f"module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(value, Registry):
+        raise ValidationError(
+            "--app", f"{module_name}:{attr} is a {type(value).__name__}, not a jobrun Registry"
+        )
+    return value
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from jobrun.runtime import Runtime  # noqa: PLC0415
+    from jobrun.worker.worker import parse_queues  # noqa: PLC0415
+
+    registry = load_app(args.app)
+    settings = settings_from(
+        args,
+        queues=None if args.queues is None else parse_queues(args.queues),
+        concurrency=args.concurrency,
+        lease_ttl=_optional_duration(args.lease_ttl, "--lease-ttl"),
+        heartbeat_interval=_optional_duration(args.heartbeat_interval, "--heartbeat-interval"),
+        poll_interval=_optional_duration(args.poll_interval, "--poll-interval"),
+        shutdown_grace=_optional_duration(args.shutdown_grace, "--shutdown-grace"),
+        notifications=False if args.no_notifications else None,
+        **_off_or_duration(args, "commit_timeout", "retention", "events_retention"),
+    )
+    _configure_logging(args.log_level)
+    url = database_url(settings)
+    Runtime(settings, registry, database_url=url, scheduler=not args.no_scheduler).run()
+    return EXIT_OK
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from jobrun.runtime import Runtime  # noqa: PLC0415
+
+    if args.app:
+        load_app(args.app, need_registry=False)
+    settings = settings_from(args, **_off_or_duration(args, "retention", "events_retention"))
+    _configure_logging(args.log_level)
+    url = database_url(settings)
+    Runtime(settings, None, database_url=url, worker=False).run()
+    return EXIT_OK
+
+
+def _off_or_duration(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """Optional-duration flags: 'off' stays a string (see settings_from), else a timedelta."""
+    values: dict[str, Any] = {}
+    for name in names:
+        text: str | None = getattr(args, name)
+        flag = "--" + name.replace("_", "-")
+        values[name] = text if _is_off(text) else _optional_duration(text, flag)
+    return values
+
+
+# -- commands: jobs -----------------------------------------------------------------------
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    payload = _parse_payload(args.payload)
+    delay = _optional_duration(args.delay, "--delay")
+    with open_client(args) as client:
+        job = client.enqueue(
+            args.type,
+            payload,
+            queue=args.queue,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+            delay=delay,
+            idempotency_key=args.key,
+        )
+    if args.json:
+        _print_json(job)
+    else:
+        _say(str(job.id))
+    return EXIT_OK
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        job = client.get(args.id)
+    if args.json:
+        _print_json(job)
+    else:
+        _print_table(_job_details(job))
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    state = None if args.state is None else _parse_state(args.state)
+    with open_client(args) as client:
+        jobs = client.list(
+            queue=args.queue, state=state, type=args.type, after=args.after, limit=args.limit
+        )
+    if args.json:
+        _print_json(jobs)
+    elif not jobs:
+        _say("no jobs")
+    else:
+        caption = _jobs(len(jobs))
+        if len(jobs) == args.limit:
+            caption += f"; more may follow: --after {jobs[-1].id}"
+        _print_table(_jobs_table(jobs, caption))
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        client.get(args.id)  # NotFound for an unknown job, not an empty trail
+        events: list[Event] = client.events(args.id)
+    if args.json:
+        _print_json(events)
+    elif not events:
+        _say("no events")
+    else:
+        table = _table("at", "event", "attempt", "detail")
+        for e in events:
+            detail = "" if e.detail in (None, {}) else _compact(e.detail)
+            _row(table, _when(e.at), e.kind, e.attempt, detail)
+        _print_table(table)
+    return EXIT_OK
+
+
+def _depth_rows(client: Client) -> list[dict[str, Any]]:
+    depths: dict[str, QueueDepth] = {d.queue: d for d in client.depth()}
+    paused = set(client.paused_queues())
+    rows = []
+    for name in sorted(set(depths) | paused):
+        d = depths.get(name) or QueueDepth(queue=name, ready=0, scheduled=0, leased=0, dead=0)
+        rows.append({**to_json(d), "paused": name in paused})
+    return rows
+
+
+def cmd_depth(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        rows = _depth_rows(client)
+    if args.json:
+        _print_json(rows)
+    elif not rows:
+        _say("no queued, leased or dead jobs")
+    else:
+        table = _table("queue", "ready", "scheduled", "leased", "dead", "paused")
+        for r in rows:
+            paused = "paused" if r["paused"] else ""
+            _row(table, r["queue"], r["ready"], r["scheduled"], r["leased"], r["dead"], paused)
+        _print_table(table)
+    return EXIT_OK
+
+
+def _single_or_bulk(args: argparse.Namespace) -> State | None:
+    """The bulk --state, or None for the single ID form; usage errors for mixes."""
+    verb = args.command
+    if args.id is not None:
+        if args.state is not None or args.queue is not None or args.type is not None:
+            raise _UsageError(
+                f"{verb}: give a job ID or --state (with --queue/--type filters), not both"
+            )
+        return None
+    if args.state is None:
+        if args.queue is not None or args.type is not None:
+            raise _UsageError(f"{verb}: --queue and --type filter a bulk --state {verb}")
+        raise _UsageError(f"{verb}: give a job ID, or --state for a bulk {verb}")
+    return _parse_state(args.state)
+
+
+def _matching(client: Client, state: State, queue: str | None, type_: str | None) -> Iterator[Job]:
+    """Every job matching the filters, a page at a time (acting on each before the next page)."""
+    after: uuid.UUID | None = None
+    while True:
+        page = client.list(queue=queue, state=state, type=type_, after=after, limit=BULK_PAGE)
+        yield from page
+        if len(page) < BULK_PAGE:
+            return
+        after = page[-1].id
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    state = _single_or_bulk(args)
+    if state is None:
+        with open_client(args) as client:
+            job = client.cancel(args.id)
+        if job.state in (State.SUCCEEDED, State.DEAD):
+            raise InvalidState(job.id, str(job.state), "cancel")
+        if args.json:
+            _print_json(job)
+        elif job.state == State.CANCELLED:
+            _say(f"job {job.id} cancelled")
+        else:
+            _say(f"job {job.id} is running: cancel requested (its worker stops it)")
+        return EXIT_OK
+
+    if state.terminal:
+        raise CommandError(
+            f"cannot cancel {state} jobs: only queued or leased jobs can be cancelled",
+            EXIT_INVALID_STATE,
+        )
+    cancelled = requested = skipped = 0
+    with open_client(args) as client:
+        for job in _matching(client, state, args.queue, args.type):
+            try:
+                done = client.cancel(job.id)
+            except NotFound:
+                skipped += 1
+                continue
+            if done.state == State.CANCELLED and job.state == State.QUEUED:
+                cancelled += 1
+            elif done.state == State.LEASED and done.cancel_requested:
+                requested += 1
+            else:
+                skipped += 1
+    if args.json:
+        _print_json({"cancelled": cancelled, "cancel_requested": requested, "skipped": skipped})
+    else:
+        text = f"cancelled {_jobs(cancelled + requested)}"
+        if requested:
+            text += f" ({requested} running: cancel requested)"
+        if skipped:
+            text += f"; {skipped} changed state meanwhile and were left alone"
+        _say(text)
+    return EXIT_OK
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    state = _single_or_bulk(args)
+    if state is None:
+        with open_client(args) as client:
+            job = client.retry(args.id)
+        if args.json:
+            _print_json(job)
+        else:
+            _say(f"job {job.id} queued to run now")
+        return EXIT_OK
+
+    if state == State.LEASED:
+        raise CommandError(
+            "cannot retry leased jobs: they are running (cancel them, or let the reaper "
+            "requeue them when their lease expires)",
+            EXIT_INVALID_STATE,
+        )
+    retried = skipped = 0
+    with open_client(args) as client:
+        for job in _matching(client, state, args.queue, args.type):
+            try:
+                client.retry(job.id)
+            except (NotFound, InvalidState):
+                skipped += 1
+            else:
+                retried += 1
+    if args.json:
+        _print_json({"retried": retried, "skipped": skipped})
+    else:
+        text = f"retried {_jobs(retried)}"
+        if skipped:
+            text += f"; {skipped} changed state meanwhile and were left alone"
+        _say(text)
+    return EXIT_OK
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    older_than = parse_duration(args.older_than, "--older-than")
+    with open_client(args) as client:
+        count = client.purge(older_than)
+    if args.json:
+        _print_json({"purged": count})
+    else:
+        _say(f"purged {_jobs(count)}")
+    return EXIT_OK
+
+
+# -- commands: queues ---------------------------------------------------------------------
+
+
+def cmd_queue_pause(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        client.pause_queue(args.queue)
+    if args.json:
+        _print_json({"queue": args.queue, "paused": True})
+    else:
+        _say(f"queue {args.queue} paused")
+    return EXIT_OK
+
+
+def cmd_queue_resume(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        was_paused = client.resume_queue(args.queue)
+    if args.json:
+        _print_json({"queue": args.queue, "paused": False, "was_paused": was_paused})
+    elif was_paused:
+        _say(f"queue {args.queue} resumed")
+    else:
+        _say(f"queue {args.queue} was not paused")
+    return EXIT_OK
+
+
+def cmd_queue_list(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        rows = [{"queue": r["queue"], "paused": r["paused"]} for r in _depth_rows(client)]
+    if args.json:
+        _print_json(rows)
+    elif not rows:
+        _say("no queues")
+    else:
+        table = _table("queue", "paused")
+        for r in rows:
+            _row(table, r["queue"], "paused" if r["paused"] else "")
+        _print_table(table)
+    return EXIT_OK
+
+
+# -- commands: schedules ------------------------------------------------------------------
+
+
+def _schedule_out(args: argparse.Namespace, schedule: Schedule, what: str) -> None:
+    if args.json:
+        _print_json(schedule)
+    elif schedule.paused:
+        _say(f"schedule {schedule.id} {what} (paused)")
+    else:
+        _say(f"schedule {schedule.id} {what}; next run at {_when(schedule.next_run_at)}")
+
+
+def cmd_schedule_add(args: argparse.Namespace) -> int:
+    spec = ScheduleSpec(
+        id=args.id,
+        cron=args.cron,
+        type=args.type,
+        payload=_parse_payload(args.payload),
+        timezone=args.tz,
+        queue=args.queue,
+        priority=args.priority,
+        max_attempts=args.max_attempts,
+    )
+    with open_client(args) as client:
+        save = client.upsert_schedule if args.replace else client.create_schedule
+        schedule = save(spec)
+    _schedule_out(args, schedule, "saved" if args.replace else "created")
+    return EXIT_OK
+
+
+def cmd_schedule_list(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        schedules = client.list_schedules()
+    if args.json:
+        _print_json(schedules)
+    elif not schedules:
+        _say("no schedules")
+    else:
+        table = _table("id", "cron", "timezone", "queue", "type", "next_run_at", "paused")
+        for s in schedules:
+            paused = "paused" if s.paused else ""
+            _row(table, s.id, s.cron, s.timezone, s.queue, s.type, _when(s.next_run_at), paused)
+        _print_table(table)
+    return EXIT_OK
+
+
+def cmd_schedule_remove(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        client.delete_schedule(args.id)
+    if args.json:
+        _print_json({"id": args.id, "removed": True})
+    else:
+        _say(f"schedule {args.id} removed")
+    return EXIT_OK
+
+
+def cmd_schedule_pause(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        schedule = client.pause_schedule(args.id)
+    _schedule_out(args, schedule, "paused")
+    return EXIT_OK
+
+
+def cmd_schedule_resume(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        schedule = client.resume_schedule(args.id)
+    _schedule_out(args, schedule, "resumed")
+    return EXIT_OK
+
+
+# -- commands: demo, embedded -------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        demo = importlib.import_module("jobrun.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("jobrun.demo", None):
+            raise
+        raise CommandError("the demo is not available in this version of jobrun") from None
+    parser = _Parser(
+        prog=f"{PROG} demo",
+        description="Run the jobrun demo.",
+        parents=[_global_options()],
+        allow_abbrev=False,
+    )
+    demo.add_arguments(parser)
+    demo_args = parser.parse_args(args.extras, namespace=args)
+    url = database_url(settings_from(demo_args))
+    return int(demo.run(demo_args, url))
+
+
+def _postmaster_port(datadir: Path) -> int | None:
+    """The port of a server running on ``datadir`` (from postmaster.pid), or None."""
+    try:
+        lines = (datadir / "postmaster.pid").read_text().splitlines()
+        pid, port = int(lines[0]), int(lines[3])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return port
+
+
+def cmd_embedded_status(args: argparse.Namespace) -> int:
+    datadir = embedded.default_home() / "data"
+    port = _postmaster_port(datadir)
+    url = (
+        None
+        if port is None
+        else f"postgresql://postgres@127.0.0.1:{port}/{embedded.EMBEDDED_DATABASE}"
+    )
+    status = {
+        "running": port is not None,
+        "url": url,
+        "datadir": str(datadir),
+        "initialised": (datadir / "PG_VERSION").exists(),
+    }
+    if args.json:
+        _print_json(status)
+    elif url is not None:
+        _say(f"running at {url} (data in {datadir})")
+    elif status["initialised"]:
+        _say(f"not running (data in {datadir})")
+    else:
+        _say(f"not running (no cluster created yet in {datadir})")
+    return EXIT_OK
+
+
+def cmd_embedded_stop(args: argparse.Namespace) -> int:
+    datadir = embedded.default_home() / "data"
+    port = _postmaster_port(datadir)
+    if port is not None:
+        try:
+            embedded.LocalCluster(
+                datadir=datadir,
+                port=port,
+                bindir=embedded.embedded_bindir(),
+                settings=embedded.EMBEDDED_SETTINGS,
+            ).stop()
+        except embedded.ClusterError as exc:
+            raise CommandError(f"cannot stop the embedded PostgreSQL: {exc}") from None
+    if args.json:
+        _print_json({"stopped": port is not None, "datadir": str(datadir)})
+    elif port is not None:
+        _say(f"stopped the embedded PostgreSQL (data kept in {datadir})")
+    else:
+        _say("the embedded PostgreSQL is not running")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tiny applications the CLI acceptance tests start workers with."""
