@@ -40,6 +40,10 @@ fmt: $(STAMP) ## format and auto-fix
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+.PHONY: run
+run: $(STAMP) ## the demo: 20,000 jobs on PostgreSQL (embedded unless DATABASE_URL is set)
+	$(VENV)/bin/jobrun demo $(RUN_ARGS)
+
 .PHONY: test
 test: $(STAMP) ## the whole test suite against a real PostgreSQL it starts itself
 	$(PY) -m pytest $(PYTEST_ARGS)
