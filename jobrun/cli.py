@@ -877,7 +877,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             except NotFound:
                 skipped += 1
                 continue
-            if done.state == State.CANCELLED and job.state == State.QUEUED:
+            if done.state == State.CANCELLED:
                 cancelled += 1
             elif done.state == State.LEASED and done.cancel_requested:
                 requested += 1
