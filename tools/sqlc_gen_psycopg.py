@@ -638,17 +638,30 @@ def build_queries(request: dict[str, Any], ctx: Context) -> tuple[list[Query], l
 def matching_model(
     ctx: Context, raw_columns: list[dict[str, Any]], columns: list[Field]
 ) -> Table | None:
-    """The table whose row these result columns exactly are, if any."""
+    """The table whose row these result columns exactly are, if any.
+
+    The columns must carry the table's names and types in its order. sqlc
+    names the source table of a plain query; the result of a data-modifying
+    CTE (``WITH ins AS (INSERT ... RETURNING *) SELECT ins.* FROM ins``)
+    names the CTE instead, so then the one table with exactly those columns
+    is the model (none when several tables would fit).
+    """
     table = ctx.table_of(raw_columns[0].get("table"))
-    if table is None or len(table.fields) != len(columns):
-        return None
-    for raw, col, tfield, tname in zip(
-        raw_columns, columns, table.fields, table.column_names, strict=True
-    ):
-        ref = ctx.table_of(raw.get("table"))
-        if ref is not table or raw.get("name") != tname or col.type != tfield.type:
-            return None
-    return table
+    if table is not None:
+        return table if _same_columns(table, raw_columns, columns) else None
+    fits = [t for _, t in sorted(ctx.tables.items()) if _same_columns(t, raw_columns, columns)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def _same_columns(table: Table, raw_columns: list[dict[str, Any]], columns: list[Field]) -> bool:
+    if len(table.fields) != len(columns):
+        return False
+    return all(
+        raw.get("name") == tname and col.type == tfield.type
+        for raw, col, tfield, tname in zip(
+            raw_columns, columns, table.fields, table.column_names, strict=True
+        )
+    )
 
 
 # --------------------------------------------------------------------------- emit

@@ -274,6 +274,16 @@ def test_one_returns_the_shared_model_or_none(
     assert gen.jobs.get_lease_owner(conn, id=job.id) is None
     assert gen.jobs.get_payload(conn, id=job.id) == {}
     assert gen.jobs.max_priority(conn, state=gen.models.JobState.QUEUED) == 7
+    via_cte = gen.jobs.insert_job_with_event(
+        conn,
+        id=uuid.uuid4(),
+        queue="q",
+        payload={"a": 1},
+        priority=1,
+        state=gen.models.JobState.QUEUED,
+    )
+    assert isinstance(via_cte, gen.models.Job)
+    assert gen.jobs.get_job(conn, id=via_cte.id) == via_cte
 
 
 def test_many_returns_rows_and_bare_values(

@@ -473,6 +473,8 @@ def test_whole_table_results_reuse_the_shared_model(generated: dict[str, str]) -
     jobs = functions(generated["jobs.py"])
     assert signature(jobs["insert_job"]).endswith("-> Job | None")  # RETURNING *
     assert signature(jobs["get_job"]).endswith("-> Job | None")  # SELECT jobs.*
+    # a data-modifying CTE whose result is exactly a jobs row
+    assert signature(jobs["insert_job_with_event"]).endswith("-> Job | None")
     assert signature(jobs["events_for_job"]).endswith("-> list[list[JobEvent]]")
     all_types = functions(generated["all_types.py"])
     assert signature(all_types["list_all_types"]).endswith("-> list[AllType]")

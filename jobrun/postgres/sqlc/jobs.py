@@ -37,29 +37,6 @@ WITH ins AS (
 SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class EnqueueJobRow:
-    id: uuid.UUID
-    queue: str
-    type: str
-    payload: Any
-    priority: int
-    state: JobState
-    attempts: int
-    max_attempts: int
-    backoff: Any
-    run_at: datetime.datetime
-    lease_owner: str | None
-    lease_token: uuid.UUID | None
-    lease_expires_at: datetime.datetime | None
-    cancel_requested: bool
-    idempotency_key: str | None
-    last_error: str | None
-    created_at: datetime.datetime
-    updated_at: datetime.datetime
-    finished_at: datetime.datetime | None
-
-
 def enqueue_job(
     conn: psycopg.Connection[Any],
     *,
@@ -75,7 +52,7 @@ def enqueue_job(
     idempotency_key: str | None,
     write_event: bool,
     channel: str,
-) -> EnqueueJobRow | None:
+) -> Job | None:
     """Jobs: enqueue, claim, lease upkeep and the terminal transitions.
     Every time is the database clock (now()) or "db now as read by the caller".
     One statement, one round trip: the insert, its "enqueued" event (when
@@ -104,7 +81,7 @@ def enqueue_job(
         r = cur.fetchone()
     if r is None:
         return None
-    return EnqueueJobRow(
+    return Job(
         id=r[0],
         queue=r[1],
         type=r[2],
@@ -334,29 +311,6 @@ WITH next AS (
 SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM claimed"""
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimJobsRow:
-    id: uuid.UUID
-    queue: str
-    type: str
-    payload: Any
-    priority: int
-    state: JobState
-    attempts: int
-    max_attempts: int
-    backoff: Any
-    run_at: datetime.datetime
-    lease_owner: str | None
-    lease_token: uuid.UUID | None
-    lease_expires_at: datetime.datetime | None
-    cancel_requested: bool
-    idempotency_key: str | None
-    last_error: str | None
-    created_at: datetime.datetime
-    updated_at: datetime.datetime
-    finished_at: datetime.datetime | None
-
-
 def claim_jobs(
     conn: psycopg.Connection[Any],
     *,
@@ -365,7 +319,7 @@ def claim_jobs(
     owner: str,
     ttl_seconds: float,
     write_events: bool,
-) -> list[ClaimJobsRow]:
+) -> list[Job]:
     """One statement claims up to max_jobs: queued -> leased, one attempt burned,
     a fresh lease token (the fence) per claim, and the "claimed" events when
     write_events. LIMIT inside a FOR UPDATE SKIP LOCKED CTE, never IN
@@ -374,7 +328,7 @@ def claim_jobs(
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(CLAIM_JOBS, (queues, max_jobs, owner, ttl_seconds, write_events))
         return [
-            ClaimJobsRow(
+            Job(
                 id=r[0],
                 queue=r[1],
                 type=r[2],
@@ -578,29 +532,6 @@ WITH failed AS (
 SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM failed"""
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class FailJobRow:
-    id: uuid.UUID
-    queue: str
-    type: str
-    payload: Any
-    priority: int
-    state: JobState
-    attempts: int
-    max_attempts: int
-    backoff: Any
-    run_at: datetime.datetime
-    lease_owner: str | None
-    lease_token: uuid.UUID | None
-    lease_expires_at: datetime.datetime | None
-    cancel_requested: bool
-    idempotency_key: str | None
-    last_error: str | None
-    created_at: datetime.datetime
-    updated_at: datetime.datetime
-    finished_at: datetime.datetime | None
-
-
 def fail_job(
     conn: psycopg.Connection[Any],
     *,
@@ -611,7 +542,7 @@ def fail_job(
     owner: str,
     token: uuid.UUID,
     write_all: bool,
-) -> FailJobRow | None:
+) -> Job | None:
     """The owner- and token-guarded failure of an attempt, verdict included, in
     one statement: cancelled when cancel was requested (cancel wins), dead when
     permanent or no attempts are left, otherwise queued again at retry_at. The
@@ -623,7 +554,7 @@ def fail_job(
         r = cur.fetchone()
     if r is None:
         return None
-    return FailJobRow(
+    return Job(
         id=r[0],
         queue=r[1],
         type=r[2],

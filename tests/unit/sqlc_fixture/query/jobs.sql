@@ -85,3 +85,13 @@ RETURNING id;
 
 -- name: AddNumbers :one
 SELECT $1::int + $2::int AS total, sqlc.arg(class)::text AS class, sqlc.arg(rows)::int AS rows;
+
+-- name: InsertJobWithEvent :one
+-- A data-modifying CTE: sqlc names the CTE as the columns' table, and the
+-- result is still exactly a jobs row, so it reuses the shared Job model.
+WITH ins AS (
+    INSERT INTO jobs (id, queue, payload, priority, state)
+    VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(payload), sqlc.arg(priority), sqlc.arg(state))
+    RETURNING *
+)
+SELECT * FROM ins;
