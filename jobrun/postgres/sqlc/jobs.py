@@ -286,12 +286,18 @@ def copy_jobs(conn: psycopg.Connection[Any], rows: Iterable[CopyJobsParams]) -> 
 
 CLAIM_JOBS: Final = """\
 WITH next AS (
-    SELECT id FROM jobs
-    WHERE state = 'queued' AND queue = ANY($1::text[]) AND run_at <= now()
-      AND queue NOT IN (SELECT queue_pauses.queue FROM queue_pauses)
-    ORDER BY priority, run_at, id
+    SELECT c.id
+    FROM unnest($1::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobs
+        WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
+        ORDER BY jobs.priority, jobs.run_at, jobs.id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = q.name)
+    ORDER BY c.priority, c.run_at, c.id
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE jobs
     SET state = 'leased',
@@ -322,8 +328,12 @@ def claim_jobs(
 ) -> list[Job]:
     """One statement claims up to max_jobs: queued -> leased, one attempt burned,
     a fresh lease token (the fence) per claim, and the "claimed" events when
-    write_events. LIMIT inside a FOR UPDATE SKIP LOCKED CTE, never IN
-    (subquery), so a claim can never return more than max_jobs rows.
+    write_events. Each queue is read on its own through jobs_claim_idx in
+    (priority, run_at, id) order (a LATERAL per queue: an index scan that stops
+    after max_jobs rows, where "queue = ANY(...)" would sort every queued row),
+    then the best max_jobs of them are taken. LIMIT inside a FOR UPDATE SKIP
+    LOCKED subquery, never IN (subquery), so a claim can never return more
+    than max_jobs rows. Paused queues are skipped.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(CLAIM_JOBS, (queues, max_jobs, owner, ttl_seconds, write_events))
