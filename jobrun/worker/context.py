@@ -24,8 +24,20 @@ class JobContext:
     job: Job
     cancelled: threading.Event
     deadline: float | None
-    logger: logging.LoggerAdapter[logging.Logger]
     cancel_reason: str | None = None
+    _logger: logging.LoggerAdapter[logging.Logger] | None = dataclasses.field(
+        default=None, repr=False
+    )
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """``jobrun.job.<type>``, with the job id and attempt (made on first use)."""
+        if self._logger is None:
+            self._logger = logging.LoggerAdapter(
+                logging.getLogger(f"jobrun.job.{self.job.type}"),
+                {"job_id": str(self.job.id), "attempt": self.job.attempts},
+            )
+        return self._logger
 
     @property
     def attempt(self) -> int:

@@ -464,15 +464,7 @@ class Worker:
 
     def _dispatch(self, jobs: list[Job]) -> None:
         for job in jobs:
-            ctx = JobContext(
-                job=job,
-                cancelled=threading.Event(),
-                deadline=None,
-                logger=logging.LoggerAdapter(
-                    logging.getLogger(f"jobrun.job.{job.type}"),
-                    {"job_id": str(job.id), "attempt": job.attempts},
-                ),
-            )
+            ctx = JobContext(job=job, cancelled=threading.Event(), deadline=None)
             registration = self.registry.get(job.type)
             timeout = self.registry.timeout_for(registration)
             if timeout is not None:

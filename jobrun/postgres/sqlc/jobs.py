@@ -296,6 +296,7 @@ WITH next AS (
         FOR UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = q.name)
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY c.priority, c.run_at, c.id
     LIMIT $2
 ), claimed AS (
@@ -334,6 +335,13 @@ def claim_jobs(
     then the best max_jobs of them are taken. LIMIT inside a FOR UPDATE SKIP
     LOCKED subquery, never IN (subquery), so a claim can never return more
     than max_jobs rows. Paused queues are skipped.
+
+    The claim commits asynchronously (synchronous_commit off for this
+    transaction only): if the server crashes before the claim reaches disk, the
+    job simply was never claimed and runs again (at-least-once); a completion
+    commits synchronously and flushes the WAL up to it, claim included, so no
+    durable completion can rest on a lost claim, and the effect ledger still
+    keeps the transactional path exactly-once.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(CLAIM_JOBS, (queues, max_jobs, owner, ttl_seconds, write_events))
@@ -370,6 +378,7 @@ WITH lease AS (
     SELECT jobs.id FROM jobs JOIN lease ON jobs.id = lease.id AND jobs.lease_token = lease.token
     WHERE jobs.state = 'leased' AND jobs.lease_owner = $4::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY jobs.id
     FOR UPDATE OF jobs
 )
@@ -389,7 +398,9 @@ def heartbeat_jobs(
     """Extends only live leases held by this owner and token whose cancel was not
     requested; the ids it omits are the jobs the worker must cancel. Rows are
     locked in id order, like every multi-row update, so concurrent batches
-    cannot deadlock.
+    cannot deadlock. It commits asynchronously, like the claim: a heartbeat
+    lost in a server crash only makes the lease look shorter, and the fence
+    (owner + token) keeps a reaped job safe.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(HEARTBEAT_JOBS, (until, ids, tokens, owner))
