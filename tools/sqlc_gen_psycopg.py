@@ -756,6 +756,15 @@ def value_expr(t: PyType, src: str, enum_import: set[str]) -> str:
     return f"({conv} if {src} is not None else None)" if t.nullable else conv
 
 
+def json_wrap(wrapper: str, src: str) -> str:
+    """Wrap a JSON value for psycopg, passing an already wrapped one through.
+
+    A caller holding the JSON text already (validated once, say) passes
+    ``Jsonb(text, dumps=<identity>)`` and skips a second serialisation.
+    """
+    return f"{src} if isinstance({src}, {wrapper}) else {wrapper}({src})"
+
+
 def param_expr(t: PyType, src: str, mod: Module) -> str:
     """Python expression adapting the argument ``src`` for psycopg."""
     if t.json_wrapper is None:
@@ -763,9 +772,10 @@ def param_expr(t: PyType, src: str, mod: Module) -> str:
     mod.need("psycopg.types.json", t.json_wrapper)
     w = t.json_wrapper
     if t.dims == 0:
-        conv = f"{w}({src})"
+        conv = f"({json_wrap(w, src)})" if t.nullable else json_wrap(w, src)
     elif t.dims == 1:
-        conv = f"[{w}(v) for v in {src}]"
+        # None elements stay SQL NULLs; wrapped values pass through.
+        conv = f"[v if v is None or isinstance(v, {w}) else {w}(v) for v in {src}]"
     else:
         raise PluginError(f"multi-dimensional {t.copy_type} arrays are not supported")
     return f"({conv} if {src} is not None else None)" if t.nullable else conv
@@ -1001,7 +1011,7 @@ def emit_copy(
     # NOT NULL json value of None means JSON null, as in the other functions.
     values = tuple_node(
         [
-            f"{p.type.json_wrapper}(p.{p.name})"
+            f"({json_wrap(p.type.json_wrapper, 'p.' + p.name)})"
             if p.type.json_wrapper and not p.type.nullable and not p.type.dims
             else f"p.{p.name}"
             for p in q.params

@@ -247,6 +247,19 @@ def test_jsonb_parameters_store_the_json_value(
     assert conn.execute("SELECT detail IS NULL FROM jobs").fetchone() == (True,)
 
 
+def test_an_already_wrapped_json_value_passes_through_unserialised_again(
+    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+) -> None:
+    from psycopg.types.json import Jsonb  # noqa: PLC0415
+
+    raw = Jsonb('{"pre": "serialised"}', dumps=lambda text: text)
+    job = gen.jobs.insert_job(
+        conn, id=uuid.uuid4(), queue="q", payload=raw, priority=0,
+        state=gen.models.JobState.QUEUED, detail=raw,
+    )
+    assert job.payload == {"pre": "serialised"} and job.detail == {"pre": "serialised"}
+
+
 # --------------------------------------------------------------------------- commands
 
 

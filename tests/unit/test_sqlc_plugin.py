@@ -525,16 +525,25 @@ def test_enum_columns_are_converted_to_the_strenum(generated: dict[str, str]) ->
     )
 
 
-def test_json_parameters_are_wrapped_for_psycopg(generated: dict[str, str]) -> None:
+def test_json_parameters_are_wrapped_for_psycopg_unless_already_wrapped(
+    generated: dict[str, str],
+) -> None:
     insert_job = body(functions(generated["jobs.py"])["insert_job"])
-    assert "Jsonb(payload)" in insert_job
-    assert "Jsonb(detail) if detail is not None else None" in insert_job
+    assert "payload if isinstance(payload, Jsonb) else Jsonb(payload)" in insert_job
+    assert (
+        "(detail if isinstance(detail, Jsonb) else Jsonb(detail)) if detail is not None else None"
+        in insert_job
+    )
     insert_all = body(functions(generated["all_types.py"])["insert_all_types"])
-    assert "Jsonb(c_jsonb)" in insert_all
-    assert "Json(c_json) if c_json is not None else None" in insert_all
-    assert "[Jsonb(v) for v in c_jsonb_array] if c_jsonb_array is not None else None" in insert_all
+    assert "c_jsonb if isinstance(c_jsonb, Jsonb) else Jsonb(c_jsonb)" in insert_all
+    assert "isinstance(c_json, Json) else Json(c_json)" in insert_all
+    # array elements: None stays an SQL NULL, wrapped values pass through
+    assert (
+        "[v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in c_jsonb_array]"
+        in insert_all
+    )
     batch = body(functions(generated["jobs.py"])["insert_event"])
-    assert "Jsonb(p.detail) if p.detail is not None else None" in batch
+    assert "isinstance(p.detail, Jsonb) else Jsonb(p.detail)" in batch
 
 
 def test_one_fetches_one_row_or_none(generated: dict[str, str]) -> None:
@@ -580,9 +589,10 @@ def test_copyfrom_streams_rows_through_binary_copy(generated: dict[str, str]) ->
     assert "cur.copy(COPY_JOBS_COPY) as copy" in text
     assert "copy.set_types(COPY_JOBS_COPY_TYPES)" in text
     assert "for p in rows:" in text
-    assert "copy.write_row((p.id, p.queue, Jsonb(p.payload), p.priority, p.state, p.detail))" in (
-        text
-    )
+    assert (
+        "copy.write_row((p.id, p.queue, p.payload if isinstance(p.payload, Jsonb) "
+        "else Jsonb(p.payload), p.priority, p.state, p.detail))"
+    ) in text
 
 
 def test_copyfrom_with_an_enum_array_falls_back_to_text_copy(generated: dict[str, str]) -> None:

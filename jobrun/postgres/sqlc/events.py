@@ -34,7 +34,15 @@ def insert_events(
     A batch of events in one statement (one unnest per column).
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(INSERT_EVENTS, (job_ids, kinds, attempts, [Jsonb(v) for v in details]))
+        cur.execute(
+            INSERT_EVENTS,
+            (
+                job_ids,
+                kinds,
+                attempts,
+                [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in details],
+            ),
+        )
 
 
 COPY_EVENTS: Final = "INSERT INTO job_events (job_id, kind, attempt) VALUES ($1, $2, $3)"
