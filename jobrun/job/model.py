@@ -157,8 +157,11 @@ DEFAULT_PRIORITY = 0
 
 
 def new_job_id() -> uuid.UUID:
-    """A time-ordered UUIDv7, so ids sort roughly by creation and index inserts stay local."""
-    return uuid.UUID(int=uuid6.uuid7().int)
+    """A time-ordered UUIDv7, so ids sort roughly by creation and index inserts stay local.
+
+    (``uuid6.UUID`` is a ``uuid.UUID`` subclass: equal, hashable and stored alike.)
+    """
+    return uuid6.uuid7()
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +183,8 @@ class NewJob:
     delay: dt.timedelta | None = None
     idempotency_key: str | None = None
     id: uuid.UUID = dataclasses.field(default_factory=new_job_id)
+    payload_json: str = dataclasses.field(init=False, repr=False, compare=False, default="")
+    """The payload as the JSON text that will be stored (set on construction)."""
 
     def __post_init__(self) -> None:
         validate.job_type(self.type)
@@ -198,9 +203,11 @@ class NewJob:
             validate.idempotency_key(self.idempotency_key)
         if not isinstance(self.id, uuid.UUID):
             raise ValidationError("id", "must be a uuid.UUID")
-        # Normalise (tuples become lists) and check the payload once, here,
-        # so that nothing downstream can meet a payload jsonb would refuse.
-        object.__setattr__(self, "payload", validate.payload(self.payload))
+        # Check and serialise the payload once, here: nothing downstream can
+        # meet a payload jsonb would refuse, and the text is what is stored.
+        value, text = validate.payload(self.payload)
+        object.__setattr__(self, "payload", value)
+        object.__setattr__(self, "payload_json", text)
 
     @property
     def delay_seconds(self) -> float:
@@ -319,7 +326,7 @@ class ScheduleSpec:
         validate.max_attempts(self.max_attempts)
         if not isinstance(self.backoff, Backoff):
             raise ValidationError("backoff", "must be a jobrun.Backoff")
-        object.__setattr__(self, "payload", validate.payload(self.payload))
+        object.__setattr__(self, "payload", validate.payload(self.payload)[0])
 
     @property
     def schedule(self) -> CronSchedule:

@@ -43,7 +43,20 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Names seen valid before: most enqueues reuse a handful of queues and types,
+# so the regular expression runs once per name, not once per job.
+_valid_names: set[tuple[str, str]] = set()
+_VALID_NAMES_CAP = 10_000
+
+
+def _remember(kind: str, value: str) -> None:
+    if len(_valid_names) < _VALID_NAMES_CAP:
+        _valid_names.add((kind, value))
+
+
 def queue_name(value: object, field: str = "queue") -> str:
+    if type(value) is str and ("q", value) in _valid_names:
+        return value
     if not isinstance(value, str):
         raise ValidationError(field, f"must be a str, not {type(value).__name__}")
     if not QUEUE_NAME_PATTERN.fullmatch(value):
@@ -52,10 +65,13 @@ def queue_name(value: object, field: str = "queue") -> str:
             f"{value!r} is not a valid queue name (1-63 characters of a-z 0-9 _ . -, "
             "starting with a letter or digit)",
         )
+    _remember("q", value)
     return value
 
 
 def job_type(value: object, field: str = "type") -> str:
+    if type(value) is str and ("t", value) in _valid_names:
+        return value
     if not isinstance(value, str):
         raise ValidationError(field, f"must be a str, not {type(value).__name__}")
     if not JOB_TYPE_PATTERN.fullmatch(value):
@@ -63,6 +79,7 @@ def job_type(value: object, field: str = "type") -> str:
             field,
             f"{value!r} is not a valid job type (1-128 characters of A-Z a-z 0-9 _ . : / -)",
         )
+    _remember("t", value)
     return value
 
 
@@ -151,87 +168,102 @@ def owner(value: object) -> str:
     return value
 
 
-def payload(value: object) -> Any:
-    """Check that ``value`` is a JSON object jsonb will accept, and return it normalised.
+def payload(value: object) -> tuple[Any, str]:
+    """Check that ``value`` is a JSON object jsonb will accept; return it and its JSON text.
 
-    Normalised means tuples became lists. Rejected: anything json cannot
-    encode, NaN and infinities (jsonb refuses them), non-string keys (JSON
-    would silently turn them into strings), ``\\u0000`` anywhere (jsonb refuses
-    it), nesting deeper than MAX_PAYLOAD_DEPTH and a serialised size over
-    MAX_PAYLOAD_BYTES.
+    The text is what gets stored, so the payload is serialised once. Tuples
+    become lists (as JSON has it), and the returned value says so. Rejected:
+    anything json cannot encode, NaN and infinities (jsonb refuses them),
+    non-string keys (JSON would silently turn them into strings), ``\\u0000``
+    anywhere (jsonb refuses it), nesting deeper than MAX_PAYLOAD_DEPTH and a
+    serialised size over MAX_PAYLOAD_BYTES.
     """
     if not isinstance(value, dict):
         raise ValidationError(
             "payload", f"must be a dict (a JSON object), not {type(value).__name__}"
         )
-    normalised = _walk(value)
+    had_tuple = _check_tree(value)
     try:
-        text = json.dumps(normalised, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:  # pragma: no cover - _walk catches these first
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:  # pragma: no cover - _check_tree catches these first
         raise ValidationError("payload", f"is not JSON-serialisable: {exc}") from None
-    if len(text) > MAX_PAYLOAD_BYTES or len(text.encode()) > MAX_PAYLOAD_BYTES:
+    # UTF-8 takes at most 4 bytes a character: encode only when it matters.
+    too_big = len(text) > MAX_PAYLOAD_BYTES or (
+        len(text) > MAX_PAYLOAD_BYTES // 4 and len(text.encode()) > MAX_PAYLOAD_BYTES
+    )
+    if too_big:
         raise ValidationError("payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
-    return normalised
+    return (json.loads(text) if had_tuple else value), text
 
 
-_SCALARS = (str, int, float, bool, type(None))
+def _check_tree(root: dict[Any, Any]) -> bool:
+    """Iterative (no RecursionError on hostile nesting) check of a JSON tree, no copy.
 
-
-def _walk(root: dict[Any, Any]) -> dict[Any, Any]:
-    """Iterative (no RecursionError on hostile nesting) copy-and-check of a JSON tree."""
-
-    def check_scalar(item: object, path: str) -> None:
-        if isinstance(item, str):
-            if "\x00" in item:
-                raise ValidationError(
-                    "payload", f"{path} contains NUL (\\u0000), which jsonb refuses"
-                )
-        elif isinstance(item, float) and not math.isfinite(item):
-            raise ValidationError("payload", f"{path} is {item}, which JSON cannot carry")
-
-    out: dict[Any, Any] = {}
-    # Each stack entry: (source container, destination container, depth, path)
-    stack: list[tuple[Any, Any, int, str]] = [(root, out, 1, "$")]
-    # A cycle shows up as nesting past MAX_PAYLOAD_DEPTH; the node budget stops
-    # a small DAG of shared references from expanding into a huge document.
+    Returns whether a tuple was seen. A cycle shows up as nesting past
+    MAX_PAYLOAD_DEPTH; the node budget stops a small DAG of shared references
+    from standing for a huge document.
+    """
+    stack: list[tuple[Any, int]] = [(root, 1)]
     budget = MAX_PAYLOAD_BYTES
+    had_tuple = False
     while stack:
-        src, dst, depth, path = stack.pop()
+        node, depth = stack.pop()
         if depth > MAX_PAYLOAD_DEPTH:
             raise ValidationError("payload", f"is nested deeper than {MAX_PAYLOAD_DEPTH} levels")
-        items = src.items() if isinstance(src, dict) else enumerate(src)
-        for key, item in items:
-            budget -= 1
-            if budget < 0:
-                raise ValidationError(
-                    "payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON"
-                )
-            if isinstance(src, dict):
-                if not isinstance(key, str):
-                    raise ValidationError(
-                        "payload",
-                        f"{path} has a key of type {type(key).__name__}; JSON keys are strings",
-                    )
+        budget -= len(node)
+        if budget < 0:
+            raise ValidationError("payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if type(key) is not str:
+                    if not isinstance(key, str):
+                        raise ValidationError(
+                            "payload",
+                            f"has a key of type {type(key).__name__}; JSON keys are strings",
+                        )
                 if "\x00" in key:
-                    raise ValidationError("payload", f"{path} has a key containing NUL")
-                child_path = f"{path}.{key}"
-            else:
-                child_path = f"{path}[{key}]"
-            if isinstance(item, _SCALARS):
-                check_scalar(item, child_path)
-                copy: Any = item
-            elif isinstance(item, dict | list | tuple):
-                copy = {} if isinstance(item, dict) else []
-                stack.append((item, copy, depth + 1, child_path))
-            else:
-                raise ValidationError(
-                    "payload", f"{child_path} is a {type(item).__name__}, which is not JSON"
-                )
-            if isinstance(dst, dict):
-                dst[key] = copy
-            else:
-                dst.append(copy)
-    return out
+                    raise ValidationError("payload", "has a key containing NUL (\\u0000)")
+                if _check_value(item, stack, depth):
+                    had_tuple = True
+        else:
+            for item in node:
+                if _check_value(item, stack, depth):
+                    had_tuple = True
+    return had_tuple
+
+
+def _check_value(item: object, stack: list[tuple[Any, int]], depth: int) -> bool:
+    kind = type(item)
+    if kind is str:
+        if "\x00" in item:  # type: ignore[operator]
+            raise ValidationError("payload", "contains NUL (\\u0000), which jsonb refuses")
+    elif kind is int or kind is bool or item is None:
+        pass
+    elif kind is float:
+        if not math.isfinite(item):  # type: ignore[arg-type]
+            raise ValidationError("payload", f"contains {item}, which JSON cannot carry")
+    elif kind is dict or kind is list:
+        stack.append((item, depth + 1))
+    elif kind is tuple:
+        stack.append((item, depth + 1))
+        return True
+    elif isinstance(item, dict | list):  # subclasses (OrderedDict, ...)
+        stack.append((item, depth + 1))
+    elif isinstance(item, tuple):
+        stack.append((item, depth + 1))
+        return True
+    elif isinstance(item, bool | int | float | str):  # IntEnum, StrEnum, ...
+        return _check_value(_scalar_base(item), stack, depth)
+    else:
+        raise ValidationError("payload", f"contains a {type(item).__name__}, which is not JSON")
+    return False
+
+
+def _scalar_base(item: bool | int | float | str) -> object:
+    for base in (bool, int, float, str):
+        if isinstance(item, base):
+            return base(item)
+    raise AssertionError(item)  # pragma: no cover
 
 
 def error_text(value: str) -> str:

@@ -70,6 +70,7 @@ import builtins
 import contextlib
 import datetime as dt
 import itertools
+import json
 import logging
 import select
 import uuid
@@ -78,6 +79,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from jobrun.job import validate
@@ -91,6 +93,7 @@ from jobrun.job.errors import (
     ValidationError,
 )
 from jobrun.job.model import (
+    Backoff,
     BatchResult,
     CompleteManyResult,
     EffectKey,
@@ -260,10 +263,10 @@ class Store(SchedulesMixin):
                 id=job.id,
                 queue=job.queue,
                 type=job.type,
-                payload=job.payload,
+                payload=raw_json(job.payload_json),
                 priority=job.priority,
                 max_attempts=job.max_attempts,
-                backoff=job.backoff.to_json(),
+                backoff=backoff_json(job.backoff),
                 run_at=job.run_at,
                 delay_seconds=job.delay_seconds,
                 idempotency_key=job.idempotency_key,
@@ -359,10 +362,10 @@ class Store(SchedulesMixin):
                     ids=[j.id for j in chunk],
                     queues=[j.queue for j in chunk],
                     types=[j.type for j in chunk],
-                    payloads=[j.payload for j in chunk],
+                    payloads=[raw_json(j.payload_json) for j in chunk],
                     priorities=[j.priority for j in chunk],
                     max_attempts=[j.max_attempts for j in chunk],
-                    backoffs=[j.backoff.to_json() for j in chunk],
+                    backoffs=[backoff_json(j.backoff) for j in chunk],
                     run_ats=[_run_at(j, db_now) for j in chunk],
                     idempotency_keys=[j.idempotency_key or "" for j in chunk],
                 )
@@ -827,6 +830,28 @@ def _owns(row: models.Job, owner: str, token: uuid.UUID) -> bool:
     )
 
 
+def _identity(text: str) -> str:
+    return text
+
+
+def raw_json(text: str) -> Jsonb:
+    """A jsonb parameter from JSON text already made (sent as is, not serialised again)."""
+    return Jsonb(text, dumps=_identity)
+
+
+_backoff_json: dict[Backoff, Jsonb] = {}
+
+
+def backoff_json(policy: Backoff) -> Jsonb:
+    """The stored form of a policy, serialised once per distinct policy."""
+    cached = _backoff_json.get(policy)
+    if cached is None:
+        cached = raw_json(json.dumps(policy.to_json(), separators=(",", ":")))
+        if len(_backoff_json) < 1024:
+            _backoff_json[policy] = cached
+    return cached
+
+
 def _run_at(job: NewJob, db_now: dt.datetime) -> dt.datetime:
     if job.run_at is not None:
         return job.run_at
@@ -840,10 +865,10 @@ def _copy_row(job: NewJob, db_now: dt.datetime) -> q.CopyJobsParams:
         id=job.id,
         queue=job.queue,
         type=job.type,
-        payload=job.payload,
+        payload=raw_json(job.payload_json),
         priority=job.priority,
         max_attempts=job.max_attempts,
-        backoff=job.backoff.to_json(),
+        backoff=backoff_json(job.backoff),
         run_at=_run_at(job, db_now),
     )
 
