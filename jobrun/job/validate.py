@@ -215,12 +215,11 @@ def _check_tree(root: dict[Any, Any]) -> bool:
             raise ValidationError("payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
         if isinstance(node, dict):
             for key, item in node.items():
-                if type(key) is not str:
-                    if not isinstance(key, str):
-                        raise ValidationError(
-                            "payload",
-                            f"has a key of type {type(key).__name__}; JSON keys are strings",
-                        )
+                if type(key) is not str and not isinstance(key, str):
+                    raise ValidationError(
+                        "payload",
+                        f"has a key of type {type(key).__name__}; JSON keys are strings",
+                    )
                 if "\x00" in key:
                     raise ValidationError("payload", "has a key containing NUL (\\u0000)")
                 if _check_value(item, stack, depth):
