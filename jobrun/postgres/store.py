@@ -461,6 +461,8 @@ class Store(SchedulesMixin):
                 ms = max(int(self.commit_timeout.total_seconds() * 1000), 1)
                 q.set_statement_timeout(c, timeout_ms=str(ms))
             row = q.lock_job(c, id=job.id)
+            if row is not None and _completed_by(row, job):
+                return job_from_row(row)  # a retry of a Complete that committed
             if row is None or not _owns(row, owner, token):
                 raise LeaseLost(job.id)
             if row.cancel_requested:
@@ -850,6 +852,19 @@ def backoff_json(policy: Backoff) -> Jsonb:
         if len(_backoff_json) < 1024:
             _backoff_json[policy] = cached
     return cached
+
+
+def _completed_by(row: models.Job, claim: Job) -> bool:
+    """Whether this claim itself already completed the job.
+
+    A Complete retried after its COMMIT reply was lost must answer success,
+    not LeaseLost. Owner and token are cleared on completion, but attempts
+    count claims: a succeeded job whose attempts still equal this claim's was
+    completed by this claim, since nobody else held the lease of that attempt.
+    (After an operator's retry resets attempts, a later success at the same
+    count is also reported as success, which it is.)
+    """
+    return row.state == models.JobState.SUCCEEDED and row.attempts == claim.attempts
 
 
 def _run_at(job: NewJob, db_now: dt.datetime) -> dt.datetime:

@@ -566,3 +566,37 @@ def test_nothing_is_written_by_rejected_lease_calls(store: Store, conn: Any) -> 
     with pytest.raises(ValidationError):
         store.fail(job, "x", naive)
     assert counts(conn)[0] == before[0]
+
+
+def test_a_complete_retried_after_it_committed_answers_success_without_rerunning(
+    store: Store, conn: Any
+) -> None:
+    """The COMMIT reply was lost: the caller retries with the same claim."""
+    conn.execute("CREATE TABLE side (x int)")
+    store.enqueue(new_job())
+    job = claim_one(store)
+    calls: list[int] = []
+
+    def commit(c: psycopg.Connection[Any]) -> None:
+        calls.append(1)
+        c.execute("INSERT INTO side VALUES (1)")
+
+    first = store.complete(job, commit)
+    again = store.complete(job, commit)
+    assert again.state is State.SUCCEEDED and again.id == first.id
+    assert calls == [1]
+    assert conn.execute("SELECT count(*) FROM side").fetchone() == (1,)
+    assert event_kinds(store, job.id).count("succeeded") == 1
+
+
+def test_a_complete_after_the_job_was_reaped_and_finished_by_another_claim_is_lease_lost(
+    store: Store, conn: Any
+) -> None:
+    store.enqueue(new_job(backoff=Backoff(base=0.0, jitter=0.0)))
+    old = claim_one(store)
+    expire(conn, old.id)
+    store.reap_expired(store.now(), 10)
+    new = claim_one(store, owner="worker-b")
+    store.complete(new)
+    with pytest.raises(LeaseLost):
+        store.complete(old)
