@@ -254,8 +254,13 @@ def test_an_already_wrapped_json_value_passes_through_unserialised_again(
 
     raw = Jsonb('{"pre": "serialised"}', dumps=lambda text: text)
     job = gen.jobs.insert_job(
-        conn, id=uuid.uuid4(), queue="q", payload=raw, priority=0,
-        state=gen.models.JobState.QUEUED, detail=raw,
+        conn,
+        id=uuid.uuid4(),
+        queue="q",
+        payload=raw,
+        priority=0,
+        state=gen.models.JobState.QUEUED,
+        detail=raw,
     )
     assert job.payload == {"pre": "serialised"} and job.detail == {"pre": "serialised"}
 
