@@ -29,7 +29,10 @@ cancel / retry            SELECT FOR UPDATE + UPDATE + event (+ pg_notify)
 ========================  =====================================================
 
 heartbeat, purge, depth, get, list, events, prune_events and effect_done are
-single statements on the pool.
+single statements on the pool. The pool is autocommit, so a single statement
+is its own transaction and one round trip; a pooled connection the server
+hung up on (restart, failover) is spotted at checkout without a round trip
+and replaced (:meth:`Store._connection`).
 
 Leases and fencing
 ------------------
@@ -40,7 +43,15 @@ worker included) claimed it again, the old claim's token no longer matches,
 so its Complete/Fail raise LeaseLost and change nothing, and its Heartbeat
 omits the id. Owner and token are cleared whenever a job leaves ``leased``.
 Complete and Fail never raise NotFound: a job that vanished (purged) is a
-lost lease too.
+lost lease too. A Complete retried with the same claim after its COMMIT
+reply was lost answers success (the job succeeded at this claim's attempt)
+and runs nothing again.
+
+Claims and heartbeats commit asynchronously (``synchronous_commit`` off for
+their own transaction): a claim lost in a server crash is a job that was
+never claimed, a heartbeat lost is a lease that looks shorter, and both are
+covered by the fence. Everything that finishes a job commits synchronously,
+and flushes the WAL of the claim before it.
 
 Cancel wins: a job whose cancel was requested ends ``cancelled`` whichever of
 Complete, complete_many, Fail or the reaper comes next; Complete then runs no
