@@ -124,27 +124,52 @@ RETURNING jobs.id;
 -- name: LockJob :one
 SELECT * FROM jobs WHERE id = sqlc.arg(id) FOR UPDATE;
 
--- name: InsertEffect :one
--- The ledger row of the transactional path; no row back means the effect
--- already committed once, and the commit callable must not run again.
-INSERT INTO processed_effects (scope, key, job_id)
-VALUES (sqlc.arg(scope), sqlc.arg(key), sqlc.arg(job_id))
-ON CONFLICT (scope, key) DO NOTHING
-RETURNING job_id;
+-- name: CompleteBegin :one
+-- The first statement of Complete, sent with BEGIN in one round trip:
+-- the transaction-local statement_timeout (commit_timeout; unchanged when
+-- null), the job row locked, and, when this claim (owner + token) holds a
+-- live lease without a cancel request, its ledger row. effect_new says
+-- whether the ledger row is new, i.e. whether the commit callable must run.
+-- No row back: the job is gone.
+WITH cfg AS (
+    SELECT set_config('statement_timeout',
+                      COALESCE(sqlc.narg(timeout_ms)::text, current_setting('statement_timeout')),
+                      true) AS timeout
+), j AS (
+    SELECT jobs.id, jobs.state, jobs.attempts, jobs.cancel_requested,
+           COALESCE(jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
+                    AND jobs.lease_token = sqlc.arg(token)::uuid, false)::boolean AS owned
+    FROM jobs WHERE jobs.id = sqlc.arg(id)::uuid
+    FOR UPDATE
+), eff AS (
+    INSERT INTO processed_effects (scope, key, job_id)
+    SELECT sqlc.arg(scope)::text, sqlc.arg(key)::text, j.id FROM j
+    WHERE j.owned AND NOT j.cancel_requested
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING processed_effects.job_id
+)
+SELECT j.state, j.attempts, j.owned, j.cancel_requested,
+       EXISTS (SELECT 1 FROM eff) AS effect_new,
+       (SELECT cfg.timeout FROM cfg) AS timeout
+FROM j;
 
--- name: FinishLeasedJob :one
--- The owner- and token-guarded end of a lease: succeeded, dead or cancelled,
--- or queued again at run_at. Owner and token are cleared with the lease.
-UPDATE jobs
-SET state = sqlc.arg(state)::job_state,
-    run_at = COALESCE(sqlc.narg(run_at)::timestamptz, run_at),
-    finished_at = CASE WHEN sqlc.arg(state)::job_state = 'queued' THEN NULL ELSE now() END,
-    last_error = COALESCE(sqlc.narg(last_error)::text, last_error),
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-    updated_at = now()
-WHERE id = sqlc.arg(id) AND state = 'leased'
-  AND lease_owner = sqlc.arg(owner)::text AND lease_token = sqlc.arg(token)::uuid
-RETURNING *;
+-- name: CompleteFinish :one
+-- The last statement of Complete: the owner- and token-guarded end of the
+-- lease (succeeded, or cancelled when cancel was requested) with its
+-- terminal event, which every event mode records.
+WITH done AS (
+    UPDATE jobs
+    SET state = sqlc.arg(state)::job_state, finished_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
+      AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
+    RETURNING *
+), ev AS (
+    INSERT INTO job_events (job_id, kind, attempt, detail)
+    SELECT done.id, done.state::text, done.attempts, sqlc.narg(detail)::jsonb FROM done
+)
+SELECT * FROM done;
 
 -- name: FailJob :one
 -- The owner- and token-guarded failure of an attempt, verdict included, in
@@ -313,11 +338,6 @@ SELECT now()::timestamptz AS now;
 
 -- name: Notify :exec
 SELECT pg_notify(sqlc.arg(channel)::text, sqlc.arg(payload)::text);
-
--- name: SetStatementTimeout :exec
--- Transaction-local (is_local = true): it ends with the transaction and
--- never leaks to the next user of the pooled connection.
-SELECT set_config('statement_timeout', sqlc.arg(timeout_ms)::text, true);
 
 -- name: CountByState :many
 -- Jobs and attempts per state, for one queue or all.

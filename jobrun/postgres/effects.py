@@ -1,12 +1,12 @@
 """The processed_effects ledger: the exactly-once half of the transactional path.
 
 Complete inserts ``(scope, key) = EffectKey(job)`` in its transaction *before*
-running the handler's commit callable, and runs the callable only when that
-row is new. Both commit together or not at all, so a callable's writes land
-at most once per key, however many times the job runs (a crash, a lost
-COMMIT reply, an operator's retry). Keys are ``("job:" + type,
-idempotency_key or id)``: across queues, two jobs of one type and key share
-one effect.
+running the handler's commit callable (in its first statement,
+CompleteBegin), and runs the callable only when that row is new. Both commit
+together or not at all, so a callable's writes land at most once per key,
+however many times the job runs (a crash, a lost COMMIT reply, an operator's
+retry). Keys are ``("job:" + type, idempotency_key or id)``: across queues,
+two jobs of one type and key share one effect.
 
 A commit callable gets the connection *inside* Complete's transaction and may
 only run statements on it: committing or rolling back there would split the
@@ -24,13 +24,6 @@ from jobrun.job.errors import CommitRefused
 from jobrun.job.model import EffectKey, Job
 from jobrun.job.ports import CommitCallable
 from jobrun.postgres.sqlc import effects as q
-from jobrun.postgres.sqlc import jobs as jq
-
-
-def claim_effect(conn: psycopg.Connection[Any], job: Job) -> bool:
-    """Insert the job's ledger row; True when it is new (the callable must run)."""
-    key = EffectKey.of(job)
-    return jq.insert_effect(conn, scope=key.scope, key=key.key, job_id=job.id) is not None
 
 
 def run_commit(conn: psycopg.Connection[Any], commit: CommitCallable, job: Job) -> None:

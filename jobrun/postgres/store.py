@@ -15,10 +15,12 @@ enqueue_batch             SELECT now() + COPY jobs + COPY job_events, the keyed
                           pg_notify per distinct queue
 claim                     one statement: the FOR UPDATE SKIP LOCKED claim CTE,
                           attempts + 1, new lease token, claimed events
-complete                  set_config(statement_timeout, local) + SELECT FOR
-                          UPDATE (owner + token check) + INSERT
-                          processed_effects + commit callable (skipped when the
-                          effect row existed) + guarded UPDATE + event
+complete                  BEGIN pipelined with one statement: set_config(
+                          statement_timeout, local) + SELECT FOR UPDATE (owner +
+                          token check) + INSERT processed_effects; the commit
+                          callable (skipped when the effect row existed); one
+                          statement: guarded UPDATE + event; COMMIT. Three round
+                          trips plus the callable's own statements
 complete_many             one statement: lock owned rows in id order + effect
                           rows + UPDATE + events
 fail                      one statement: the guarded UPDATE with its verdict +
@@ -202,6 +204,37 @@ class Store(SchedulesMixin):
                         result = fn(conn)
                         committing[0] = True
                     return result
+            except DatabaseError as exc:
+                if attempt == 1 and is_retryable(exc.__cause__ or exc):
+                    log.info("retrying a transaction after %s", exc)
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _with_explicit_tx(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Like :meth:`_with_tx`, for a ``fn`` that sends BEGIN itself.
+
+        Complete pipelines its BEGIN with its first statement, saving a round
+        trip; this runner commits (or rolls back) what ``fn`` began, with the
+        same deadlock retry and OutcomeUnknown rules.
+        """
+        for attempt in (1, 2):
+            committing = [False]
+            try:
+                with translate_errors(committing=committing), self._connection() as conn:
+                    try:
+                        result = fn(conn)
+                        if conn.info.transaction_status != TransactionStatus.INTRANS:
+                            # An error swallowed inside: COMMIT would quietly roll back.
+                            raise DatabaseError("the transaction was aborted before COMMIT")
+                        committing[0] = True
+                        conn.execute("COMMIT")
+                        return result
+                    except BaseException:
+                        if not committing[0] and not conn.closed and not conn.broken:
+                            with contextlib.suppress(psycopg.Error):
+                                conn.execute("ROLLBACK")
+                        raise
             except DatabaseError as exc:
                 if attempt == 1 and is_retryable(exc.__cause__ or exc):
                     log.info("retrying a transaction after %s", exc)
@@ -467,55 +500,60 @@ class Store(SchedulesMixin):
         if commit is not None and not callable(commit):
             raise ValidationError("commit", "must be callable")
 
+        key = EffectKey.of(job)
+        timeout_ms = (
+            None
+            if self.commit_timeout is None
+            else str(max(int(self.commit_timeout.total_seconds() * 1000), 1))
+        )
+
         def run(c: psycopg.Connection[Any]) -> Job:
-            if self.commit_timeout is not None:
-                ms = max(int(self.commit_timeout.total_seconds() * 1000), 1)
-                q.set_statement_timeout(c, timeout_ms=str(ms))
-            row = q.lock_job(c, id=job.id)
-            if row is not None and _completed_by(row, job):
-                return job_from_row(row)  # a retry of a Complete that committed
-            if row is None or not _owns(row, owner, token):
-                raise LeaseLost(job.id)
-            if row.cancel_requested:
-                done = q.finish_leased_job(
+            # Round trip 1: BEGIN + CompleteBegin, pipelined.
+            with c.pipeline():
+                c.execute("BEGIN")
+                row = q.complete_begin(
                     c,
-                    state=models.JobState.CANCELLED,
-                    run_at=None,
-                    last_error=None,
-                    id=job.id,
+                    timeout_ms=timeout_ms,
                     owner=owner,
                     token=token,
+                    id=job.id,
+                    scope=key.scope,
+                    key=key.key,
                 )
-                assert done is not None
-                record(
-                    c,
-                    self.event_mode,
-                    [EventRow(job.id, EventKind.CANCELLED, row.attempts, {"via": "complete"})],
+            if row is None:
+                raise LeaseLost(job.id)  # the job is gone (purged)
+            if not row.owned:
+                # A succeeded job whose attempts still equal this claim's was
+                # completed by this claim (nobody else held the lease of that
+                # attempt): a Complete retried after its COMMIT reply was lost
+                # answers success. (After an operator's retry reset attempts,
+                # a later success at the same count is reported too; it is one.)
+                if row.state == models.JobState.SUCCEEDED and row.attempts == job.attempts:
+                    done = q.get_job(c, id=job.id)
+                    assert done is not None
+                    return job_from_row(done)
+                raise LeaseLost(job.id)
+            detail: dict[str, str] | None
+            if row.cancel_requested:
+                # Cancel wins: no callable, no effect row.
+                state, detail = models.JobState.CANCELLED, {"via": "complete"}
+            else:
+                if row.effect_new and commit is not None:
+                    effects.run_commit(c, commit, job)
+                state = models.JobState.SUCCEEDED
+                detail = (
+                    None
+                    if commit is None
+                    else {"effect": "applied" if row.effect_new else "already_applied"}
                 )
-                return job_from_row(done)
-            fresh = effects.claim_effect(c, job)
-            if fresh and commit is not None:
-                effects.run_commit(c, commit, job)
-            done = q.finish_leased_job(
-                c,
-                state=models.JobState.SUCCEEDED,
-                run_at=None,
-                last_error=None,
-                id=job.id,
-                owner=owner,
-                token=token,
+            done = q.complete_finish(
+                c, state=state, id=job.id, owner=owner, token=token, detail=detail
             )
             if done is None:  # pragma: no cover - the row is locked by us
                 raise LeaseLost(job.id)
-            detail = (
-                None if commit is None else {"effect": "applied" if fresh else "already_applied"}
-            )
-            record(
-                c, self.event_mode, [EventRow(job.id, EventKind.SUCCEEDED, row.attempts, detail)]
-            )
             return job_from_row(done)
 
-        return self._with_tx(run)
+        return self._with_explicit_tx(run)
 
     def complete_many(self, jobs: Sequence[Job]) -> CompleteManyResult:
         """Complete many claimed jobs (no commit callables) in one statement, each fenced."""
@@ -835,14 +873,6 @@ def _lease_of(job: Job) -> tuple[str, uuid.UUID]:
     return job.lease_owner, job.lease_token
 
 
-def _owns(row: models.Job, owner: str, token: uuid.UUID) -> bool:
-    return (
-        row.state == models.JobState.LEASED
-        and row.lease_owner == owner
-        and row.lease_token == token
-    )
-
-
 def _identity(text: str) -> str:
     return text
 
@@ -863,19 +893,6 @@ def backoff_json(policy: Backoff) -> Jsonb:
         if len(_backoff_json) < 1024:
             _backoff_json[policy] = cached
     return cached
-
-
-def _completed_by(row: models.Job, claim: Job) -> bool:
-    """Whether this claim itself already completed the job.
-
-    A Complete retried after its COMMIT reply was lost must answer success,
-    not LeaseLost. Owner and token are cleared on completion, but attempts
-    count claims: a succeeded job whose attempts still equal this claim's was
-    completed by this claim, since nobody else held the lease of that attempt.
-    (After an operator's retry resets attempts, a later success at the same
-    count is also reported as success, which it is.)
-    """
-    return row.state == models.JobState.SUCCEEDED and row.attempts == claim.attempts
 
 
 def _run_at(job: NewJob, db_now: dt.datetime) -> dt.datetime:

@@ -439,60 +439,112 @@ def lock_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
     )
 
 
-INSERT_EFFECT: Final = """\
-INSERT INTO processed_effects (scope, key, job_id)
-VALUES ($1, $2, $3)
-ON CONFLICT (scope, key) DO NOTHING
-RETURNING job_id"""
+COMPLETE_BEGIN: Final = """\
+WITH cfg AS (
+    SELECT set_config('statement_timeout',
+                      COALESCE($1::text, current_setting('statement_timeout')),
+                      true) AS timeout
+), j AS (
+    SELECT jobs.id, jobs.state, jobs.attempts, jobs.cancel_requested,
+           COALESCE(jobs.state = 'leased' AND jobs.lease_owner = $2::text
+                    AND jobs.lease_token = $3::uuid, false)::boolean AS owned
+    FROM jobs WHERE jobs.id = $4::uuid
+    FOR UPDATE
+), eff AS (
+    INSERT INTO processed_effects (scope, key, job_id)
+    SELECT $5::text, $6::text, j.id FROM j
+    WHERE j.owned AND NOT j.cancel_requested
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING processed_effects.job_id
+)
+SELECT j.state, j.attempts, j.owned, j.cancel_requested,
+       EXISTS (SELECT 1 FROM eff) AS effect_new,
+       (SELECT cfg.timeout FROM cfg) AS timeout
+FROM j"""
 
 
-def insert_effect(
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CompleteBeginRow:
+    state: JobState
+    attempts: int
+    owned: bool
+    cancel_requested: bool
+    effect_new: bool
+    timeout: str
+
+
+def complete_begin(
     conn: psycopg.Connection[Any],
     *,
+    timeout_ms: str | None,
+    owner: str,
+    token: uuid.UUID,
+    id: uuid.UUID,
     scope: str,
     key: str,
-    job_id: uuid.UUID,
-) -> uuid.UUID | None:
-    """The ledger row of the transactional path; no row back means the effect
-    already committed once, and the commit callable must not run again.
+) -> CompleteBeginRow | None:
+    """The first statement of Complete, sent with BEGIN in one round trip:
+    the transaction-local statement_timeout (commit_timeout; unchanged when
+    null), the job row locked, and, when this claim (owner + token) holds a
+    live lease without a cancel request, its ledger row. effect_new says
+    whether the ledger row is new, i.e. whether the commit callable must run.
+    No row back: the job is gone.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(INSERT_EFFECT, (scope, key, job_id))
+        cur.execute(COMPLETE_BEGIN, (timeout_ms, owner, token, id, scope, key))
         r = cur.fetchone()
     if r is None:
         return None
-    value: uuid.UUID = r[0]
-    return value
+    return CompleteBeginRow(
+        state=JobState(r[0]),
+        attempts=r[1],
+        owned=r[2],
+        cancel_requested=r[3],
+        effect_new=r[4],
+        timeout=r[5],
+    )
 
 
-FINISH_LEASED_JOB: Final = """\
-UPDATE jobs
-SET state = $1::job_state,
-    run_at = COALESCE($2::timestamptz, run_at),
-    finished_at = CASE WHEN $1::job_state = 'queued' THEN NULL ELSE now() END,
-    last_error = COALESCE($3::text, last_error),
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-    updated_at = now()
-WHERE id = $4 AND state = 'leased'
-  AND lease_owner = $5::text AND lease_token = $6::uuid
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at"""
+COMPLETE_FINISH: Final = """\
+WITH done AS (
+    UPDATE jobs
+    SET state = $1::job_state, finished_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    WHERE jobs.id = $2::uuid AND jobs.state = 'leased'
+      AND jobs.lease_owner = $3::text AND jobs.lease_token = $4::uuid
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at
+), ev AS (
+    INSERT INTO job_events (job_id, kind, attempt, detail)
+    SELECT done.id, done.state::text, done.attempts, $5::jsonb FROM done
+)
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM done"""
 
 
-def finish_leased_job(
+def complete_finish(
     conn: psycopg.Connection[Any],
     *,
     state: JobState,
-    run_at: datetime.datetime | None,
-    last_error: str | None,
     id: uuid.UUID,
     owner: str,
     token: uuid.UUID,
+    detail: Any,
 ) -> Job | None:
-    """The owner- and token-guarded end of a lease: succeeded, dead or cancelled,
-    or queued again at run_at. Owner and token are cleared with the lease.
+    """The last statement of Complete: the owner- and token-guarded end of the
+    lease (succeeded, or cancelled when cancel was requested) with its
+    terminal event, which every event mode records.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(FINISH_LEASED_JOB, (state, run_at, last_error, id, owner, token))
+        cur.execute(
+            COMPLETE_FINISH,
+            (
+                state,
+                id,
+                owner,
+                token,
+                ((detail if isinstance(detail, Jsonb) else Jsonb(detail)) if detail is not None else None),
+            ),
+        )
         r = cur.fetchone()
     if r is None:
         return None
@@ -1039,17 +1091,6 @@ NOTIFY: Final = "SELECT pg_notify($1::text, $2::text)"
 def notify(conn: psycopg.Connection[Any], *, channel: str, payload: str) -> None:
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(NOTIFY, (channel, payload))
-
-
-SET_STATEMENT_TIMEOUT: Final = "SELECT set_config('statement_timeout', $1::text, true)"
-
-
-def set_statement_timeout(conn: psycopg.Connection[Any], *, timeout_ms: str) -> None:
-    """Transaction-local (is_local = true): it ends with the transaction and
-    never leaks to the next user of the pooled connection.
-    """
-    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(SET_STATEMENT_TIMEOUT, (timeout_ms,))
 
 
 COUNT_BY_STATE: Final = """\
