@@ -150,13 +150,17 @@ WITH cfg AS (
 )
 SELECT j.state, j.attempts, j.owned, j.cancel_requested,
        EXISTS (SELECT 1 FROM eff) AS effect_new,
-       (SELECT cfg.timeout FROM cfg) AS timeout
+       (SELECT cfg.timeout FROM cfg) AS timeout,
+       now()::timestamptz AS now
 FROM j;
 
--- name: CompleteFinish :one
--- The last statement of Complete: the owner- and token-guarded end of the
--- lease (succeeded, or cancelled when cancel was requested) with its
--- terminal event, which every event mode records.
+-- name: CompleteFinish :exec
+-- The last statement of Complete, sent with COMMIT in one round trip: the
+-- owner- and token-guarded end of the lease (succeeded, or cancelled when
+-- cancel was requested) with its terminal event, which every event mode
+-- records. The row is locked since CompleteBegin, so it matches exactly one
+-- row, and its timestamps are the transaction's now() that CompleteBegin
+-- returned: nothing needs to come back.
 WITH done AS (
     UPDATE jobs
     SET state = sqlc.arg(state)::job_state, finished_at = now(),
@@ -164,12 +168,10 @@ WITH done AS (
         updated_at = now()
     WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
-    RETURNING *
-), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt, detail)
-    SELECT done.id, done.state::text, done.attempts, sqlc.narg(detail)::jsonb FROM done
+    RETURNING jobs.id, jobs.state, jobs.attempts
 )
-SELECT * FROM done;
+INSERT INTO job_events (job_id, kind, attempt, detail)
+SELECT done.id, done.state::text, done.attempts, sqlc.narg(detail)::jsonb FROM done;
 
 -- name: FailJob :one
 -- The owner- and token-guarded failure of an attempt, verdict included, in

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -127,6 +128,7 @@ from jobrun.postgres.convert import (
     is_retryable,
     job_from_row,
     translate_errors,
+    utc,
 )
 from jobrun.postgres.events import EventMode, EventRow, record
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
@@ -211,27 +213,35 @@ class Store(SchedulesMixin):
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _with_explicit_tx(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Like :meth:`_with_tx`, for a ``fn`` that sends BEGIN itself.
+    def _with_explicit_tx(self, fn: Callable[[psycopg.Connection[Any], list[bool]], T]) -> T:
+        """Like :meth:`_with_tx`, for a ``fn`` that sends BEGIN and COMMIT itself.
 
-        Complete pipelines its BEGIN with its first statement, saving a round
-        trip; this runner commits (or rolls back) what ``fn`` began, with the
-        same deadlock retry and OutcomeUnknown rules.
+        Complete pipelines BEGIN with its first statement and COMMIT with its
+        last, saving two round trips. ``fn`` sets the flag it is given just
+        before COMMIT leaves, so that a connection lost then is OutcomeUnknown;
+        a transaction ``fn`` left open is committed here (the paths that only
+        read), an aborted one rolled back. Deadlocks are retried once.
         """
         for attempt in (1, 2):
             committing = [False]
             try:
                 with translate_errors(committing=committing), self._connection() as conn:
                     try:
-                        result = fn(conn)
-                        if conn.info.transaction_status != TransactionStatus.INTRANS:
+                        result = fn(conn, committing)
+                        status = conn.info.transaction_status
+                        if status == TransactionStatus.INERROR:
                             # An error swallowed inside: COMMIT would quietly roll back.
                             raise DatabaseError("the transaction was aborted before COMMIT")
-                        committing[0] = True
-                        conn.execute("COMMIT")
+                        if status == TransactionStatus.INTRANS:
+                            committing[0] = True
+                            conn.execute("COMMIT")
                         return result
                     except BaseException:
-                        if not committing[0] and not conn.closed and not conn.broken:
+                        if (
+                            not conn.closed
+                            and not conn.broken
+                            and conn.info.transaction_status != TransactionStatus.IDLE
+                        ):
                             with contextlib.suppress(psycopg.Error):
                                 conn.execute("ROLLBACK")
                         raise
@@ -507,7 +517,7 @@ class Store(SchedulesMixin):
             else str(max(int(self.commit_timeout.total_seconds() * 1000), 1))
         )
 
-        def run(c: psycopg.Connection[Any]) -> Job:
+        def run(c: psycopg.Connection[Any], committing: list[bool]) -> Job:
             # Round trip 1: BEGIN + CompleteBegin, pipelined.
             with c.pipeline():
                 c.execute("BEGIN")
@@ -546,12 +556,26 @@ class Store(SchedulesMixin):
                     if commit is None
                     else {"effect": "applied" if row.effect_new else "already_applied"}
                 )
-            done = q.complete_finish(
-                c, state=state, id=job.id, owner=owner, token=token, detail=detail
+            # Round trip 3: the finishing statement and COMMIT, pipelined.
+            # (The row is ours and locked: the statement matches it. Any error
+            # comes back at the sync and rolls the whole transaction back.)
+            state_now = State(state.value)
+            committing[0] = True
+            with c.pipeline():
+                q.complete_finish(
+                    c, state=state, id=job.id, owner=owner, token=token, detail=detail
+                )
+                c.execute("COMMIT")
+            return dataclasses.replace(
+                job,
+                state=state_now,
+                cancel_requested=row.cancel_requested,
+                lease_owner=None,
+                lease_token=None,
+                lease_expires_at=None,
+                finished_at=utc(row.now),
+                updated_at=utc(row.now),
             )
-            if done is None:  # pragma: no cover - the row is locked by us
-                raise LeaseLost(job.id)
-            return job_from_row(done)
 
         return self._with_explicit_tx(run)
 

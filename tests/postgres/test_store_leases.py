@@ -600,3 +600,11 @@ def test_a_complete_after_the_job_was_reaped_and_finished_by_another_claim_is_le
     store.complete(new)
     with pytest.raises(LeaseLost):
         store.complete(old)
+
+
+def test_complete_returns_the_job_as_stored(store: Store) -> None:
+    store.enqueue_batch([new_job(), new_job()])
+    plain, cancelled = store.claim(OWNER, ["default"], 2, TTL)
+    store.cancel(cancelled.id)
+    assert store.complete(plain, lambda c: None) == store.get(plain.id)
+    assert store.complete(cancelled) == store.get(cancelled.id)

@@ -459,7 +459,8 @@ WITH cfg AS (
 )
 SELECT j.state, j.attempts, j.owned, j.cancel_requested,
        EXISTS (SELECT 1 FROM eff) AS effect_new,
-       (SELECT cfg.timeout FROM cfg) AS timeout
+       (SELECT cfg.timeout FROM cfg) AS timeout,
+       now()::timestamptz AS now
 FROM j"""
 
 
@@ -471,6 +472,7 @@ class CompleteBeginRow:
     cancel_requested: bool
     effect_new: bool
     timeout: str
+    now: datetime.datetime
 
 
 def complete_begin(
@@ -502,73 +504,51 @@ def complete_begin(
         cancel_requested=r[3],
         effect_new=r[4],
         timeout=r[5],
+        now=r[6],
     )
 
 
 COMPLETE_FINISH: Final = """\
 WITH done AS (
     UPDATE jobs
-    SET state = $1::job_state, finished_at = now(),
+    SET state = $2::job_state, finished_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE jobs.id = $2::uuid AND jobs.state = 'leased'
-      AND jobs.lease_owner = $3::text AND jobs.lease_token = $4::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at
-), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt, detail)
-    SELECT done.id, done.state::text, done.attempts, $5::jsonb FROM done
+    WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
+      AND jobs.lease_owner = $4::text AND jobs.lease_token = $5::uuid
+    RETURNING jobs.id, jobs.state, jobs.attempts
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM done"""
+INSERT INTO job_events (job_id, kind, attempt, detail)
+SELECT done.id, done.state::text, done.attempts, $1::jsonb FROM done"""
 
 
 def complete_finish(
     conn: psycopg.Connection[Any],
     *,
+    detail: Any,
     state: JobState,
     id: uuid.UUID,
     owner: str,
     token: uuid.UUID,
-    detail: Any,
-) -> Job | None:
-    """The last statement of Complete: the owner- and token-guarded end of the
-    lease (succeeded, or cancelled when cancel was requested) with its
-    terminal event, which every event mode records.
+) -> None:
+    """The last statement of Complete, sent with COMMIT in one round trip: the
+    owner- and token-guarded end of the lease (succeeded, or cancelled when
+    cancel was requested) with its terminal event, which every event mode
+    records. The row is locked since CompleteBegin, so it matches exactly one
+    row, and its timestamps are the transaction's now() that CompleteBegin
+    returned: nothing needs to come back.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(
             COMPLETE_FINISH,
             (
+                ((detail if isinstance(detail, Jsonb) else Jsonb(detail)) if detail is not None else None),
                 state,
                 id,
                 owner,
                 token,
-                ((detail if isinstance(detail, Jsonb) else Jsonb(detail)) if detail is not None else None),
             ),
         )
-        r = cur.fetchone()
-    if r is None:
-        return None
-    return Job(
-        id=r[0],
-        queue=r[1],
-        type=r[2],
-        payload=r[3],
-        priority=r[4],
-        state=JobState(r[5]),
-        attempts=r[6],
-        max_attempts=r[7],
-        backoff=r[8],
-        run_at=r[9],
-        lease_owner=r[10],
-        lease_token=r[11],
-        lease_expires_at=r[12],
-        cancel_requested=r[13],
-        idempotency_key=r[14],
-        last_error=r[15],
-        created_at=r[16],
-        updated_at=r[17],
-        finished_at=r[18],
-    )
 
 
 FAIL_JOB: Final = """\
