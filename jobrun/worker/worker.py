@@ -67,6 +67,7 @@ DEFAULT_COMPLETE_BATCH = 200
 DEFAULT_COMPLETE_FLUSH = dt.timedelta(milliseconds=5)
 MAX_CONCURRENCY = 1000
 _DB_RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0, 2.0)
+CLAIM_COALESCE = 0.002  # seconds a busy worker waits to claim several jobs at once
 
 
 def parse_queues(spec: str | Sequence[str] | Mapping[str, int | None]) -> dict[str, int | None]:
@@ -400,6 +401,10 @@ class Worker:
 
     # -- claiming ------------------------------------------------------------------
 
+    def _busy(self) -> bool:
+        with self._lock:
+            return self._inflight > 0
+
     def _claim_plan(self) -> list[tuple[list[str], int]]:
         """What to claim now: per-queue limited queues alone, the others together."""
         with self._lock:
@@ -422,12 +427,20 @@ class Worker:
 
     def _claim_loop(self) -> None:
         failures = 0
+        # Claim in batches: with only a few threads free while others still
+        # run, wait a moment for more to free up (one claim statement for
+        # several jobs); an idle worker claims at once.
+        batch = max(1, min(self.config.concurrency // 4, 8))
         while not self._stopping.is_set():
             plan = self._claim_plan()
             if not plan:
                 self._slot_freed.wait(self.config.poll_interval.total_seconds())
                 self._slot_freed.clear()
                 continue
+            if sum(n for _, n in plan) < batch and self._busy():
+                self._slot_freed.wait(CLAIM_COALESCE)
+                self._slot_freed.clear()
+                plan = self._claim_plan()
             drained = False
             try:
                 for queues, n in plan:
