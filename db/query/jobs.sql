@@ -173,6 +173,58 @@ WITH done AS (
 INSERT INTO job_events (job_id, kind, attempt, detail)
 SELECT done.id, done.state::text, done.attempts, sqlc.narg(detail)::jsonb FROM done;
 
+-- name: CompleteBeginMany :many
+-- The first statement of a batched transactional Complete: CompleteBegin for
+-- many jobs of one owner, rows locked in id order (two batches never
+-- deadlock). Two jobs of the batch sharing an effect key get one ledger row:
+-- only the first runs its commit callable.
+WITH cfg AS (
+    SELECT set_config('statement_timeout',
+                      COALESCE(sqlc.narg(timeout_ms)::text, current_setting('statement_timeout')),
+                      true) AS timeout
+), input AS (
+    SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
+           unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key
+), j AS (
+    SELECT jobs.id, jobs.state, jobs.attempts, jobs.cancel_requested,
+           COALESCE(jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
+                    AND jobs.lease_token = input.token, false)::boolean AS owned
+    FROM jobs JOIN input ON input.id = jobs.id
+    ORDER BY jobs.id
+    FOR UPDATE OF jobs
+), eff AS (
+    INSERT INTO processed_effects (scope, key, job_id)
+    SELECT input.scope, input.key, j.id FROM j JOIN input ON input.id = j.id
+    WHERE j.owned AND NOT j.cancel_requested
+    ORDER BY j.id
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING processed_effects.job_id
+)
+SELECT j.id, j.state, j.attempts, j.owned, j.cancel_requested,
+       (j.id IN (SELECT eff.job_id FROM eff))::boolean AS effect_new,
+       (SELECT cfg.timeout FROM cfg) AS timeout,
+       now()::timestamptz AS now
+FROM j;
+
+-- name: CompleteFinishMany :exec
+-- The last statement of a batched transactional Complete, pipelined with
+-- COMMIT: each job's guarded end of lease with its terminal event.
+WITH input AS (
+    SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(states)::job_state[]) AS state,
+           unnest(sqlc.arg(details)::jsonb[]) AS detail
+), done AS (
+    UPDATE jobs
+    SET state = input.state, finished_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    FROM input
+    WHERE jobs.id = input.id AND jobs.state = 'leased'
+      AND jobs.lease_owner = sqlc.arg(owner)::text
+    RETURNING jobs.id, jobs.state, jobs.attempts, input.detail
+)
+INSERT INTO job_events (job_id, kind, attempt, detail)
+SELECT done.id, done.state::text, done.attempts, done.detail FROM done;
+
 -- name: FailJob :one
 -- The owner- and token-guarded failure of an attempt, verdict included, in
 -- one statement: cancelled when cancel was requested (cancel wins), dead when

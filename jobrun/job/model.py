@@ -418,3 +418,5 @@ class CompleteManyResult:
     """Cancel was requested: the job ended cancelled, not succeeded."""
     lease_lost: frozenset[uuid.UUID]
     """The caller no longer held the lease; nothing was changed for these."""
+    failed: Mapping[uuid.UUID, BaseException] = dataclasses.field(default_factory=dict)
+    """Their commit callable (or their Complete) raised; the job is still leased."""

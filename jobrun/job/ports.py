@@ -61,6 +61,10 @@ class Store(Schedules, Protocol):
 
     def complete_many(self, jobs: Sequence[Job]) -> CompleteManyResult: ...
 
+    def complete_many_tx(
+        self, items: Sequence[tuple[Job, CommitCallable | None]]
+    ) -> CompleteManyResult: ...
+
     def fail(
         self,
         job: Job,

@@ -103,6 +103,7 @@ from jobrun.job.errors import (
     InvalidState,
     LeaseLost,
     NotFound,
+    OutcomeUnknown,
     TransientError,
     ValidationError,
 )
@@ -511,11 +512,7 @@ class Store(SchedulesMixin):
             raise ValidationError("commit", "must be callable")
 
         key = EffectKey.of(job)
-        timeout_ms = (
-            None
-            if self.commit_timeout is None
-            else str(max(int(self.commit_timeout.total_seconds() * 1000), 1))
-        )
+        timeout_ms = self._timeout_ms()
 
         def run(c: psycopg.Connection[Any], committing: list[bool]) -> Job:
             # BEGIN, then one statement: timeout, lock, fence check, ledger row.
@@ -605,6 +602,136 @@ class Store(SchedulesMixin):
         cancelled = frozenset(r.id for r in rows if r.state == models.JobState.CANCELLED)
         lost = frozenset(j.id for j in jobs) - completed - cancelled
         return CompleteManyResult(completed=completed, cancelled=cancelled, lease_lost=lost)
+
+    def complete_many_tx(
+        self, items: Sequence[tuple[Job, CommitCallable | None]]
+    ) -> CompleteManyResult:
+        """Complete many claimed jobs of one owner, each with its commit callable, in one
+        transaction: the transactional path past the one-COMMIT-per-job ceiling.
+
+        Every job keeps Complete's guarantees: fenced by owner and token, its
+        effect row inserted before its callable runs, the callable skipped
+        when that row existed, cancel wins. The batch commits once. When a
+        callable raises (or a statement fails), the whole batch rolls back
+        and each job is completed alone with :meth:`complete`, so one bad
+        callable costs the others a retry, never their effect; the jobs that
+        fail alone are returned in ``failed``. Database faults
+        (TransientError, OutcomeUnknown) are raised for the caller to retry:
+        a retry is safe, since a job this claim completed reports completed.
+        """
+        if not items:
+            return CompleteManyResult(
+                completed=frozenset(), cancelled=frozenset(), lease_lost=frozenset()
+            )
+        jobs = [job for job, _ in items]
+        owners = {_lease_of(j)[0] for j in jobs}
+        if len(owners) != 1:
+            raise ValidationError("items", "complete_many_tx takes the jobs of one owner")
+        if len({j.id for j in jobs}) != len(jobs):
+            raise ValidationError("items", "a job appears twice")
+        for _, commit in items:
+            if commit is not None and not callable(commit):
+                raise ValidationError("commit", "must be callable")
+        owner = owners.pop()
+        keys = [EffectKey.of(j) for j in jobs]
+        timeout_ms = self._timeout_ms()
+
+        def run(c: psycopg.Connection[Any], committing: list[bool]) -> CompleteManyResult:
+            c.execute("BEGIN")
+            rows = q.complete_begin_many(
+                c,
+                timeout_ms=timeout_ms,
+                ids=[j.id for j in jobs],
+                tokens=[_lease_of(j)[1] for j in jobs],
+                scopes=[k.scope for k in keys],
+                keys=[k.key for k in keys],
+                owner=owner,
+            )
+            by_id = {r.id: r for r in rows}
+            completed: set[uuid.UUID] = set()
+            cancelled: set[uuid.UUID] = set()
+            lost: set[uuid.UUID] = set()
+            finish: list[tuple[uuid.UUID, models.JobState, dict[str, str] | None]] = []
+            for job, commit in items:
+                row = by_id.get(job.id)
+                if row is None or not row.owned:
+                    # Completed by this very claim before (a retried batch)?
+                    done_before = (
+                        row is not None
+                        and row.state == models.JobState.SUCCEEDED
+                        and row.attempts == job.attempts
+                    )
+                    (completed if done_before else lost).add(job.id)
+                    continue
+                if row.cancel_requested:
+                    cancelled.add(job.id)
+                    finish.append((job.id, models.JobState.CANCELLED, {"via": "complete"}))
+                    continue
+                if row.effect_new and commit is not None:
+                    effects.run_commit(c, commit, job)
+                detail = (
+                    None
+                    if commit is None
+                    else {"effect": "applied" if row.effect_new else "already_applied"}
+                )
+                completed.add(job.id)
+                finish.append((job.id, models.JobState.SUCCEEDED, detail))
+            committing[0] = True
+            with c.pipeline():
+                if finish:
+                    q.complete_finish_many(
+                        c,
+                        ids=[f[0] for f in finish],
+                        states=[f[1] for f in finish],
+                        details=[f[2] for f in finish],
+                        owner=owner,
+                    )
+                c.execute("COMMIT")
+            return CompleteManyResult(
+                completed=frozenset(completed),
+                cancelled=frozenset(cancelled),
+                lease_lost=frozenset(lost),
+            )
+
+        try:
+            return self._with_explicit_tx(run)
+        except (TransientError, OutcomeUnknown):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a commit callable's own error, whatever it is
+            log.info(
+                "a batch of %d completions rolled back (%s); completing one by one", len(items), exc
+            )
+            return self._complete_one_by_one(items)
+
+    def _complete_one_by_one(
+        self, items: Sequence[tuple[Job, CommitCallable | None]]
+    ) -> CompleteManyResult:
+        completed: set[uuid.UUID] = set()
+        cancelled: set[uuid.UUID] = set()
+        lost: set[uuid.UUID] = set()
+        failed: dict[uuid.UUID, BaseException] = {}
+        for job, commit in items:
+            try:
+                done = self.complete(job, commit)
+            except LeaseLost:
+                lost.add(job.id)
+            except (TransientError, OutcomeUnknown):
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported per job, as the caller's to handle
+                failed[job.id] = exc
+            else:
+                (cancelled if done.state is State.CANCELLED else completed).add(job.id)
+        return CompleteManyResult(
+            completed=frozenset(completed),
+            cancelled=frozenset(cancelled),
+            lease_lost=frozenset(lost),
+            failed=failed,
+        )
+
+    def _timeout_ms(self) -> str | None:
+        if self.commit_timeout is None:
+            return None
+        return str(max(int(self.commit_timeout.total_seconds() * 1000), 1))
 
     def fail(
         self,

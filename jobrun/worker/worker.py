@@ -5,17 +5,21 @@ Threads (all named, so ``py-spy dump`` and logs say who is who)::
     jobrun-claimer      claims only as many jobs as there are free handler
                         threads (and per-queue slots), then waits for a
                         notification or the poll interval
-    jobrun-handler-N    run one job each: the handler, then complete / fail
-    jobrun-completer    completes handler results without a commit callable
-                        in batches (complete_many): flushed when a batch fills
-                        or a few milliseconds pass
+    jobrun-handler-N    run one job each: the handler, then fail it, or hand
+                        its result to the completer
+    jobrun-completer    completes handler results in batches, flushed when a
+                        batch fills or a few milliseconds pass: plain results
+                        with complete_many, commit callables with
+                        complete_many_tx (one transaction and one COMMIT for
+                        the batch; the callables run on this thread, so keep
+                        them to a few statements)
     jobrun-heartbeat    extends the leases of running and not-yet-flushed
                         jobs; cancels the context of every job the store
                         leaves out (cancel requested, lease lost)
     jobrun-timeouts     cancels the context of a job past its deadline
 
 Delivery: the transactional path (a handler returning a commit callable) is
-exactly-once in effect, through the effect ledger. The batched path is
+exactly-once in effect, through the effect ledger. Plain results are
 at-least-once: a crash after a handler returned but before its batch
 committed runs the job again.
 
@@ -51,7 +55,8 @@ from typing import Any
 
 from jobrun.job import validate
 from jobrun.job.errors import DatabaseError, JobrunError, LeaseLost, ValidationError
-from jobrun.job.model import Job, State
+from jobrun.job.model import CompleteManyResult, Job, State
+from jobrun.job.ports import CommitCallable as Commit
 from jobrun.job.ports import Dispatcher, Store, Waiter
 from jobrun.worker.context import JobContext
 from jobrun.worker.registry import PermanentFailure, Registry
@@ -220,7 +225,8 @@ class Worker:
         self._inflight = 0  # claimed and not yet returned by its handler
         self._inflight_by_queue: dict[str, int] = dict.fromkeys(self.config.queues, 0)
         self._work: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        # Handler results waiting for their batch: (job, commit callable or None).
+        self._done: queue.SimpleQueue[tuple[Job, Commit | None] | None] = queue.SimpleQueue()
         self._slot_freed = threading.Event()
         self._stopping = threading.Event()  # stop claiming
         self._hard_stop = threading.Event()  # give up on everything
@@ -389,7 +395,7 @@ class Worker:
                     self._running.pop(job.id, None)
                     self._inflight -= 1
                     self._inflight_by_queue[job.queue] -= 1
-            pending: list[Job] = []
+            pending: list[tuple[Job, Commit | None]] = []
             while not self._done.empty():
                 item = self._done.get_nowait()
                 if item is not None:
@@ -534,41 +540,15 @@ class Worker:
             # Cancel wins: a handler that returns after cancellation never succeeds.
             self._fail(job, f"cancelled ({ctx.cancel_reason})")
             return
-        if result is None:
+        if result is None or callable(result):
+            # Completed in a batch by the completer thread; heartbeated until then.
             with self._lock:
                 self._unflushed[job.id] = job
-            self._done.put(job)
-            return
-        if callable(result):
-            self._complete_tx(job, result)
+            self._done.put((job, result))
             return
         self._fail(
             job, f"handler returned a {type(result).__name__}; expected None or a commit callable"
         )
-
-    def _complete_tx(self, job: Job, commit: Callable[[Any], None]) -> None:
-        for attempt in range(len(_DB_RETRY_BACKOFF) + 1):
-            try:
-                done = self.store.complete(job, commit)
-            except LeaseLost:
-                self._count("lease_lost", 1)
-                self._log.info("job %s: lease lost before complete; another owner has it", job.id)
-                return
-            except JobrunError as exc:
-                if (
-                    _db_fault(exc)
-                    and attempt < len(_DB_RETRY_BACKOFF)
-                    and not self._hard_stop.is_set()
-                ):
-                    time.sleep(_DB_RETRY_BACKOFF[attempt])
-                    continue
-                self._fail(job, f"complete failed: {_describe(exc)}")
-                return
-            except Exception as exc:
-                self._fail(job, f"commit callable failed: {_describe(exc, with_traceback=True)}")
-                return
-            self._count("cancelled" if done.state is State.CANCELLED else "succeeded")
-            return
 
     def _fail(self, job: Job, error: str, *, permanent: bool = False) -> None:
         for attempt in range(len(_DB_RETRY_BACKOFF) + 1):
@@ -607,7 +587,7 @@ class Worker:
             first = self._done.get()
             if first is None:
                 closing = True
-                batch: list[Job] = []
+                batch: list[tuple[Job, Commit | None]] = []
             else:
                 batch = [first]
             deadline = time.monotonic() + flush_after
@@ -624,27 +604,48 @@ class Worker:
             if batch:
                 self._flush(batch)
 
-    def _flush(self, batch: list[Job]) -> None:
+    def _flush(self, batch: list[tuple[Job, Commit | None]]) -> None:
+        """Complete a batch: plain results with complete_many, commit callables with
+        complete_many_tx (one transaction each). Database faults are retried
+        (both are safe to repeat); until then the jobs keep being heartbeated."""
+        plain = [job for job, commit in batch if commit is None]
+        with_commit = [(job, commit) for job, commit in batch if commit is not None]
+        if plain:
+            result = self._retrying(lambda: self.store.complete_many(plain), len(plain))
+            self._account(result)
+        if with_commit:
+            result = self._retrying(
+                lambda: self.store.complete_many_tx(with_commit), len(with_commit)
+            )
+            self._account(result)
+            by_id = {job.id: job for job, _ in with_commit}
+            for job_id, exc in (result.failed if result else {}).items():
+                self._fail(
+                    by_id[job_id], f"commit callable failed: {_describe(exc, with_traceback=True)}"
+                )
+        with self._lock:
+            for job, _ in batch:
+                self._unflushed.pop(job.id, None)
+
+    def _retrying(
+        self, complete: Callable[[], CompleteManyResult], size: int
+    ) -> CompleteManyResult | None:
         failures = 0
-        while True:
-            if self._hard_stop.is_set():
-                return
+        while not self._hard_stop.is_set():
             try:
-                result = self.store.complete_many(batch)
-                break
+                return complete()
             except JobrunError as exc:
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
                 self._log.warning(
-                    "complete_many of %d job(s) failed (%s); retrying in %.2f s",
-                    len(batch),
-                    exc,
-                    pause,
+                    "completing %d job(s) failed (%s); retrying in %.2f s", size, exc, pause
                 )
                 time.sleep(pause)
-        with self._lock:
-            for job in batch:
-                self._unflushed.pop(job.id, None)
+        return None
+
+    def _account(self, result: CompleteManyResult | None) -> None:
+        if result is None:
+            return
         self._count("succeeded", len(result.completed))
         self._count("cancelled", len(result.cancelled))
         self._count("lease_lost", len(result.lease_lost))

@@ -608,3 +608,96 @@ def test_complete_returns_the_job_as_stored(store: Store) -> None:
     store.cancel(cancelled.id)
     assert store.complete(plain, lambda c: None) == store.get(plain.id)
     assert store.complete(cancelled) == store.get(cancelled.id)
+
+
+# -- complete_many_tx: the transactional path, batched ------------------------
+
+
+def _side(conn: Any) -> list[Any]:
+    return [r[0] for r in conn.execute("SELECT job_id FROM side ORDER BY job_id").fetchall()]
+
+
+def _writer(job: Job) -> Any:
+    return lambda c: c.execute("INSERT INTO side VALUES (%s)", [job.id])
+
+
+def test_complete_many_tx_runs_each_callable_once_in_one_transaction(
+    store: Store, conn: Any
+) -> None:
+    conn.execute("CREATE TABLE side (job_id uuid)")
+    store.enqueue_batch([new_job() for _ in range(5)])
+    ok1, ok2, plain, cancelled, lost = store.claim(OWNER, ["default"], 5, TTL)
+    store.cancel(cancelled.id)
+    expire(conn, lost.id)
+    store.reap_expired(store.now(), 10)
+    items = [(ok1, _writer(ok1)), (ok2, _writer(ok2)), (plain, None),
+             (cancelled, _writer(cancelled)), (lost, _writer(lost))]
+    result = store.complete_many_tx(items)
+    assert result.completed == {ok1.id, ok2.id, plain.id}
+    assert result.cancelled == {cancelled.id} and result.lease_lost == {lost.id}
+    assert not result.failed
+    assert sorted(_side(conn)) == sorted([ok1.id, ok2.id])
+    assert store.get(ok1.id).state is State.SUCCEEDED
+    assert store.get(cancelled.id).state is State.CANCELLED
+    assert not store.effect_done(cancelled)
+    assert store.events(ok1.id)[-1].detail == {"effect": "applied"}
+    # The same batch again (its COMMIT reply lost): nothing runs twice.
+    again = store.complete_many_tx(items)
+    assert again.completed == {ok1.id, ok2.id, plain.id}
+    assert len(_side(conn)) == 2
+
+
+def test_one_failing_callable_rolls_the_batch_back_and_the_others_complete_alone(
+    store: Store, conn: Any
+) -> None:
+    conn.execute("CREATE TABLE side (job_id uuid)")
+    store.enqueue_batch([new_job() for _ in range(3)])
+    a, bad, c = store.claim(OWNER, ["default"], 3, TTL)
+
+    def boom(cx: Any) -> None:
+        cx.execute("INSERT INTO side VALUES (%s)", [bad.id])
+        raise RuntimeError("handler bug")
+
+    result = store.complete_many_tx([(a, _writer(a)), (bad, boom), (c, _writer(c))])
+    assert result.completed == {a.id, c.id}
+    assert set(result.failed) == {bad.id}
+    assert isinstance(result.failed[bad.id], RuntimeError)
+    assert sorted(_side(conn)) == sorted([a.id, c.id])
+    assert store.get(bad.id).state is State.LEASED
+    assert not store.effect_done(bad)
+
+
+def test_a_callable_ending_the_batch_transaction_is_refused_alone(
+    store: Store, conn: Any
+) -> None:
+    conn.execute("CREATE TABLE side (job_id uuid)")
+    store.enqueue_batch([new_job() for _ in range(2)])
+    a, rude = store.claim(OWNER, ["default"], 2, TTL)
+    result = store.complete_many_tx([(a, _writer(a)), (rude, lambda cx: cx.execute("ROLLBACK"))])
+    assert result.completed == {a.id}
+    assert isinstance(result.failed[rude.id], CommitRefused)
+    assert _side(conn) == [a.id]
+
+
+def test_jobs_sharing_an_effect_key_in_one_batch_run_one_callable(
+    store: Store, conn: Any
+) -> None:
+    conn.execute("CREATE TABLE side (job_id uuid)")
+    store.enqueue(new_job(queue="a", idempotency_key="k"))
+    store.enqueue(new_job(queue="b", idempotency_key="k"))
+    first = store.claim(OWNER, ["a"], 1, TTL)[0]
+    second = store.claim(OWNER, ["b"], 1, TTL)[0]
+    result = store.complete_many_tx([(first, _writer(first)), (second, _writer(second))])
+    assert result.completed == {first.id, second.id}
+    assert len(_side(conn)) == 1
+
+
+def test_complete_many_tx_refuses_mixed_owners_and_duplicates(store: Store) -> None:
+    store.enqueue_batch([new_job() for _ in range(2)])
+    a = store.claim("one", ["default"], 1, TTL)[0]
+    b = store.claim("two", ["default"], 1, TTL)[0]
+    with pytest.raises(ValidationError):
+        store.complete_many_tx([(a, None), (b, None)])
+    with pytest.raises(ValidationError):
+        store.complete_many_tx([(a, None), (a, None)])
+    assert not store.complete_many_tx([]).completed

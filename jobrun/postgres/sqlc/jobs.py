@@ -551,6 +551,121 @@ def complete_finish(
         )
 
 
+COMPLETE_BEGIN_MANY: Final = """\
+WITH cfg AS (
+    SELECT set_config('statement_timeout',
+                      COALESCE($1::text, current_setting('statement_timeout')),
+                      true) AS timeout
+), input AS (
+    SELECT unnest($2::uuid[]) AS id, unnest($3::uuid[]) AS token,
+           unnest($4::text[]) AS scope, unnest($5::text[]) AS key
+), j AS (
+    SELECT jobs.id, jobs.state, jobs.attempts, jobs.cancel_requested,
+           COALESCE(jobs.state = 'leased' AND jobs.lease_owner = $6::text
+                    AND jobs.lease_token = input.token, false)::boolean AS owned
+    FROM jobs JOIN input ON input.id = jobs.id
+    ORDER BY jobs.id
+    FOR UPDATE OF jobs
+), eff AS (
+    INSERT INTO processed_effects (scope, key, job_id)
+    SELECT input.scope, input.key, j.id FROM j JOIN input ON input.id = j.id
+    WHERE j.owned AND NOT j.cancel_requested
+    ORDER BY j.id
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING processed_effects.job_id
+)
+SELECT j.id, j.state, j.attempts, j.owned, j.cancel_requested,
+       (j.id IN (SELECT eff.job_id FROM eff))::boolean AS effect_new,
+       (SELECT cfg.timeout FROM cfg) AS timeout,
+       now()::timestamptz AS now
+FROM j"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CompleteBeginManyRow:
+    id: uuid.UUID
+    state: JobState
+    attempts: int
+    owned: bool
+    cancel_requested: bool
+    effect_new: bool
+    timeout: str
+    now: datetime.datetime
+
+
+def complete_begin_many(
+    conn: psycopg.Connection[Any],
+    *,
+    timeout_ms: str | None,
+    ids: list[uuid.UUID],
+    tokens: list[uuid.UUID],
+    scopes: list[str],
+    keys: list[str],
+    owner: str,
+) -> list[CompleteBeginManyRow]:
+    """The first statement of a batched transactional Complete: CompleteBegin for
+    many jobs of one owner, rows locked in id order (two batches never
+    deadlock). Two jobs of the batch sharing an effect key get one ledger row:
+    only the first runs its commit callable.
+    """
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(COMPLETE_BEGIN_MANY, (timeout_ms, ids, tokens, scopes, keys, owner))
+        return [
+            CompleteBeginManyRow(
+                id=r[0],
+                state=JobState(r[1]),
+                attempts=r[2],
+                owned=r[3],
+                cancel_requested=r[4],
+                effect_new=r[5],
+                timeout=r[6],
+                now=r[7],
+            )
+            for r in cur.fetchall()
+        ]
+
+
+COMPLETE_FINISH_MANY: Final = """\
+WITH input AS (
+    SELECT unnest($1::uuid[]) AS id, unnest($2::job_state[]) AS state,
+           unnest($3::jsonb[]) AS detail
+), done AS (
+    UPDATE jobs
+    SET state = input.state, finished_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    FROM input
+    WHERE jobs.id = input.id AND jobs.state = 'leased'
+      AND jobs.lease_owner = $4::text
+    RETURNING jobs.id, jobs.state, jobs.attempts, input.detail
+)
+INSERT INTO job_events (job_id, kind, attempt, detail)
+SELECT done.id, done.state::text, done.attempts, done.detail FROM done"""
+
+
+def complete_finish_many(
+    conn: psycopg.Connection[Any],
+    *,
+    ids: list[uuid.UUID],
+    states: list[JobState],
+    details: list[Any],
+    owner: str,
+) -> None:
+    """The last statement of a batched transactional Complete, pipelined with
+    COMMIT: each job's guarded end of lease with its terminal event.
+    """
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(
+            COMPLETE_FINISH_MANY,
+            (
+                ids,
+                states,
+                [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in details],
+                owner,
+            ),
+        )
+
+
 FAIL_JOB: Final = """\
 WITH failed AS (
     UPDATE jobs
