@@ -44,9 +44,17 @@ fmt: $(STAMP) ## format and auto-fix
 run: $(STAMP) ## the demo: 20,000 jobs on PostgreSQL (embedded unless DATABASE_URL is set)
 	$(VENV)/bin/jobrun demo $(RUN_ARGS)
 
+.PHONY: bench
+bench: $(STAMP) ## the benchmark: figures as medians of 3 runs, in bench/results/
+	$(PY) -m bench $(BENCH_ARGS)
+
 .PHONY: test
 test: $(STAMP) ## the whole test suite against a real PostgreSQL it starts itself
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-faults
+test-faults: $(STAMP) ## the fault-injection suite (real processes, kills, proxy, restarts)
+	$(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
 .PHONY: clean
 clean: ## remove the virtualenv and caches

@@ -6,6 +6,7 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -16,6 +17,24 @@ from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
 from tests.support.database import TestServer, test_server
 
+_FAULTS = Path(__file__).resolve().parent / "faults"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave tests/faults out unless asked for by path (``make test-faults``).
+
+    The fault-injection suite kills processes and restarts servers for
+    several minutes; plain ``make test`` stays fast without it.
+    """
+    if collection_path.resolve() != _FAULTS:
+        return None
+    root = config.invocation_params.dir
+    for arg in config.args:
+        target = (root / arg.split("::")[0]).resolve()
+        if target == _FAULTS or _FAULTS in target.parents:
+            return None
+    return True
+
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[TestServer]:
@@ -25,13 +44,29 @@ def pg_server() -> Iterator[TestServer]:
 
 
 @pytest.fixture
-def dsn(pg_server: TestServer) -> Iterator[str]:
-    """A connection string to a freshly migrated database of this test's own."""
+def database(pg_server: TestServer) -> Iterator[str]:
+    """The name of a freshly migrated database of this test's own."""
     name = pg_server.create_database()
     try:
-        yield pg_server.dsn(name)
+        yield name
     finally:
         pg_server.drop_database(name)
+
+
+@pytest.fixture
+def dsn(pg_server: TestServer, database: str) -> str:
+    """A connection string to this test's database, for jobrun.
+
+    The superuser's, or with JOBRUN_TEST_RUNTIME_ROLE=1 the DML-only runtime
+    role's (see tests/support/database.py).
+    """
+    return pg_server.app_dsn(database)
+
+
+@pytest.fixture
+def admin_dsn(pg_server: TestServer, database: str) -> str:
+    """The superuser's (migrator's) connection string to this test's database."""
+    return pg_server.dsn(database)
 
 
 @pytest.fixture
@@ -72,9 +107,9 @@ def make_store(pool: Any) -> Callable[..., Store]:
 
 
 @pytest.fixture
-def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit connection to the test's database, for setup and assertions."""
-    with psycopg.connect(dsn, autocommit=True) as c:
+def conn(admin_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit superuser connection to the test's database, for setup and assertions."""
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
         yield c
 
 

@@ -15,7 +15,8 @@ from jobrun.job.ports import Locker
 from jobrun.postgres.embedded import free_port, throwaway_cluster
 from jobrun.postgres.lock import LOCK_LEADER, AdvisoryLocker, lock_key
 from jobrun.postgres.migrate import LOCK_NAMESPACE
-from tests.postgres.test_notify import DEADLINE, TcpProxy, eventually
+from tests.postgres.test_notify import DEADLINE, eventually
+from tests.support.proxy import TcpProxy
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from jobrun.job.ports import Dispatcher
 from jobrun.postgres.embedded import LocalCluster, free_port, throwaway_cluster
 from jobrun.postgres.notify import DEFAULT_CHANNEL, Notifier, NullDispatcher, Waiter
 from tests.support.database import TestServer
+from tests.support.proxy import TcpProxy
 
 DEADLINE = 20.0
 QUIET = 0.5  # how long "nothing arrives" is watched for
@@ -76,93 +76,6 @@ def terminate_listener(conn: psycopg.Connection[Any]) -> None:
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
         " WHERE application_name = 'jobrun-listener' AND datname = current_database()"
     )
-
-
-class TcpProxy:
-    """A TCP proxy to PostgreSQL that can make its current connections half-open.
-
-    ``blackhole()`` stops forwarding on every connection open now, in both
-    directions, without closing anything: the client waits for answers that
-    never come and the server keeps the session. New connections pass.
-    ``cut()`` then closes the server side, as the server would once its own
-    TCP keepalive gives up.
-    """
-
-    def __init__(self, conninfo: str) -> None:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
-        self._upstream = (str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
-        params.update(host="127.0.0.1", port=0)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.1)
-        params["port"] = self._listener.getsockname()[1]
-        self.conninfo = psycopg.conninfo.make_conninfo("", **params)
-        self._lock = threading.Lock()
-        self._pairs: list[dict[str, Any]] = []
-        self._holes: list[dict[str, Any]] = []
-        self._closed = False
-        self._accepter = threading.Thread(target=self._accept, name="test-proxy", daemon=True)
-        self._accepter.start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            upstream = socket.create_connection(self._upstream)
-            pair: dict[str, Any] = {"client": client, "upstream": upstream, "blackholed": False}
-            with self._lock:
-                self._pairs.append(pair)
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(pair, src, dst), daemon=True).start()
-
-    def _pump(self, pair: dict[str, Any], src: socket.socket, dst: socket.socket) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            if pair["blackholed"]:
-                if not data:
-                    return  # the client gave up; the server side stays open until cut()
-                continue  # swallowed
-            if not data:
-                self._close_pair(pair)
-                return
-            try:
-                dst.sendall(data)
-            except OSError:
-                self._close_pair(pair)
-                return
-
-    @staticmethod
-    def _close_pair(pair: dict[str, Any]) -> None:
-        for side in ("client", "upstream"):
-            with contextlib.suppress(OSError):
-                pair[side].shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                pair[side].close()
-
-    def blackhole(self) -> None:
-        with self._lock:
-            pairs, self._pairs = self._pairs, []
-            self._holes += pairs
-        for pair in pairs:
-            pair["blackholed"] = True
-
-    def cut(self) -> None:
-        for pair in self._holes:
-            self._close_pair(pair)
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-        self.cut()
-        with self._lock:
-            for pair in self._pairs:
-                self._close_pair(pair)
 
 
 @pytest.fixture

@@ -10,6 +10,14 @@ Chosen in this order:
 
 A template database is migrated once per session; each test gets its own
 clone (``CREATE DATABASE ... TEMPLATE``), dropped afterwards.
+
+Runtime-role mode (``JOBRUN_TEST_RUNTIME_ROLE=1``): the migrator (the
+server's superuser) owns the schema, and the ``dsn`` fixture hands out a DSN
+of ``jobrun_runtime``, a LOGIN role with a password and nothing but
+SELECT/INSERT/UPDATE/DELETE on jobrun's tables and USAGE on sequences: no
+CREATE on the schema (``REVOKE CREATE ON SCHEMA public FROM PUBLIC``), no
+superuser, TEMP allowed. Default privileges give it the same DML rights on
+tables a test creates later through its superuser ``conn``.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +38,14 @@ from jobrun.postgres.embedded import LocalCluster, embedded_bindir, free_port
 from jobrun.postgres.migrate import migrate
 
 TEMPLATE_DB = "jobrun_template"
+RUNTIME_ROLE = "jobrun_runtime"
+RUNTIME_ROLE_ENV = "JOBRUN_TEST_RUNTIME_ROLE"
+
+
+def runtime_role_mode() -> bool:
+    """Whether the suite runs as the DML-only runtime role (``JOBRUN_TEST_RUNTIME_ROLE=1``)."""
+    return os.environ.get(RUNTIME_ROLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
 
 # Fast and roomy: the suite runs concurrency tests with many connections,
 # and durability of test data does not matter.
@@ -59,15 +76,33 @@ class TestServer:
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, admin_dsn: str, version: int, cluster: LocalCluster | None) -> None:
+    def __init__(
+        self,
+        admin_dsn: str,
+        version: int,
+        cluster: LocalCluster | None,
+        *,
+        runtime_role: bool | None = None,
+    ) -> None:
         self.admin_dsn = admin_dsn
         self.version = version
         self.cluster = cluster
+        self.runtime_role = runtime_role_mode() if runtime_role is None else runtime_role
+        self._runtime_password = f"rt-{secrets.token_hex(12)}"
         self._names = itertools.count()
 
     def dsn(self, dbname: str) -> str:
+        """The superuser (migrator) DSN of ``dbname``."""
         params = psycopg.conninfo.conninfo_to_dict(self.admin_dsn)
         params["dbname"] = dbname
+        return psycopg.conninfo.make_conninfo("", **params)
+
+    def app_dsn(self, dbname: str) -> str:
+        """The DSN jobrun runs on: the runtime role's in runtime-role mode, else the superuser's."""
+        if not self.runtime_role:
+            return self.dsn(dbname)
+        params = psycopg.conninfo.conninfo_to_dict(self.admin_dsn)
+        params.update(dbname=dbname, user=RUNTIME_ROLE, password=self._runtime_password)
         return psycopg.conninfo.make_conninfo("", **params)
 
     def create_template(self) -> None:
@@ -75,6 +110,58 @@ class TestServer:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(TEMPLATE_DB)))
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE_DB)))
         migrate(self.dsn(TEMPLATE_DB))
+        if self.runtime_role:
+            self._grant_runtime_role(TEMPLATE_DB)
+
+    def _grant_runtime_role(self, dbname: str) -> None:
+        """Create (or re-password) the runtime role; DML-only rights in ``dbname``.
+
+        Clones of the template inherit the schema ACL, the table grants and the
+        default privileges (they live in the database's own catalogs).
+        """
+        role = sql.Identifier(RUNTIME_ROLE)
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_roles WHERE rolname = %s", [RUNTIME_ROLE]
+            ).fetchone()
+            verb = sql.SQL("ALTER") if exists else sql.SQL("CREATE")
+            conn.execute(
+                sql.SQL(
+                    "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+                    "NOBYPASSRLS PASSWORD {}"
+                ).format(verb, role, sql.Literal(self._runtime_password))
+            )
+        with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
+            conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role))
+            tables = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                    " AND tablename NOT LIKE '\\_yoyo%'"
+                ).fetchall()
+            ]
+            for table in tables:
+                conn.execute(
+                    sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                        sql.Identifier("public", table), role
+                    )
+                )
+            conn.execute(
+                sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {}").format(role)
+            )
+            # Tables and sequences a test creates later (as the superuser) get the same rights.
+            conn.execute(
+                sql.SQL(
+                    "ALTER DEFAULT PRIVILEGES IN SCHEMA public"
+                    " GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
+                ).format(role)
+            )
+            conn.execute(
+                sql.SQL(
+                    "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE ON SEQUENCES TO {}"
+                ).format(role)
+            )
 
     def create_database(self, template: str | None = TEMPLATE_DB) -> str:
         name = f"jobrun_test_{os.getpid()}_{next(self._names)}"

@@ -1,0 +1,328 @@
+"""Lost replies, half-open connections, killed listener and leader connections (5, 7, 8, 9)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import signal
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobrun.job.errors import JobrunError, OutcomeUnknown
+from jobrun.job.model import NewJob, ScheduleSpec, State
+from jobrun.postgres.pool import open_pool
+from jobrun.postgres.store import Store
+from tests.faults.app import commit_for
+from tests.faults.harness import (
+    QUICK_RETRY,
+    TTL,
+    NetNamespace,
+    Workers,
+    backends,
+    leader_backend,
+    scalar,
+    states,
+    terminate_role,
+    wait_until,
+)
+from tests.faults.oracle import Oracle
+from tests.support.proxy import TcpProxy
+
+
+@pytest.fixture
+def proxied(proxy: TcpProxy) -> Any:
+    """A Store whose every connection goes through the proxy."""
+    pool = open_pool(proxy.conninfo, concurrency=1, application_name="jobrun-test")
+    try:
+        yield Store(pool)
+    finally:
+        pool.close()
+
+
+# -- 5. the reply to a COMMIT is lost ----------------------------------------------------
+
+
+def test_a_lost_commit_reply_on_complete_is_outcome_unknown_and_the_retry_applies_nothing_twice(
+    proxied: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], oracle: Oracle
+) -> None:
+    job = proxied.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY))
+    oracle.enqueued([job])
+    [claimed] = proxied.claim("owner", ["default"], 1, TTL)
+    drop = proxy.drop_reply("COMMIT")
+    with pytest.raises(OutcomeUnknown):
+        proxied.complete(claimed, commit_for(claimed))
+    assert drop.fired.is_set()
+    assert scalar(conn, "SELECT state::text FROM jobs") == "succeeded"  # it did commit
+    # The caller retries with the claim it holds: a defined answer, no second effect.
+    assert proxied.complete(claimed, commit_for(claimed)).state is State.SUCCEEDED
+    assert scalar(conn, "SELECT count(*) FROM effects") == 1
+
+
+def test_a_worker_whose_commit_reply_is_lost_completes_the_job_once(
+    store: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
+) -> None:
+    drop = proxy.drop_reply("COMMIT", role="jobrun-worker", after="INSERT INTO processed_effects")
+    jobs = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(3)]
+    oracle.enqueued(jobs)
+    workers.start(url=proxy.conninfo, concurrency=1)
+    wait_until(lambda: states(conn) == {"succeeded": 3}, 60, "the jobs succeed")
+    assert drop.fired.is_set()
+    assert scalar(conn, "SELECT max(attempts) FROM jobs") == 1
+    assert scalar(conn, "SELECT count(*) FROM effects") == 3
+
+
+def test_a_lost_reply_to_a_keyed_enqueue_is_outcome_unknown_and_the_retry_is_deduplicated(
+    proxied: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], oracle: Oracle
+) -> None:
+    job = NewJob(type="tx.work", idempotency_key="order-7", backoff=QUICK_RETRY)
+    proxy.drop_reply("INSERT INTO jobs")
+    with pytest.raises(OutcomeUnknown):
+        proxied.enqueue(job)
+    oracle.maybe([job])
+    again = proxied.enqueue(job)
+    assert again.id == job.id
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 1
+    oracle.enqueued([again])
+
+
+def test_a_lost_reply_to_an_enqueue_without_key_still_gets_a_defined_answer_on_retry(
+    proxied: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], oracle: Oracle
+) -> None:
+    """The id is chosen by the client: retrying the same NewJob must not be a raw driver error."""
+    job = NewJob(type="tx.work", backoff=QUICK_RETRY)
+    proxy.drop_reply("INSERT INTO jobs")
+    with pytest.raises(OutcomeUnknown):
+        proxied.enqueue(job)
+    oracle.maybe([job])
+    try:
+        again = proxied.enqueue(job)
+    except JobrunError:
+        pass  # a typed answer is defined too
+    else:
+        assert again.id == job.id
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 1
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "unkeyed"])
+def test_a_lost_commit_reply_on_a_batch_gets_a_defined_answer_on_retry(
+    keyed: bool, proxied: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], oracle: Oracle
+) -> None:
+    jobs = [
+        NewJob(type="tx.work", idempotency_key=f"b{i}" if keyed else None, backoff=QUICK_RETRY)
+        for i in range(20)
+    ]
+    proxy.drop_reply("COMMIT")
+    with pytest.raises(OutcomeUnknown):
+        proxied.enqueue_batch(jobs)
+    oracle.maybe(jobs)
+    try:
+        result = proxied.enqueue_batch(jobs)
+    except JobrunError:
+        assert not keyed, "a keyed batch is deduplicated by its keys"
+    else:
+        assert result.inserted == 0
+        assert {j.id for j in result.replayed} == {j.id for j in jobs}
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 20
+
+
+# -- 7. half-open connections -----------------------------------------------------------------
+
+
+def test_a_half_open_listener_is_noticed_and_replaced_while_jobs_keep_running(
+    store: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
+) -> None:
+    worker = workers.start(url=proxy.conninfo, concurrency=2)
+    wait_until(lambda: proxy.connections("jobrun-listener"), 30, "the listener connects")
+    assert proxy.blackhole("jobrun-listener") == 1
+    started = time.monotonic()
+    # The liveness probe (5 s) plus its bound (5 s) notices; the listener reconnects.
+    wait_until(lambda: proxy.connections("jobrun-listener"), 30, "a new listener connection")
+    assert time.monotonic() - started < 20
+    jobs = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(5)]
+    oracle.enqueued(jobs)
+    wait_until(lambda: states(conn) == {"succeeded": 5}, 30, "the jobs run")
+    assert "listener" in worker.output() and "will reconnect" in worker.output()
+
+
+def test_a_half_open_leader_steps_down_and_no_cron_occurrence_runs_twice(
+    store: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
+) -> None:
+    store.create_schedule(ScheduleSpec(id="every-second", cron="* * * * * *", type="tx.tick"))
+    procs = [workers.start(url=proxy.conninfo, scheduler=True, concurrency=2) for _ in range(2)]
+    wait_until(lambda: leader_backend(conn), 30, "a leader is elected")
+    wait_until(lambda: scalar(conn, "SELECT count(*) FROM effects") >= 2, 30, "cron runs")
+    leader = wait_until(
+        lambda: next((p for p in procs if "elected leader" in p.output()), None), 10, "who leads"
+    )
+    proxy.blackhole("jobrun-leader")
+    # Its bounded probe fails: it steps down while the server still holds its session.
+    wait_until(lambda: "no longer the leader" in leader.output(), 20, "the leader steps down")
+    for _ in range(10):
+        leader_backend(conn)  # never two sessions holding the lock
+        time.sleep(0.2)
+    proxy.cut()  # the server ends the half-open session: the lock is free
+    before = scalar(conn, "SELECT count(*) FROM effects")
+    wait_until(
+        lambda: scalar(conn, "SELECT count(*) FROM effects") >= before + 3, 60, "cron resumes"
+    )
+    keys = conn.execute("SELECT idempotency_key FROM jobs WHERE type = 'tx.tick'").fetchall()
+    assert len(keys) == len(set(keys))
+
+
+def test_a_worker_whose_pool_connections_go_half_open_recovers_within_a_bound(
+    store: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
+) -> None:
+    """Every call on a pooled connection is bounded client-side: no thread hangs forever."""
+    worker = workers.start(url=proxy.conninfo, concurrency=2)
+    first = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(4)]
+    oracle.enqueued(first)
+    wait_until(lambda: states(conn) == {"succeeded": 4}, 30, "the first jobs run")
+    assert proxy.blackhole("jobrun-worker") >= 1  # every pooled connection, idle or busy
+    later = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(4)]
+    oracle.enqueued(later)
+    wait_until(
+        lambda: states(conn) == {"succeeded": 8},
+        60,
+        "the half-open worker runs new jobs on fresh connections (its calls are bounded)\n"
+        + worker.output()[-3000:],
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(40) == 0
+
+
+@pytest.fixture
+def cable() -> Any:
+    reason = NetNamespace.available()
+    if reason is not None:
+        pytest.skip(reason)  # an environment limit (no root), not a jobrun outcome
+    ns = NetNamespace()
+    try:
+        yield ns
+    finally:
+        ns.close()
+
+
+def test_a_worker_cut_off_by_a_silent_network_bounds_its_calls_and_recovers(
+    store: Store,
+    dsn: str,
+    cable: NetNamespace,
+    conn: psycopg.Connection[Any],
+    workers: Workers,
+    oracle: Oracle,
+) -> None:
+    """A real half-open network: the kernel drops every packet, nothing answers, no RST.
+
+    A call already waiting on the server is bounded by TCP keepalives; one
+    that sends into the dead link has unacknowledged data, which keepalives
+    ignore, so only ``tcp_user_timeout`` (or a deadline of jobrun's own)
+    bounds it. With the default lease (30 s, heartbeat every 5 s) the
+    heartbeat must fail within the lease, so that the worker can stop its
+    handlers before their jobs are reaped and run elsewhere.
+    """
+    with TcpProxy(dsn, listen_host=cable.host) as proxy:
+        worker = workers.start(
+            url=proxy.conninfo,
+            concurrency=2,
+            netns=cable.name,
+            env={"JOBRUN_LEASE_TTL": "30s", "JOBRUN_HEARTBEAT_INTERVAL": "5s"},
+        )
+        long = store.enqueue(NewJob(type="plain.work", payload={"sleep": 300}))
+        quick = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(3)]
+        oracle.enqueued([long, *quick])
+        wait_until(lambda: states(conn).get("succeeded") == 3, 30, worker.output)
+        cable.down()
+        pulled = time.monotonic()
+        try:
+            wait_until(
+                lambda: "heartbeat failed" in worker.output(),
+                30 + 5 + 5,
+                lambda: "the heartbeat fails instead of hanging\n" + worker.output()[-2000:],
+                interval=0.5,
+            )
+            print(
+                f"\nheartbeat failed {time.monotonic() - pulled:.1f} s after the cable was pulled"
+            )
+        finally:
+            cable.up()
+        store.cancel(long.id)
+        later = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(3)]
+        oracle.enqueued(later)
+        wait_until(lambda: states(conn).get("succeeded") == 6, 60, worker.output)
+
+
+# -- 8. the listener killed; notifications off ------------------------------------------------
+
+
+def _latencies(conn: psycopg.Connection[Any]) -> list[float]:
+    rows = conn.execute(
+        "SELECT extract(epoch FROM c.at - e.at) FROM job_events e"
+        " JOIN job_events c ON c.job_id = e.job_id AND c.kind = 'claimed'"
+        " WHERE e.kind = 'enqueued' ORDER BY e.id"
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def test_a_job_enqueued_while_the_listener_is_dead_runs_within_one_poll_interval(
+    store: Store, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
+) -> None:
+    workers.start(env={"JOBRUN_POLL_INTERVAL": "2s"})
+    wait_until(lambda: backends(conn, "jobrun-listener"), 30, "the listener connects")
+    killed = terminate_role(conn, "jobrun-listener")
+    assert len(killed) == 1
+    job = store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY))  # its NOTIFY is lost
+    oracle.enqueued([job])
+    wait_until(lambda: store.get(job.id).state is State.SUCCEEDED, 15, "the job runs")
+    assert _latencies(conn)[0] <= 2.0 + 1.0
+    wait_until(
+        lambda: [p for p in backends(conn, "jobrun-listener") if p not in killed],
+        30,
+        "the listener reconnects",
+    )
+
+
+def test_with_notifications_off_jobs_run_by_polling_within_one_poll_interval(
+    store: Store, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
+) -> None:
+    workers.start(env={"JOBRUN_NOTIFICATIONS": "off", "JOBRUN_POLL_INTERVAL": "1s"})
+    time.sleep(1.5)
+    assert backends(conn, "jobrun-listener") == []
+    for _ in range(4):
+        job = store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY))
+        oracle.enqueued([job])
+        wait_until(lambda job=job: store.get(job.id).state is State.SUCCEEDED, 15, "polled")
+        time.sleep(0.3)
+    assert max(_latencies(conn)) <= 1.0 + 1.0
+
+
+# -- 9. the leader's lock connection killed -----------------------------------------------------
+
+
+def test_killing_the_leaders_lock_connection_moves_leadership_without_a_duplicate_occurrence(
+    store: Store, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
+) -> None:
+    store.create_schedule(ScheduleSpec(id="every-second", cron="* * * * * *", type="tx.tick"))
+    procs = [workers.start(scheduler=True, concurrency=2) for _ in range(2)]
+    old = wait_until(lambda: leader_backend(conn), 30, "a leader is elected")
+    wait_until(lambda: scalar(conn, "SELECT count(*) FROM effects") >= 3, 30, "cron runs")
+    assert terminate_role(conn, "jobrun-leader") and old  # the waiting one has no lock to lose
+    new = wait_until(lambda: (leader_backend(conn) or old) != old, 30, "a new term starts")
+    assert new
+    wait_until(
+        lambda: sum("no longer the leader" in p.output() for p in procs) == 1,
+        20,
+        "the old leader steps down",
+    )
+    before = scalar(conn, "SELECT count(*) FROM effects")
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        leader_backend(conn)  # asserts at most one holder
+        time.sleep(0.1)
+    assert scalar(conn, "SELECT count(*) FROM effects") >= before + 2
+    keys = conn.execute("SELECT idempotency_key FROM jobs WHERE type = 'tx.tick'").fetchall()
+    assert len(keys) == len(set(keys))
+    runs = conn.execute("SELECT run_at FROM jobs WHERE type = 'tx.tick' ORDER BY run_at").fetchall()
+    assert len(runs) == len({r[0] for r in runs})
+    assert dt.timedelta(0) not in {b[0] - a[0] for a, b in itertools.pairwise(runs)}
