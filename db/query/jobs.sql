@@ -101,25 +101,36 @@ WITH next AS (
 SELECT * FROM claimed;
 
 -- name: HeartbeatJobs :many
--- Extends only live leases held by this owner and token whose cancel was not
--- requested; the ids it omits are the jobs the worker must cancel. Rows are
--- locked in id order, like every multi-row update, so concurrent batches
--- cannot deadlock. It commits asynchronously, like the claim: a heartbeat
--- lost in a server crash only makes the lease look shorter, and the fence
--- (owner + token) keeps a reaped job safe.
+-- Extends the live leases of this owner (owner + token match, not expired,
+-- cancel not requested) to until, and returns the ids of those live leases:
+-- the ids it omits are the jobs the worker must cancel. A row another
+-- transaction holds (its own Complete, an admin's cancel) is skipped, not
+-- waited for, and still counts as live when its lease was live at the start
+-- of the statement: a heartbeat never stalls behind a long commit callable,
+-- and the next one extends that row. Rows are locked in id order. It commits
+-- asynchronously, like the claim: a heartbeat lost in a server crash only
+-- makes a lease look shorter, and the fence keeps a reaped job safe.
 WITH lease AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token
-), live AS (
-    SELECT jobs.id FROM jobs JOIN lease ON jobs.id = lease.id AND jobs.lease_token = lease.token
-    WHERE jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
+), valid AS (
+    SELECT jobs.id, lease.token FROM jobs JOIN lease ON jobs.id = lease.id
+    WHERE jobs.lease_token = lease.token AND jobs.state = 'leased'
+      AND jobs.lease_owner = sqlc.arg(owner)::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+), live AS (
+    SELECT jobs.id, valid.token FROM jobs JOIN valid ON jobs.id = valid.id
     ORDER BY jobs.id
-    FOR UPDATE OF jobs
+    FOR UPDATE OF jobs SKIP LOCKED
+), extended AS (
+    UPDATE jobs SET lease_expires_at = sqlc.arg(until)::timestamptz, updated_at = now()
+    FROM live
+    WHERE jobs.id = live.id AND jobs.lease_token = live.token AND jobs.state = 'leased'
+      AND jobs.lease_owner = sqlc.arg(owner)::text
+      AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
+    RETURNING jobs.id
 )
-UPDATE jobs SET lease_expires_at = sqlc.arg(until)::timestamptz, updated_at = now()
-FROM live WHERE jobs.id = live.id
-RETURNING jobs.id;
+SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0;
 
 -- name: LockJob :one
 SELECT * FROM jobs WHERE id = sqlc.arg(id) FOR UPDATE;

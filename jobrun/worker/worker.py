@@ -220,6 +220,9 @@ class Worker:
         self._waiter: Waiter | None = None
         self._queue_names = list(self.config.queues)
         self._lock = threading.Lock()
+        # Keyed by lease token, not job id: a job reaped and claimed again by
+        # this same worker runs under two claims at once for a moment (the
+        # stale handler has not returned yet), and each must be tracked alone.
         self._running: dict[uuid.UUID, _Running] = {}
         self._unflushed: dict[uuid.UUID, Job] = {}
         self._inflight = 0  # claimed and not yet returned by its handler
@@ -387,12 +390,12 @@ class Worker:
             job = self._work.get()
             assert job is not None
             with self._lock:
-                running = self._running[job.id]
+                running = self._running[_claim(job)]
             try:
                 self._run_one(running)
             finally:
                 with self._lock:
-                    self._running.pop(job.id, None)
+                    self._running.pop(_claim(job), None)
                     self._inflight -= 1
                     self._inflight_by_queue[job.queue] -= 1
             pending: list[tuple[Job, Commit | None]] = []
@@ -489,7 +492,7 @@ class Worker:
             if timeout is not None:
                 ctx.deadline = time.monotonic() + timeout.total_seconds()
             with self._lock:
-                self._running[job.id] = _Running(job, ctx)
+                self._running[_claim(job)] = _Running(job, ctx)
                 self._inflight += 1
                 self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
             self._timeouts.add(ctx)
@@ -503,7 +506,7 @@ class Worker:
             if job is None or self._hard_stop.is_set():
                 return
             with self._lock:
-                running = self._running.get(job.id)
+                running = self._running.get(_claim(job))
             if running is None:  # pragma: no cover - dispatched jobs are registered first
                 continue
             try:
@@ -512,7 +515,7 @@ class Worker:
                 self._log.exception("unexpected error running job %s", job.id)
             finally:
                 with self._lock:
-                    self._running.pop(job.id, None)
+                    self._running.pop(_claim(job), None)
                     self._inflight -= 1
                     self._inflight_by_queue[job.queue] -= 1
                 self._slot_freed.set()
@@ -543,7 +546,7 @@ class Worker:
         if result is None or callable(result):
             # Completed in a batch by the completer thread; heartbeated until then.
             with self._lock:
-                self._unflushed[job.id] = job
+                self._unflushed[_claim(job)] = job
             self._done.put((job, result))
             return
         self._fail(
@@ -608,8 +611,16 @@ class Worker:
         """Complete a batch: plain results with complete_many, commit callables with
         complete_many_tx (one transaction each). Database faults are retried
         (both are safe to repeat); until then the jobs keep being heartbeated."""
-        plain = [job for job, commit in batch if commit is None]
-        with_commit = [(job, commit) for job, commit in batch if commit is not None]
+        newest: dict[uuid.UUID, tuple[Job, Commit | None]] = {}
+        for job, commit in batch:
+            seen = newest.get(job.id)
+            if seen is None or job.attempts > seen[0].attempts:
+                newest[job.id] = (job, commit)
+        superseded = len(batch) - len(newest)
+        if superseded:  # a stale claim of a job this worker claimed again
+            self._count("lease_lost", superseded)
+        plain = [job for job, commit in newest.values() if commit is None]
+        with_commit = [(job, commit) for job, commit in newest.values() if commit is not None]
         if plain:
             result = self._retrying(lambda: self.store.complete_many(plain), len(plain))
             self._account(result)
@@ -625,7 +636,7 @@ class Worker:
                 )
         with self._lock:
             for job, _ in batch:
-                self._unflushed.pop(job.id, None)
+                self._unflushed.pop(_claim(job), None)
 
     def _retrying(
         self, complete: Callable[[], CompleteManyResult], size: int
@@ -634,13 +645,18 @@ class Worker:
         while not self._hard_stop.is_set():
             try:
                 return complete()
-            except JobrunError as exc:
+            except DatabaseError as exc:  # a fault: retrying is safe
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
                 self._log.warning(
                     "completing %d job(s) failed (%s); retrying in %.2f s", size, exc, pause
                 )
                 time.sleep(pause)
+            except JobrunError as exc:
+                self._log.error(
+                    "completing %d job(s) failed for good (%s); their leases will expire", size, exc
+                )
+                return None
         return None
 
     def _account(self, result: CompleteManyResult | None) -> None:
@@ -677,18 +693,34 @@ class Worker:
                 self._log.exception("heartbeat loop error")
 
     def heartbeat_once(self) -> None:
-        """Extend every lease this worker holds; cancel the jobs the store left out."""
+        """Extend every lease this worker holds; cancel the jobs the store left out.
+
+        Only the leases sent are judged: a job claimed while the heartbeat
+        was in flight is not "left out". When the same job runs under two
+        claims of this worker (reaped, then claimed again before the stale
+        handler returned), only the newest claim is live: the older one is
+        cancelled at once.
+        """
         with self._lock:
-            leases = [(r.job.id, r.job.lease_token) for r in self._running.values()]
-            leases += [(j.id, j.lease_token) for j in self._unflushed.values()]
-        if not leases:
+            running = list(self._running.values())
+            unflushed = list(self._unflushed.values())
+        newest: dict[uuid.UUID, Job] = {}
+        for job in [r.job for r in running] + unflushed:
+            current = newest.get(job.id)
+            if current is None or job.attempts > current.attempts:
+                newest[job.id] = job
+        for r in running:
+            if newest[r.job.id] is not r.job and not r.ctx.is_cancelled:
+                r.ctx.cancel("superseded by a newer claim of the same job")
+        if not newest:
             return
+        leases = [(job.id, _claim(job)) for job in newest.values()]
         until = self.store.now() + self.config.lease_ttl
-        kept = self.store.heartbeat(self.owner, leases, until)  # type: ignore[arg-type]
-        with self._lock:
-            lost = [r for job_id, r in self._running.items() if job_id not in kept]
-        for r in lost:
-            if not r.ctx.is_cancelled:
+        kept = self.store.heartbeat(self.owner, leases, until)
+        sent = {token for _, token in leases}
+        for r in running:
+            token = _claim(r.job)
+            if token in sent and r.job.id not in kept and not r.ctx.is_cancelled:
                 r.ctx.logger.info("cancelling: cancel requested or lease lost")
                 r.ctx.cancel("cancel requested or lease lost")
 
@@ -707,6 +739,12 @@ class Worker:
     def idle(self) -> bool:
         with self._lock:
             return self._inflight == 0 and not self._unflushed
+
+
+def _claim(job: Job) -> uuid.UUID:
+    """The lease token: what identifies one claim of a job."""
+    assert job.lease_token is not None  # claimed jobs carry their lease
+    return job.lease_token
 
 
 def _db_fault(exc: JobrunError) -> bool:

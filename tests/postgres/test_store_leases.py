@@ -701,3 +701,25 @@ def test_complete_many_tx_refuses_mixed_owners_and_duplicates(store: Store) -> N
     with pytest.raises(ValidationError):
         store.complete_many_tx([(a, None), (a, None)])
     assert not store.complete_many_tx([]).completed
+
+
+def test_a_heartbeat_skips_a_row_another_transaction_holds_and_still_keeps_it(
+    store: Store, dsn: str
+) -> None:
+    store.enqueue_batch([new_job(), new_job()])
+    held, free = store.claim(OWNER, ["default"], 2, TTL)
+    until = store.now() + dt.timedelta(minutes=10)
+    result: list[set[uuid.UUID]] = []
+    leases = [(held.id, held.lease_token), (free.id, free.lease_token)]
+    with psycopg.connect(dsn) as other:
+        other.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", [held.id])
+        beat = threading.Thread(
+            target=lambda: result.append(store.heartbeat(OWNER, leases, until))  # type: ignore[arg-type]
+        )
+        beat.start()
+        beat.join(60)
+        assert not beat.is_alive()  # it finished while the row was still held
+        assert result == [{held.id, free.id}]
+        other.rollback()
+    assert store.get(free.id).lease_expires_at == until
+    assert store.get(held.id).lease_expires_at == held.lease_expires_at

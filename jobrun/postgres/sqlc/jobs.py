@@ -373,37 +373,48 @@ def claim_jobs(
 
 HEARTBEAT_JOBS: Final = """\
 WITH lease AS (
-    SELECT unnest($2::uuid[]) AS id, unnest($3::uuid[]) AS token
-), live AS (
-    SELECT jobs.id FROM jobs JOIN lease ON jobs.id = lease.id AND jobs.lease_token = lease.token
-    WHERE jobs.state = 'leased' AND jobs.lease_owner = $4::text
+    SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token
+), valid AS (
+    SELECT jobs.id, lease.token FROM jobs JOIN lease ON jobs.id = lease.id
+    WHERE jobs.lease_token = lease.token AND jobs.state = 'leased'
+      AND jobs.lease_owner = $3::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+), live AS (
+    SELECT jobs.id, valid.token FROM jobs JOIN valid ON jobs.id = valid.id
     ORDER BY jobs.id
-    FOR UPDATE OF jobs
+    FOR UPDATE OF jobs SKIP LOCKED
+), extended AS (
+    UPDATE jobs SET lease_expires_at = $4::timestamptz, updated_at = now()
+    FROM live
+    WHERE jobs.id = live.id AND jobs.lease_token = live.token AND jobs.state = 'leased'
+      AND jobs.lease_owner = $3::text
+      AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
+    RETURNING jobs.id
 )
-UPDATE jobs SET lease_expires_at = $1::timestamptz, updated_at = now()
-FROM live WHERE jobs.id = live.id
-RETURNING jobs.id"""
+SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0"""
 
 
 def heartbeat_jobs(
     conn: psycopg.Connection[Any],
     *,
-    until: datetime.datetime,
     ids: list[uuid.UUID],
     tokens: list[uuid.UUID],
     owner: str,
+    until: datetime.datetime,
 ) -> list[uuid.UUID]:
-    """Extends only live leases held by this owner and token whose cancel was not
-    requested; the ids it omits are the jobs the worker must cancel. Rows are
-    locked in id order, like every multi-row update, so concurrent batches
-    cannot deadlock. It commits asynchronously, like the claim: a heartbeat
-    lost in a server crash only makes the lease look shorter, and the fence
-    (owner + token) keeps a reaped job safe.
+    """Extends the live leases of this owner (owner + token match, not expired,
+    cancel not requested) to until, and returns the ids of those live leases:
+    the ids it omits are the jobs the worker must cancel. A row another
+    transaction holds (its own Complete, an admin's cancel) is skipped, not
+    waited for, and still counts as live when its lease was live at the start
+    of the statement: a heartbeat never stalls behind a long commit callable,
+    and the next one extends that row. Rows are locked in id order. It commits
+    asynchronously, like the claim: a heartbeat lost in a server crash only
+    makes a lease look shorter, and the fence keeps a reaped job safe.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(HEARTBEAT_JOBS, (until, ids, tokens, owner))
+        cur.execute(HEARTBEAT_JOBS, (ids, tokens, owner, until))
         return [r[0] for r in cur.fetchall()]
 
 
