@@ -5,7 +5,8 @@
 -- One statement, one round trip: the insert, its "enqueued" event (when
 -- write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
 -- so no worker can wake before the row is visible; a replay (the key already
--- taken) inserts nothing, writes no event and notifies nobody.
+-- taken, or the client's id already stored: a retry after a lost COMMIT
+-- reply) inserts nothing, writes no event and notifies nobody.
 WITH ins AS (
     INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                       idempotency_key)
@@ -14,7 +15,7 @@ WITH ins AS (
             COALESCE(sqlc.narg(run_at)::timestamptz,
                      now() + make_interval(secs => sqlc.arg(delay_seconds)::float8)),
             sqlc.narg(idempotency_key))
-    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING *
 ), ev AS (
     INSERT INTO job_events (job_id, kind, attempt)
@@ -45,8 +46,11 @@ SELECT unnest(sqlc.arg(ids)::uuid[]), unnest(sqlc.arg(queues)::text[]),
        unnest(sqlc.arg(priorities)::int4[]), unnest(sqlc.arg(max_attempts)::int4[]),
        unnest(sqlc.arg(backoffs)::jsonb[]), unnest(sqlc.arg(run_ats)::timestamptz[]),
        unnest(sqlc.arg(idempotency_keys)::text[])
-ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id;
+
+-- name: GetJobsByIds :many
+SELECT * FROM jobs WHERE id = ANY(sqlc.arg(ids)::uuid[]);
 
 -- name: CopyJobs :copyfrom
 INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at)

@@ -98,6 +98,7 @@ from psycopg_pool import ConnectionPool
 
 from jobrun.job import validate
 from jobrun.job.errors import (
+    AlreadyExists,
     DatabaseError,
     IdempotencyConflict,
     InvalidState,
@@ -310,8 +311,10 @@ class Store(SchedulesMixin):
         return self._on_pool(lambda c: self._enqueue_on(c, job))
 
     def _enqueue_on(self, conn: psycopg.Connection[Any], job: NewJob) -> Job:
-        # A replay whose stored job is purged in between finds no row either
-        # way; the second round then inserts.
+        # The insert does nothing when the key is taken or the client's id is
+        # already stored (a retry whose first COMMIT reply was lost). A replay
+        # whose stored job is purged in between finds no row; the next round
+        # then inserts.
         for _ in range(3):
             row = q.enqueue_job(
                 conn,
@@ -330,10 +333,15 @@ class Store(SchedulesMixin):
             )
             if row is not None:
                 return job_from_row(row)
-            assert job.idempotency_key is not None
-            stored = q.get_job_by_key(conn, queue=job.queue, idempotency_key=job.idempotency_key)
-            if stored is not None:
-                return self._replay(job, job_from_row(stored))
+            if job.idempotency_key is not None:
+                stored = q.get_job_by_key(
+                    conn, queue=job.queue, idempotency_key=job.idempotency_key
+                )
+                if stored is not None:
+                    return self._replay(job, job_from_row(stored))
+            same_id = q.get_job(conn, id=job.id)
+            if same_id is not None:
+                return _same_job_or_conflict(job, job_from_row(same_id))
         raise DatabaseError(f"idempotency key {job.idempotency_key!r} kept changing hands")
 
     @staticmethod
@@ -381,6 +389,7 @@ class Store(SchedulesMixin):
         keyed: dict[tuple[str, str], NewJob] = {}
         queues: set[str] = set()
         inserted = 0
+        replayed: list[Job] = []
         for chunk in _chunks(jobs, BATCH_CHUNK):
             plain: list[NewJob] = []
             for job in chunk:
@@ -400,15 +409,17 @@ class Store(SchedulesMixin):
                 keyed[slot] = job
             if not plain:
                 continue
-            q.copy_jobs(conn, (_copy_row(j, db_now) for j in plain))
-            if write_events:
+            fresh_plain = self._copy_chunk(conn, plain, db_now, replayed)
+            if write_events and fresh_plain:
                 eq.copy_events(
                     conn,
-                    (eq.CopyEventsParams(job_id=j.id, kind="enqueued", attempt=0) for j in plain),
+                    (
+                        eq.CopyEventsParams(job_id=j.id, kind="enqueued", attempt=0)
+                        for j in fresh_plain
+                    ),
                 )
-            queues.update(j.queue for j in plain)
-            inserted += len(plain)
-        replayed: list[Job] = []
+            queues.update(j.queue for j in fresh_plain)
+            inserted += len(fresh_plain)
         ordered = [keyed[slot] for slot in sorted(keyed)]
         for chunk in _chunks(iter(ordered), BATCH_CHUNK):
             new_ids = set(
@@ -437,9 +448,14 @@ class Store(SchedulesMixin):
                 }
                 for j in taken:
                     found = stored.get((j.queue, j.idempotency_key))
-                    if found is None:  # pragma: no cover - the conflicting row is committed
-                        raise DatabaseError(f"idempotency key {j.idempotency_key!r} vanished")
-                    replayed.append(self._replay(j, found))
+                    if found is not None:
+                        replayed.append(self._replay(j, found))
+                        continue
+                    # Not its key: its id is taken (a retried batch, or a clash).
+                    same_id = q.get_job(conn, id=j.id)
+                    if same_id is None:  # pragma: no cover - the conflicting row is committed
+                        raise DatabaseError(f"job {j.id} conflicted and vanished")
+                    replayed.append(_same_job_or_conflict(j, job_from_row(same_id)))
             fresh = [j for j in chunk if j.id in new_ids]
             if fresh and write_events:
                 record(
@@ -452,6 +468,37 @@ class Store(SchedulesMixin):
         for queue in sorted(queues):
             q.notify(conn, channel=self.notify_channel, payload=queue)
         return BatchResult(inserted=inserted, replayed=tuple(replayed))
+
+    @staticmethod
+    def _copy_chunk(
+        conn: psycopg.Connection[Any],
+        plain: builtins.list[NewJob],
+        db_now: dt.datetime,
+        replayed: builtins.list[Job],
+    ) -> builtins.list[NewJob]:
+        """COPY unkeyed jobs; the ones whose id is already stored are replays.
+
+        COPY has no ON CONFLICT: it runs in a savepoint, and only when a
+        client id is already stored (a batch retried after its COMMIT reply
+        was lost) are the existing ones looked up, compared and left out.
+        """
+        try:
+            with conn.transaction():
+                q.copy_jobs(conn, (_copy_row(j, db_now) for j in plain))
+            return plain
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "jobs_pkey":
+                raise
+        stored = {
+            row.id: job_from_row(row) for row in q.get_jobs_by_ids(conn, ids=[j.id for j in plain])
+        }
+        fresh = [j for j in plain if j.id not in stored]
+        for j in plain:
+            if j.id in stored:
+                replayed.append(_same_job_or_conflict(j, stored[j.id]))
+        if fresh:
+            q.copy_jobs(conn, (_copy_row(j, db_now) for j in fresh))
+        return fresh
 
     # -- leases -----------------------------------------------------------------
 
@@ -999,6 +1046,17 @@ def _stale(conn: psycopg.Connection[Any]) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
+
+
+def _same_job_or_conflict(job: NewJob, stored: Job) -> Job:
+    """A job whose id is already stored: the same job again (a replay) or a clash."""
+    if (
+        stored.queue == job.queue
+        and stored.idempotency_key == job.idempotency_key
+        and same_body(job, stored)
+    ):
+        return stored
+    raise AlreadyExists("job", job.id)
 
 
 def same_body(job: NewJob, stored: Job) -> bool:

@@ -400,3 +400,51 @@ def test_timestamps_come_back_utc_whatever_the_callers_time_zone(store: Store, d
 def test_new_job_defaults() -> None:
     job = NewJob(type="t")
     assert job.queue == "default" and job.payload == {} and job.max_attempts == 25
+
+
+# -- retries of a lost COMMIT reply: the client's id identifies the job ---------
+
+
+def test_an_enqueue_retried_with_the_same_id_is_a_replay(store: Store) -> None:
+    spec = new_job(payload={"a": 1})
+    first = store.enqueue(spec)
+    again = store.enqueue(spec)
+    assert again == first
+    assert len(store.events(first.id)) == 1
+
+
+def test_a_different_job_with_a_taken_id_is_already_exists(store: Store) -> None:
+    from jobrun.job.errors import AlreadyExists  # noqa: PLC0415
+
+    spec = new_job(payload={"a": 1})
+    store.enqueue(spec)
+    with pytest.raises(AlreadyExists):
+        store.enqueue(new_job(payload={"a": 2}, id=spec.id))
+    with pytest.raises(AlreadyExists):
+        store.enqueue(new_job(payload={"a": 1}, id=spec.id, idempotency_key="other"))
+
+
+def test_a_batch_retried_without_keys_replays_the_stored_jobs(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    batch = [new_job(payload={"i": i}) for i in range(20)]
+    store.enqueue_batch(batch[:10])
+    result = store.enqueue_batch(batch)  # half of it was stored already
+    assert result.inserted == 10
+    assert sorted(j.id for j in result.replayed) == sorted(j.id for j in batch[:10])
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (20,)
+    assert conn.execute("SELECT count(*) FROM job_events").fetchone() == (20,)
+
+
+def test_a_batch_clashing_with_a_stored_id_writes_nothing(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    from jobrun.job.errors import AlreadyExists  # noqa: PLC0415
+
+    stored = store.enqueue(new_job(payload={"a": 1}))
+    before = counts(conn)
+    with pytest.raises(AlreadyExists):
+        store.enqueue_batch([new_job(), new_job(payload={"a": 2}, id=stored.id), new_job()])
+    with pytest.raises(AlreadyExists):
+        store.enqueue_batch([new_job(idempotency_key="k", id=stored.id)])
+    assert counts(conn) == before

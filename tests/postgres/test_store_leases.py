@@ -630,8 +630,13 @@ def test_complete_many_tx_runs_each_callable_once_in_one_transaction(
     store.cancel(cancelled.id)
     expire(conn, lost.id)
     store.reap_expired(store.now(), 10)
-    items = [(ok1, _writer(ok1)), (ok2, _writer(ok2)), (plain, None),
-             (cancelled, _writer(cancelled)), (lost, _writer(lost))]
+    items = [
+        (ok1, _writer(ok1)),
+        (ok2, _writer(ok2)),
+        (plain, None),
+        (cancelled, _writer(cancelled)),
+        (lost, _writer(lost)),
+    ]
     result = store.complete_many_tx(items)
     assert result.completed == {ok1.id, ok2.id, plain.id}
     assert result.cancelled == {cancelled.id} and result.lease_lost == {lost.id}
@@ -667,9 +672,7 @@ def test_one_failing_callable_rolls_the_batch_back_and_the_others_complete_alone
     assert not store.effect_done(bad)
 
 
-def test_a_callable_ending_the_batch_transaction_is_refused_alone(
-    store: Store, conn: Any
-) -> None:
+def test_a_callable_ending_the_batch_transaction_is_refused_alone(store: Store, conn: Any) -> None:
     conn.execute("CREATE TABLE side (job_id uuid)")
     store.enqueue_batch([new_job() for _ in range(2)])
     a, rude = store.claim(OWNER, ["default"], 2, TTL)
@@ -679,9 +682,7 @@ def test_a_callable_ending_the_batch_transaction_is_refused_alone(
     assert _side(conn) == [a.id]
 
 
-def test_jobs_sharing_an_effect_key_in_one_batch_run_one_callable(
-    store: Store, conn: Any
-) -> None:
+def test_jobs_sharing_an_effect_key_in_one_batch_run_one_callable(store: Store, conn: Any) -> None:
     conn.execute("CREATE TABLE side (job_id uuid)")
     store.enqueue(new_job(queue="a", idempotency_key="k"))
     store.enqueue(new_job(queue="b", idempotency_key="k"))

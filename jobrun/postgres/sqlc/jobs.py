@@ -26,7 +26,7 @@ WITH ins AS (
             COALESCE($8::timestamptz,
                      now() + make_interval(secs => $9::float8)),
             $10)
-    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at
 ), ev AS (
     INSERT INTO job_events (job_id, kind, attempt)
@@ -58,7 +58,8 @@ def enqueue_job(
     One statement, one round trip: the insert, its "enqueued" event (when
     write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
     so no worker can wake before the row is visible; a replay (the key already
-    taken) inserts nothing, writes no event and notifies nobody.
+    taken, or the client's id already stored: a retry after a lost COMMIT
+    reply) inserts nothing, writes no event and notifies nobody.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(
@@ -190,7 +191,7 @@ SELECT unnest($1::uuid[]), unnest($2::text[]),
        unnest($5::int4[]), unnest($6::int4[]),
        unnest($7::jsonb[]), unnest($8::timestamptz[]),
        unnest($9::text[])
-ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id"""
 
 
@@ -228,6 +229,38 @@ def insert_keyed_jobs(
             ),
         )
         return [r[0] for r in cur.fetchall()]
+
+
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM jobs WHERE id = ANY($1::uuid[])"
+
+
+def get_jobs_by_ids(conn: psycopg.Connection[Any], *, ids: list[uuid.UUID]) -> list[Job]:
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(GET_JOBS_BY_IDS, (ids,))
+        return [
+            Job(
+                id=r[0],
+                queue=r[1],
+                type=r[2],
+                payload=r[3],
+                priority=r[4],
+                state=JobState(r[5]),
+                attempts=r[6],
+                max_attempts=r[7],
+                backoff=r[8],
+                run_at=r[9],
+                lease_owner=r[10],
+                lease_token=r[11],
+                lease_expires_at=r[12],
+                cancel_requested=r[13],
+                idempotency_key=r[14],
+                last_error=r[15],
+                created_at=r[16],
+                updated_at=r[17],
+                finished_at=r[18],
+            )
+            for r in cur.fetchall()
+        ]
 
 
 COPY_JOBS: Final = """\
