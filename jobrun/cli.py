@@ -97,8 +97,9 @@ from jobrun.job.model import (
     ScheduleSpec,
     State,
 )
+from jobrun.job.validate import redact
 from jobrun.postgres import embedded
-from jobrun.postgres.pool import conninfo_with, redact
+from jobrun.postgres.pool import conninfo_with
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -267,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("lease-ttl", "heartbeat-interval", "poll-interval", "shutdown-grace"):
         p.add_argument(f"--{flag}", metavar="DURATION")
     p.add_argument("--commit-timeout", metavar="DURATION", help="or 'off'")
+    p.add_argument("--call-timeout", metavar="DURATION", help="client-side bound, or 'off'")
     p.add_argument("--no-notifications", action="store_true", help="poll only (no LISTEN/NOTIFY)")
     _retention_options(p)
     _log_option(p)
@@ -698,7 +700,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         poll_interval=_optional_duration(args.poll_interval, "--poll-interval"),
         shutdown_grace=_optional_duration(args.shutdown_grace, "--shutdown-grace"),
         notifications=False if args.no_notifications else None,
-        **_off_or_duration(args, "commit_timeout", "retention", "events_retention"),
+        **_off_or_duration(args, "commit_timeout", "call_timeout", "retention", "events_retention"),
     )
     _configure_logging(args.log_level)
     url = database_url(settings)

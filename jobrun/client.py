@@ -43,7 +43,12 @@ from jobrun.job.model import (
 )
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.pool import open_pool
-from jobrun.postgres.store import DEFAULT_COMMIT_TIMEOUT, DEFAULT_NOTIFY_CHANNEL, Store
+from jobrun.postgres.store import (
+    DEFAULT_CALL_TIMEOUT,
+    DEFAULT_COMMIT_TIMEOUT,
+    DEFAULT_NOTIFY_CHANNEL,
+    Store,
+)
 
 
 class Client:
@@ -62,6 +67,7 @@ class Client:
         event_mode: EventMode | str = EventMode.ALL,
         notify_channel: str = DEFAULT_NOTIFY_CHANNEL,
         commit_timeout: dt.timedelta | None = DEFAULT_COMMIT_TIMEOUT,
+        call_timeout: dt.timedelta | None = DEFAULT_CALL_TIMEOUT,
         application_name: str = "jobrun-client",
     ) -> Client:
         """Open a pool (``pool_size`` + the reserve) and a Store on it. Close it when done."""
@@ -74,6 +80,7 @@ class Client:
                 event_mode=event_mode,
                 commit_timeout=commit_timeout,
                 notify_channel=notify_channel,
+                call_timeout=call_timeout,
             )
         except BaseException:
             pool.close()

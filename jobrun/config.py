@@ -13,6 +13,7 @@ JOBRUN_POLL_INTERVAL           --poll-interval         1s
 JOBRUN_NOTIFY_CHANNEL          --notify-channel        jobrun_jobs
 JOBRUN_NOTIFICATIONS (on|off)  --no-notifications      on
 JOBRUN_COMMIT_TIMEOUT          --commit-timeout        30s
+JOBRUN_CALL_TIMEOUT            --call-timeout          10s (client-side bound of a call)
 JOBRUN_SHUTDOWN_GRACE          --shutdown-grace        30s
 JOBRUN_RETENTION               --retention             7d (finished jobs; "off" keeps them)
 JOBRUN_EVENTS_RETENTION        --events-retention      7d ("off" keeps them)
@@ -97,6 +98,7 @@ class Settings:
     notify_channel: str = DEFAULT_CHANNEL
     notifications: bool = True
     commit_timeout: dt.timedelta | None = dt.timedelta(seconds=30)
+    call_timeout: dt.timedelta | None = dt.timedelta(seconds=10)
     shutdown_grace: dt.timedelta = DEFAULT_SHUTDOWN_GRACE
     retention: dt.timedelta | None = dt.timedelta(days=7)
     events_retention: dt.timedelta | None = dt.timedelta(days=7)
@@ -149,6 +151,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "JOBRUN_NOTIFY_CHANNEL": ("notify_channel", lambda text, name: text.strip()),
     "JOBRUN_NOTIFICATIONS": ("notifications", _switch),
     "JOBRUN_COMMIT_TIMEOUT": ("commit_timeout", _optional_duration),
+    "JOBRUN_CALL_TIMEOUT": ("call_timeout", _optional_duration),
     "JOBRUN_SHUTDOWN_GRACE": ("shutdown_grace", parse_duration),
     "JOBRUN_RETENTION": ("retention", _optional_duration),
     "JOBRUN_EVENTS_RETENTION": ("events_retention", _optional_duration),

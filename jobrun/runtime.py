@@ -54,6 +54,7 @@ def make_store(pool: ConnectionPool[Any], settings: Settings) -> Store:
         event_mode=settings.job_events,
         commit_timeout=settings.commit_timeout,
         notify_channel=settings.notify_channel,
+        call_timeout=settings.call_timeout,
     )
 
 

@@ -265,9 +265,23 @@ def _scalar_base(item: bool | int | float | str) -> object:
     raise AssertionError(item)  # pragma: no cover
 
 
+_PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
+_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with any password in a URL or key=value connection string replaced by ``***``."""
+    text = _PASSWORD_IN_URL.sub(r"\1***@", text)
+    return _PASSWORD_KV.sub(r"\1***", text)
+
+
 def error_text(value: str) -> str:
-    """Error text as stored: NULs removed (text columns refuse them), truncated."""
-    text = value.replace("\x00", "\\0")
+    """Error text as stored: passwords redacted, NULs removed (text refuses them), truncated.
+
+    A handler's error may quote a connection string (its own DATABASE_URL):
+    the password must reach neither ``last_error`` nor ``job_events``.
+    """
+    text = redact(value).replace("\x00", "\\0")
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 20] + " ... [truncated]"
     return text

@@ -28,7 +28,7 @@ from psycopg_pool import PoolTimeout
 
 from jobrun.job.errors import DatabaseError, OutcomeUnknown, TransientError
 from jobrun.job.model import Backoff, Event, EventKind, Job, Schedule, State
-from jobrun.postgres.pool import redact
+from jobrun.job.validate import redact
 from jobrun.postgres.sqlc import models
 
 UTC = dt.UTC

@@ -72,9 +72,10 @@ from typing import Any
 import psycopg
 
 from jobrun.job.errors import ValidationError
+from jobrun.job.validate import redact
 from jobrun.postgres.migrate import LOCK_NAMESPACE
 from jobrun.postgres.notify import check_seconds, configure_session, interrupt_after
-from jobrun.postgres.pool import conninfo_with, redact
+from jobrun.postgres.pool import conninfo_with
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,8 @@ from yoyo import read_migrations
 from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
 from yoyo.connections import DatabaseURI
 
-from jobrun.postgres.pool import conninfo_with, redact
+from jobrun.job.validate import redact
+from jobrun.postgres.pool import conninfo_with
 
 log = logging.getLogger(__name__)
 

@@ -72,7 +72,8 @@ from psycopg import sql
 
 from jobrun.job import validate
 from jobrun.job.errors import ValidationError
-from jobrun.postgres.pool import conninfo_with, redact
+from jobrun.job.validate import redact
+from jobrun.postgres.pool import conninfo_with
 
 log = logging.getLogger(__name__)
 

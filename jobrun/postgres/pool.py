@@ -17,7 +17,6 @@ connection strings and from driver messages that might echo one.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import psycopg
@@ -25,6 +24,7 @@ import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
 from jobrun.job.errors import TransientError, ValidationError
+from jobrun.job.validate import redact
 
 RESERVED_CONNECTIONS = 8
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -37,16 +37,10 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
+    # Data sent into a dead link is unacknowledged, which keepalives ignore:
+    # this bounds it (milliseconds; Linux, libpq 12+).
+    "tcp_user_timeout": 20_000,
 }
-
-_PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
-_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
-def redact(text: str) -> str:
-    """``text`` with any password in a URL or key=value connection string replaced by ``***``."""
-    text = _PASSWORD_IN_URL.sub(r"\1***@", text)
-    return _PASSWORD_KV.sub(r"\1***", text)
 
 
 def conninfo_with(conninfo: str, **overrides: Any) -> str:

@@ -132,6 +132,7 @@ from jobrun.postgres.convert import (
     translate_errors,
     utc,
 )
+from jobrun.postgres.deadline import WATCHDOG
 from jobrun.postgres.events import EventMode, EventRow, record
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
 from jobrun.postgres.schedules import SchedulesMixin
@@ -145,8 +146,12 @@ T = TypeVar("T")
 
 DEFAULT_NOTIFY_CHANNEL = DEFAULT_CHANNEL
 DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
+DEFAULT_CALL_TIMEOUT = dt.timedelta(seconds=10)
+"""Client-side bound of one store call (a Complete adds commit_timeout)."""
+_CALL = object()  # "the store's call_timeout"
 BATCH_CHUNK = 5000
 MAX_HEARTBEAT_IDS = 100_000
+"""The most ids one heartbeat or completion call sends (arrays, before any SQL)."""
 MAX_LIST_LIMIT = 10_000
 
 
@@ -160,6 +165,7 @@ class Store(SchedulesMixin):
         event_mode: EventMode | str = EventMode.ALL,
         commit_timeout: dt.timedelta | None = DEFAULT_COMMIT_TIMEOUT,
         notify_channel: str = DEFAULT_NOTIFY_CHANNEL,
+        call_timeout: dt.timedelta | None = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         try:
             self.event_mode = EventMode(event_mode)
@@ -168,13 +174,16 @@ class Store(SchedulesMixin):
         if commit_timeout is not None:
             validate.positive_duration("commit_timeout", commit_timeout)
         self.commit_timeout = commit_timeout
+        if call_timeout is not None:
+            validate.positive_duration("call_timeout", call_timeout)
+        self.call_timeout = None if call_timeout is None else call_timeout.total_seconds()
         self.notify_channel = validate_channel(notify_channel, "notify_channel")
         self.pool = pool
 
     # -- transactions ---------------------------------------------------------
 
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def _connection(self, timeout: float | None) -> Iterator[psycopg.Connection[Any]]:
         """A live pooled connection.
 
         An idle pooled connection whose server went away (restart, failover,
@@ -182,18 +191,22 @@ class Store(SchedulesMixin):
         message or EOF. One non-blocking poll per checkout (no round trip)
         spots it; it is closed, so the pool replaces it, and the next one is
         tried. After a restart every caller gets a fresh connection instead
-        of one failure per stale connection.
+        of one failure per stale connection. The call is bounded client-side
+        by ``timeout`` seconds (see :mod:`jobrun.postgres.deadline`).
         """
         for _ in range(self.pool.max_size + 1):
             with self.pool.connection() as conn:
                 if _stale(conn):
                     conn.close()
                     continue
-                yield conn
+                with WATCHDOG.watch(conn, timeout):
+                    yield conn
                 return
         raise TransientError("every pooled connection was dead")  # pragma: no cover
 
-    def _with_tx(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def _with_tx(
+        self, fn: Callable[[psycopg.Connection[Any]], T], *, timeout: float | object | None = _CALL
+    ) -> T:
         """Run ``fn`` in one transaction on a pooled connection.
 
         A deadlock or serialization failure is retried once (the whole
@@ -203,7 +216,10 @@ class Store(SchedulesMixin):
         for attempt in (1, 2):
             committing = [False]
             try:
-                with translate_errors(committing=committing), self._connection() as conn:
+                with (
+                    translate_errors(committing=committing),
+                    self._connection(self._bound(timeout)) as conn,
+                ):
                     with conn.transaction():
                         result = fn(conn)
                         committing[0] = True
@@ -215,7 +231,12 @@ class Store(SchedulesMixin):
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _with_explicit_tx(self, fn: Callable[[psycopg.Connection[Any], list[bool]], T]) -> T:
+    def _with_explicit_tx(
+        self,
+        fn: Callable[[psycopg.Connection[Any], list[bool]], T],
+        *,
+        timeout: float | object | None = _CALL,
+    ) -> T:
         """Like :meth:`_with_tx`, for a ``fn`` that sends BEGIN and COMMIT itself.
 
         Complete pipelines COMMIT with its last statement, saving a round
@@ -227,7 +248,10 @@ class Store(SchedulesMixin):
         for attempt in (1, 2):
             committing = [False]
             try:
-                with translate_errors(committing=committing), self._connection() as conn:
+                with (
+                    translate_errors(committing=committing),
+                    self._connection(self._bound(timeout)) as conn,
+                ):
                     try:
                         result = fn(conn, committing)
                         status = conn.info.transaction_status
@@ -259,7 +283,10 @@ class Store(SchedulesMixin):
         for attempt in (1, 2):
             committing = [True]  # a lone statement commits as it returns
             try:
-                with translate_errors(committing=committing), self._connection() as conn:
+                with (
+                    translate_errors(committing=committing),
+                    self._connection(self.call_timeout) as conn,
+                ):
                     return fn(conn)
             except DatabaseError as exc:
                 if attempt == 1 and is_retryable(exc.__cause__ or exc):
@@ -269,7 +296,7 @@ class Store(SchedulesMixin):
 
     def _on_pool_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """A read: no commit outcome to be unsure about."""
-        with translate_errors(), self._connection() as conn:
+        with translate_errors(), self._connection(self.call_timeout) as conn:
             return fn(conn)
 
     @staticmethod
@@ -289,6 +316,19 @@ class Store(SchedulesMixin):
             raise ValidationError("conn", "the caller's transaction is already aborted")
         with translate_errors(), conn.transaction():
             return fn(conn)
+
+    def _bound(self, timeout: float | object | None) -> float | None:
+        if timeout is _CALL:
+            return self.call_timeout
+        assert timeout is None or isinstance(timeout, float)
+        return timeout
+
+    def _commit_bound(self) -> float | None:
+        """The client-side bound of a Complete: its commit callables may take
+        commit_timeout per statement, on top of the ordinary call bound."""
+        if self.commit_timeout is None or self.call_timeout is None:
+            return None
+        return self.call_timeout + self.commit_timeout.total_seconds()
 
     def now(self) -> dt.datetime:
         """The database's clock: the only "now" any decision may use."""
@@ -378,7 +418,9 @@ class Store(SchedulesMixin):
 
         if conn is not None:
             return self._in_caller_tx(conn, run)
-        return self._with_tx(run)
+        # Unbounded client-side: a streamed batch may take minutes; a dead
+        # link is still caught by TCP keepalives and tcp_user_timeout.
+        return self._with_tx(run, timeout=None)
 
     def _enqueue_batch_on(
         self, conn: psycopg.Connection[Any], jobs: Iterator[NewJob]
@@ -622,10 +664,12 @@ class Store(SchedulesMixin):
                 updated_at=utc(row.now),
             )
 
-        return self._with_explicit_tx(run)
+        return self._with_explicit_tx(run, timeout=self._commit_bound())
 
     def complete_many(self, jobs: Sequence[Job]) -> CompleteManyResult:
         """Complete many claimed jobs (no commit callables) in one statement, each fenced."""
+        if len(jobs) > MAX_HEARTBEAT_IDS:
+            raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
         if not jobs:
             return CompleteManyResult(
                 completed=frozenset(), cancelled=frozenset(), lease_lost=frozenset()
@@ -670,6 +714,8 @@ class Store(SchedulesMixin):
             return CompleteManyResult(
                 completed=frozenset(), cancelled=frozenset(), lease_lost=frozenset()
             )
+        if len(items) > MAX_HEARTBEAT_IDS:
+            raise ValidationError("items", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
         jobs = [job for job, _ in items]
         owners = {_lease_of(j)[0] for j in jobs}
         if len(owners) != 1:
@@ -741,7 +787,7 @@ class Store(SchedulesMixin):
             )
 
         try:
-            return self._with_explicit_tx(run)
+            return self._with_explicit_tx(run, timeout=self._commit_bound())
         except (TransientError, OutcomeUnknown):
             raise
         except Exception as exc:  # noqa: BLE001 - a commit callable's own error, whatever it is

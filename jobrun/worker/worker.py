@@ -753,8 +753,9 @@ def _db_fault(exc: JobrunError) -> bool:
 
 
 def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:
+    """An exception as logged and stored, without any password it quotes."""
     text = f"{type(exc).__name__}: {exc}"
     if with_traceback:
         tb = "".join(traceback.format_exception(exc)[-6:])
         text = f"{text}\n{tb}"
-    return text
+    return validate.redact(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from typing import Any
 
@@ -27,14 +28,18 @@ CREATE CONSTRAINT TRIGGER kill_at_commit AFTER INSERT ON jobs
 """
 
 
-def test_a_deadlock_is_retried_once_inside_the_method(store: Store, conn: Any, dsn: str) -> None:
+def test_a_deadlock_is_retried_once_inside_the_method(
+    store: Store, conn: Any, admin_dsn: str
+) -> None:
     conn.execute("CREATE TABLE a (x int); CREATE TABLE b (x int)")
     calls: list[int] = []
     other_has_b = threading.Event()
     other_done = threading.Event()
 
     def other() -> None:
-        with psycopg.connect(dsn) as c:
+        # Superuser only: this side waits 10 s before checking for a deadlock,
+        # so the store's side (the default 1 s) detects it and is aborted.
+        with psycopg.connect(admin_dsn) as c:
             c.execute("SET deadlock_timeout = '10s'")
             c.execute("LOCK TABLE b")
             other_has_b.set()
@@ -44,7 +49,6 @@ def test_a_deadlock_is_retried_once_inside_the_method(store: Store, conn: Any, d
 
     def fn(c: psycopg.Connection[Any]) -> str:
         calls.append(1)
-        c.execute("SET LOCAL deadlock_timeout = '50ms'")
         c.execute("LOCK TABLE a")
         if len(calls) == 1:
             threading.Thread(target=other).start()
@@ -131,5 +135,25 @@ def test_after_a_restart_stale_pooled_connections_are_replaced_without_errors() 
             for _ in range(20):  # more calls than stale connections: none fails
                 store.enqueue(new_job())
             assert len(store.list(limit=100)) == 21
+        finally:
+            pool.close()
+
+
+def test_a_call_on_a_half_open_connection_is_bounded_client_side(dsn: str) -> None:
+    """The server never answers (a stalled link the kernel still acknowledges)."""
+    from jobrun.postgres.deadline import WATCHDOG  # noqa: PLC0415
+    from tests.support.proxy import TcpProxy  # noqa: PLC0415
+
+    with TcpProxy(dsn) as proxy:
+        pool = open_pool(proxy.conninfo, min_size=1, max_size=2)
+        try:
+            store = Store(pool, call_timeout=dt.timedelta(seconds=1))
+            store.now()
+            fired = WATCHDOG.fired
+            proxy.blackhole()
+            with pytest.raises((TransientError, OutcomeUnknown)):
+                store.enqueue(new_job())
+            assert WATCHDOG.fired == fired + 1
+            assert store.now() is not None  # a fresh connection, through the proxy again
         finally:
             pool.close()

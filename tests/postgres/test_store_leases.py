@@ -325,13 +325,15 @@ def test_a_commit_callable_that_ends_the_transaction_is_refused(
     assert store.get(job.id).state is State.LEASED
 
 
-def test_commit_timeout_rolls_back_and_does_not_leak_to_the_pooled_connection(dsn: str) -> None:
+def test_commit_timeout_rolls_back_and_does_not_leak_to_the_pooled_connection(
+    dsn: str, conn: Any
+) -> None:
     pool = open_pool(dsn, min_size=1, max_size=1)
     try:
         store = Store(pool, commit_timeout=dt.timedelta(milliseconds=200))
+        conn.execute("CREATE TABLE side (x int)")
         with pool.connection() as c:
             (default,) = c.execute("SHOW statement_timeout").fetchone()
-            c.execute("CREATE TABLE side (x int)")
         store.enqueue(new_job())
         job = store.claim(OWNER, ["default"], 1, TTL)[0]
         with pytest.raises(DatabaseError, match="cancel"):
