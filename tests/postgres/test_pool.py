@@ -8,8 +8,8 @@ import psycopg
 import pytest
 
 from jobrun.job.errors import TransientError, ValidationError
-from jobrun.postgres.embedded import free_port, throwaway_cluster
 from jobrun.job.validate import redact
+from jobrun.postgres.embedded import free_port, throwaway_cluster
 from jobrun.postgres.pool import RESERVED_CONNECTIONS, conninfo_with, open_pool
 
 CANARY = "s3cr3t-canary-pw"
