@@ -415,9 +415,18 @@ class Worker:
             return self._inflight > 0
 
     def _claim_plan(self) -> list[tuple[list[str], int]]:
-        """What to claim now: per-queue limited queues alone, the others together."""
+        """What to claim now: per-queue limited queues alone, the others together.
+
+        Free threads, less the completion backlog beyond one batch's worth
+        (``concurrency``): results waiting for the completer still hold their
+        leases, so a completer slower than the handlers (commit callables
+        run one after another) slows claiming down instead of letting leased
+        jobs pile up without bound. A worker never holds more than twice
+        ``concurrency`` leases.
+        """
         with self._lock:
-            free = self.config.concurrency - self._inflight
+            backlog = max(len(self._unflushed) - self.config.concurrency, 0)
+            free = self.config.concurrency - self._inflight - backlog
             plan: list[tuple[list[str], int]] = []
             unlimited: list[str] = []
             for name, limit in self.config.queues.items():
@@ -637,6 +646,7 @@ class Worker:
         with self._lock:
             for job, _ in batch:
                 self._unflushed.pop(_claim(job), None)
+        self._slot_freed.set()  # the backlog shrank: the claimer may claim again
 
     def _retrying(
         self, complete: Callable[[], CompleteManyResult], size: int

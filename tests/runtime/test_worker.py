@@ -414,3 +414,36 @@ def test_invalid_worker_configuration_fails_at_start(fields: dict[str, Any], fie
     with pytest.raises(ValidationError) as info:
         WorkerConfig(**fields)
     assert info.value.field == field
+
+
+def test_a_slow_completer_bounds_the_leases_a_worker_holds(
+    store: Store, registry: Registry, conn: Any
+) -> None:
+    """Handlers finish fast, commit callables are slow: claiming waits for the backlog."""
+    conn.execute("CREATE TABLE side (job_id uuid)")
+
+    def handler(ctx: JobContext, job: Job) -> Callable[[Any], None]:
+        def commit(c: psycopg.Connection[Any]) -> None:
+            time.sleep(0.01)
+            c.execute("INSERT INTO side VALUES (%s)", [job.id])
+
+        return commit
+
+    registry.register("t", handler)
+    store.enqueue_batch([NewJob(type="t") for _ in range(300)])
+    worker = Worker(
+        store, registry, WorkerConfig(concurrency=4, lease_ttl=dt.timedelta(seconds=30))
+    )
+    worker.start()
+    most = 0
+    try:
+        while (
+            conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0] < 300
+        ):
+            (leased,) = conn.execute("SELECT count(*) FROM jobs WHERE state = 'leased'").fetchone()
+            most = max(most, leased)
+            time.sleep(0.02)
+    finally:
+        worker.stop(30)
+    assert most <= 2 * 4
+    assert conn.execute("SELECT count(*) FROM side").fetchone() == (300,)

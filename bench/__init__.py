@@ -1,0 +1,1 @@
+"""jobrun's benchmark (issue 6): ``make bench`` or ``python -m bench``; see bench/README.md."""

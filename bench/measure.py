@@ -1,0 +1,838 @@
+"""The measurements of issue 6. Each returns Figures (one value per run).
+
+Methods (see also bench/README.md):
+
+ceiling        N transactions over T threads, one connection each (autocommit
+               off), each transaction ``UPDATE bench_ceiling_jobs ... WHERE
+               id = $1`` + ``INSERT INTO bench_ceiling_log`` + COMMIT, no
+               jobrun code; wall clock from a barrier release to the last join.
+enqueue_one    ``Store.enqueue(NewJob(...))`` N times on one thread (the NewJob
+               is built in the loop); wall clock.
+enqueue_batch  ``Store.enqueue_batch`` in a child process (bench/child.py):
+               a list of N jobs, and a generator of M jobs; wall clock around
+               the call; the child's ru_maxrss.
+drain          N no-op jobs enqueued on a paused queue, then ``jobrun worker``
+               process(es) started and ready (their LISTEN connection is up),
+               then the queue resumed. Rate = N / (last ``jobs.finished_at`` -
+               first ``claimed`` event), both by the database clock.
+               Peak RSS = VmHWM of each worker process, read before SIGTERM.
+drain_tx       the same with handlers returning a commit callable (one INSERT),
+               i.e. one Complete transaction per job.
+worker_rss     a longer no-op drain (100,000 jobs by default) for the RSS target.
+pickup         an idle ``jobrun worker``; jobs enqueued one by one at a fixed
+               rate; latency = the handler's ``time.time()`` at start minus
+               the enqueuer's ``time.time()`` right after ``enqueue`` returned
+               (so after COMMIT). Same host, same clock.
+growth         ``Store.claim`` of B jobs, timed one call at a time, on a table
+               holding only the jobs the samples claim ("empty") and on one
+               with F finished + Q queued rows ("large"); plus EXPLAIN of the
+               claim statement (custom and generic plans) on the large table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from rich.console import Console
+
+from bench.plan import explain_claim
+from bench.server import ROOT, Database
+from bench.stats import Figure, at_least, at_most, below, percentile, ratio_at_least
+from jobrun import NewJob
+from jobrun.job.model import DEFAULT_BACKOFF
+from jobrun.postgres.pool import open_pool
+from jobrun.postgres.store import Store
+
+
+@dataclasses.dataclass
+class Sizes:
+    """Every size the benchmark uses; ``--size NAME=VALUE`` overrides one."""
+
+    enqueue_one_jobs: int = 3_000
+    batch_jobs: int = 100_000
+    stream_jobs: int = 1_000_000
+    drain_jobs: int = 50_000
+    """No-op drains (at concurrency > 1)."""
+    drain_tx_jobs: int = 50_000
+    """Transactional drains."""
+    drain_c1_jobs: int = 10_000
+    """Cap for drains at concurrency 1 (one claim per job)."""
+    drain_concurrency: str = "1,8,32"
+    procs: int = 2
+    procs_concurrency: int = 16
+    rss_drain_jobs: int = 100_000
+    rss_drain_concurrency: int = 32
+    pickup_rate: float = 20.0
+    pickup_seconds: float = 10.0
+    pickup_concurrency: int = 10
+    ceiling_threads: int = 8
+    ceiling_tx: int = 20_000
+    growth_finished: int = 1_000_000
+    growth_queued: int = 100_000
+    growth_samples: int = 300
+    claim_batch: int = 10
+
+    @property
+    def concurrencies(self) -> list[int]:
+        return [int(c) for c in self.drain_concurrency.split(",") if c.strip()]
+
+    def set(self, assignment: str) -> None:
+        name, _, value = assignment.partition("=")
+        name = name.strip().replace("-", "_")
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        if name not in fields or not value:
+            raise ValueError(
+                f"--size {assignment!r}: expected NAME=VALUE, NAME one of {sorted(fields)}"
+            )
+        current = getattr(self, name)
+        setattr(self, name, type(current)(value.strip()))
+
+
+QUICK = Sizes(
+    enqueue_one_jobs=100,
+    batch_jobs=2_000,
+    stream_jobs=20_000,
+    drain_jobs=1_000,
+    drain_tx_jobs=1_000,
+    drain_c1_jobs=500,
+    procs_concurrency=8,
+    rss_drain_jobs=2_000,
+    pickup_seconds=2.0,
+    ceiling_tx=800,
+    growth_finished=20_000,
+    growth_queued=2_000,
+    growth_samples=30,
+)
+
+
+@dataclasses.dataclass
+class Context:
+    db: Database
+    sizes: Sizes
+    runs: int
+    console: Console
+    workdir: Path
+    store: Store
+    failures: list[str] = dataclasses.field(default_factory=list)
+    """Parts of a measurement that failed while the rest still produced figures."""
+
+    def say(self, text: str) -> None:
+        self.console.print(f"  [dim]{text}[/dim]", highlight=False)
+
+
+# -- worker processes -----------------------------------------------------------
+
+
+class Workers:
+    """``jobrun worker --app bench.app:registry`` processes on one queue."""
+
+    def __init__(self, ctx: Context, queue: str, concurrency: int, procs: int) -> None:
+        self.ctx = ctx
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+        env = {
+            **os.environ,
+            "DATABASE_URL": ctx.db.dsn,
+            "JOB_EVENTS": "all",
+            "PYTHONPATH": str(ROOT),
+        }
+        for n in range(procs):
+            log = ctx.workdir / f"worker-{time.monotonic_ns()}-{n}.log"
+            with open(log, "wb") as handle:
+                self.procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "jobrun.cli",
+                            "worker",
+                            "--app",
+                            "bench.app:registry",
+                            "--queues",
+                            queue,
+                            "--concurrency",
+                            str(concurrency),
+                            "--no-scheduler",
+                            "--log-level",
+                            "warning",
+                        ],
+                        stdout=handle,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=ROOT,
+                    )
+                )
+            self.logs.append(log)
+
+    def check_alive(self) -> None:
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"worker {proc.pid} exited with {proc.returncode}:\n{tail}")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until every process has its LISTEN connection (its pool is open by then)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            if _connections(self.ctx.db, "jobrun-listener") >= len(self.procs):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker processes did not get ready in time")
+            time.sleep(0.05)
+
+    def peak_rss_mb(self) -> float:
+        """The largest VmHWM (peak resident set) among the processes, in MB."""
+        peak = 0.0
+        for proc in self.procs:
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]) / 1024)
+        return peak
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the processes so far (all their threads)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for proc in self.procs:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        return total
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        # Their backends go away a moment after the processes.
+        deadline = time.monotonic() + 10
+        while _connections(self.ctx.db, None) > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def workers(ctx: Context, queue: str, concurrency: int, procs: int = 1) -> Iterator[Workers]:
+    w = Workers(ctx, queue, concurrency, procs)
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def _connections(db: Database, application_name: str | None) -> int:
+    """Worker connections (listener, or every jobrun-worker/listener one) to the bench db."""
+    names = [application_name] if application_name else ["jobrun-listener", "jobrun-worker"]
+    rows = db.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = ANY(%s)",
+        [names],
+    )
+    return int(rows[0][0])
+
+
+DRAIN_POLL = """
+SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND queue = %s)
+    OR EXISTS (SELECT 1 FROM jobs WHERE state = 'leased'),
+       (SELECT max(finished_at) FROM jobs)
+"""
+
+
+def _wait_drained(ctx: Context, w: Workers, queue: str, timeout: float) -> None:
+    """Until no job of ``queue`` is queued or leased; fails on a stall or a dead worker.
+
+    The poll must cost the server next to nothing (it runs during the
+    measurement): one connection, index probes through the partial claim and
+    lease indexes and the finished_at index, three times a second.
+    """
+    last, last_change = None, time.monotonic()
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(ctx.db.dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(DRAIN_POLL, [queue]).fetchone()
+            assert row is not None
+            pending, finished = row
+            if not pending:
+                return
+            now = time.monotonic()
+            if finished != last:
+                last, last_change = finished, now
+            if now - last_change > 60 or now > deadline:
+                raise RuntimeError(
+                    "the drain stalled: no job finished for 60 s\n" + _stall_report(ctx, w)
+                )
+            w.check_alive()
+            time.sleep(0.3)
+
+
+def _stall_report(ctx: Context, w: Workers) -> str:
+    """What the database sessions and the workers were doing when a drain stalled."""
+    lines = [
+        "jobs by state: "
+        + ", ".join(
+            f"{state} {n}"
+            for state, n in ctx.db.execute("SELECT state, count(*) FROM jobs GROUP BY 1 ORDER BY 1")
+        )
+    ]
+    for row in ctx.db.execute(
+        "SELECT pid, application_name, state, wait_event_type, wait_event,"
+        " now() - xact_start, left(regexp_replace(query, '\\s+', ' ', 'g'), 120)"
+        " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        " ORDER BY xact_start NULLS LAST"
+    ):
+        lines.append(" | ".join(str(v) for v in row))
+    for log in w.logs:
+        tail = log.read_text(errors="replace")[-1500:]
+        if tail.strip():
+            lines.append(f"--- {log.name}\n{tail}")
+    return "\n".join(lines)
+
+
+# -- the measurements -----------------------------------------------------------
+
+
+CEILING_UPDATE = (
+    "UPDATE bench_ceiling_jobs SET state = 'succeeded', attempts = attempts + 1,"
+    " updated_at = now() WHERE id = %s"
+)
+CEILING_INSERT = "INSERT INTO bench_ceiling_log (job_id) VALUES (%s)"
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _ceiling_loop(db: Database, transactions: int, threads: int) -> tuple[float, float | None]:
+    """Seconds for ``threads`` connections to run ``transactions`` minimal job transactions,
+    and the server's CPU seconds meanwhile (read before the backends exit)."""
+    conns = [psycopg.connect(db.dsn) for _ in range(threads)]  # autocommit off
+    barrier = threading.Barrier(threads + 1)
+    errors: list[BaseException] = []
+
+    def work(k: int, conn: psycopg.Connection[Any]) -> None:
+        try:
+            barrier.wait()
+            for i in range(k + 1, transactions + 1, threads):
+                conn.execute(CEILING_UPDATE, [i])
+                conn.execute(CEILING_INSERT, [i])
+                conn.commit()
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(k, c), daemon=True) for k, c in enumerate(conns)]
+    try:
+        for t in workers:
+            t.start()
+        server0 = db.server_cpu_seconds()
+        barrier.wait()
+        started = time.perf_counter()
+        for t in workers:
+            t.join()
+        seconds = time.perf_counter() - started
+        server1 = db.server_cpu_seconds()
+    finally:
+        for c in conns:
+            c.close()
+    if errors:
+        raise errors[0]
+    server = server1 - server0 if server0 is not None and server1 is not None else None
+    return seconds, server
+
+
+def ceiling(ctx: Context) -> list[Figure]:
+    s = ctx.sizes
+    values: list[float] = []
+    client: list[float] = []
+    server: list[float] = []
+    for run in range(ctx.runs):
+        ctx.db.reset()
+        ctx.db.execute(
+            "INSERT INTO bench_ceiling_jobs (id, state)"
+            " SELECT g, 'leased' FROM generate_series(1, %s) g",
+            [s.ceiling_tx],
+        )
+        ctx.db.execute("VACUUM ANALYZE bench_ceiling_jobs")
+        client0 = _own_cpu_seconds()
+        seconds, server_cpu = _ceiling_loop(ctx.db, s.ceiling_tx, s.ceiling_threads)
+        client.append((_own_cpu_seconds() - client0) / seconds)
+        if server_cpu is not None:
+            server.append(server_cpu / seconds)
+        done = ctx.db.execute("SELECT count(*) FROM bench_ceiling_log")[0][0]
+        assert done == s.ceiling_tx, f"{done} of {s.ceiling_tx} ceiling transactions"
+        values.append(s.ceiling_tx / seconds)
+        ctx.say(
+            f"ceiling run {run + 1}: {values[-1]:,.0f} tx/s, client CPU {client[-1]:.2f} cores"
+            f" (server {server[-1] if server else 0:.2f})"
+        )
+    return [
+        Figure(
+            "ceiling",
+            "tx/s",
+            values,
+            {
+                "threads": s.ceiling_threads,
+                "transactions": s.ceiling_tx,
+                "statements": [CEILING_UPDATE, CEILING_INSERT, "COMMIT"],
+                "client_cpu_cores": round(statistics.median(client), 2),
+                "server_cpu_cores": round(statistics.median(server), 2) if server else None,
+            },
+            throughput=True,
+        )
+    ]
+
+
+def enqueue_one(ctx: Context) -> list[Figure]:
+    n = ctx.sizes.enqueue_one_jobs
+    values = []
+    for run in range(ctx.runs):
+        ctx.db.reset()
+        for _ in range(20):  # warm: pooled connection, prepared statements
+            ctx.store.enqueue(NewJob(type="bench.noop", queue="warmup"))
+        started = time.perf_counter()
+        for i in range(n):
+            ctx.store.enqueue(NewJob(type="bench.noop", queue="one", payload={"i": i}))
+        values.append(n / (time.perf_counter() - started))
+        ctx.say(f"enqueue_one run {run + 1}: {values[-1]:,.0f} jobs/s")
+    return [
+        Figure(
+            "enqueue_one",
+            "jobs/s",
+            values,
+            {"jobs": n, "threads": 1, "job_events": "all"},
+            target=at_least(1_700, "jobs/s"),
+            throughput=True,
+        )
+    ]
+
+
+def _child_batch(ctx: Context, jobs: int, mode: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.child", ctx.db.dsn, str(jobs), mode],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=1800,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench.child {mode} failed:\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["inserted"] == jobs, result
+    return result
+
+
+def enqueue_batch(ctx: Context) -> list[Figure]:
+    s = ctx.sizes
+    figures = []
+    for mode, jobs, label in (
+        ("list", s.batch_jobs, "enqueue_batch"),
+        ("stream", s.stream_jobs, "enqueue_batch.stream"),
+    ):
+        rates, rss = [], []
+        for run in range(ctx.runs):
+            ctx.db.reset()
+            got = _child_batch(ctx, jobs, mode)
+            rates.append(jobs / got["seconds"])
+            rss.append(got["peak_rss_mb"])
+            ctx.say(f"{label} run {run + 1}: {rates[-1]:,.0f} jobs/s, peak RSS {rss[-1]:.0f} MB")
+        params = {"jobs": jobs, "input": mode, "job_events": "all", "payload": '{"i": n}'}
+        figures.append(
+            Figure(
+                label,
+                "jobs/s",
+                rates,
+                params,
+                target=at_least(80_000, "jobs/s") if mode == "list" else None,
+                throughput=True,
+            )
+        )
+        figures.append(
+            Figure(
+                f"{label}.rss",
+                "MB",
+                rss,
+                {**params, "what": "peak RSS of the enqueuing process (ru_maxrss)"},
+                target=below(200, "MB") if mode == "stream" else None,
+            )
+        )
+    return figures
+
+
+@dataclasses.dataclass
+class DrainRun:
+    rate: float
+    """jobs/s from the first claim to the last completion (database clock)."""
+    peak_rss_mb: float
+    worker_cpu: float
+    """CPU cores the worker processes used (CPU seconds / wall seconds) while draining."""
+    server_cpu: float | None
+    """CPU cores the embedded PostgreSQL used meanwhile (None on DATABASE_URL)."""
+    claims: int
+    """Claim statements that claimed something (distinct claim timestamps)."""
+    completions: int
+    """Transactions that completed jobs (distinct finished_at)."""
+    statements: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The top statements by server time (with ``--statements``)."""
+
+
+def _drain_once(ctx: Context, job_type: str, jobs: int, concurrency: int, procs: int) -> DrainRun:
+    ctx.db.reset()
+    queue = "drain"
+    ctx.store.pause_queue(queue)
+    ctx.store.enqueue_batch(NewJob(type=job_type, queue=queue) for _ in range(jobs))
+    ctx.db.execute("VACUUM ANALYZE jobs, job_events")
+    with workers(ctx, queue, concurrency, procs) as w:
+        w.wait_ready()
+        ctx.db.reset_statements()
+        cpu0, server0, wall0 = w.cpu_seconds(), ctx.db.server_cpu_seconds(), time.monotonic()
+        ctx.store.resume_queue(queue)
+        _wait_drained(ctx, w, queue, timeout=max(600.0, jobs / 50))
+        server1, wall = ctx.db.server_cpu_seconds(), time.monotonic() - wall0
+        cpu = (w.cpu_seconds() - cpu0) / wall
+        server_cpu = (server1 - server0) / wall if server0 is not None and server1 else None
+        rss = w.peak_rss_mb()
+        statements = ctx.db.top_statements()
+    first, last, done, claims, completions = ctx.db.execute(
+        "SELECT (SELECT min(at) FROM job_events WHERE kind = 'claimed'),"
+        " (SELECT max(finished_at) FROM jobs WHERE queue = %s),"
+        " (SELECT count(*) FROM jobs WHERE queue = %s AND state = 'succeeded'),"
+        " (SELECT count(DISTINCT at) FROM job_events WHERE kind = 'claimed'),"
+        " (SELECT count(DISTINCT finished_at) FROM jobs WHERE queue = %s)",
+        [queue, queue, queue],
+    )[0]
+    if done != jobs:
+        raise RuntimeError(f"{done} of {jobs} jobs succeeded")
+    if job_type == "bench.tx":
+        effects = ctx.db.execute("SELECT count(*) FROM bench_sink")[0][0]
+        if effects != jobs:
+            raise RuntimeError(f"{effects} commit-callable rows for {jobs} jobs")
+    seconds = (last - first).total_seconds()
+    return DrainRun(jobs / seconds, rss, cpu, server_cpu, int(claims), int(completions), statements)
+
+
+def _diagnostics(runs: list[DrainRun], jobs: int) -> dict[str, Any]:
+    claims = statistics.median(r.claims for r in runs)
+    completions = statistics.median(r.completions for r in runs)
+    server = [r.server_cpu for r in runs if r.server_cpu is not None]
+    extra = {"statements": runs[-1].statements} if runs[-1].statements else {}
+    return {
+        **extra,
+        "worker_cpu_cores": round(statistics.median(r.worker_cpu for r in runs), 2),
+        "server_cpu_cores": round(statistics.median(server), 2) if server else None,
+        "claims": claims,
+        "jobs_per_claim": round(jobs / claims, 2),
+        "completion_transactions": completions,
+        "jobs_per_completion": round(jobs / completions, 2),
+    }
+
+
+def _drain(ctx: Context, kind: str) -> list[Figure]:
+    s = ctx.sizes
+    job_type = {"noop": "bench.noop", "tx": "bench.tx"}[kind]
+    configs = [(f"c{c}", c, 1) for c in s.concurrencies]
+    if s.procs > 1:
+        configs.append((f"p{s.procs}x{s.procs_concurrency}", s.procs_concurrency, s.procs))
+    figures: list[Figure] = []
+    single: list[Figure] = []
+    for label, concurrency, procs in configs:
+        jobs = s.drain_jobs if kind == "noop" else s.drain_tx_jobs
+        if concurrency == 1 and procs == 1:
+            jobs = min(jobs, s.drain_c1_jobs)
+        runs = []
+        for run in range(ctx.runs):
+            try:
+                got = _drain_once(ctx, job_type, jobs, concurrency, procs)
+            except RuntimeError as exc:
+                ctx.failures.append(f"drain.{kind}.{label} run {run + 1}: {exc}")
+                ctx.console.print(f"[red]drain.{kind}.{label} run {run + 1} failed:[/red] {exc}")
+                break
+            runs.append(got)
+            ctx.say(
+                f"drain.{kind}.{label} run {run + 1}: {got.rate:,.0f} jobs/s, "
+                f"RSS {got.peak_rss_mb:.0f} MB, CPU {got.worker_cpu:.2f} cores "
+                f"(server {got.server_cpu or 0:.2f}), "
+                f"{jobs / got.claims:.1f} jobs/claim, {jobs / got.completions:.1f} jobs/completion"
+            )
+        if len(runs) < ctx.runs:
+            continue  # a failed configuration yields no figure
+        rates = [r.rate for r in runs]
+        rss = [r.peak_rss_mb for r in runs]
+        params = {
+            "jobs": jobs,
+            "processes": procs,
+            "concurrency": concurrency,
+            "handler": job_type,
+            "job_events": "all",
+            **_diagnostics(runs, jobs),
+        }
+        rate_figure = Figure(f"drain.{kind}.{label}", "jobs/s", rates, params, throughput=True)
+        figures.append(rate_figure)
+        figures.append(
+            Figure(
+                f"drain.{kind}.{label}.rss",
+                "MB",
+                rss,
+                {**params, "what": "peak RSS (VmHWM) of a worker process"},
+            )
+        )
+        if procs == 1:
+            single.append(rate_figure)
+    if single:
+        best = max(single, key=lambda f: f.median)
+        target = at_least(6_000, "jobs/s", ratio=1.5) if kind == "noop" else ratio_at_least(0.6)
+        figures.append(
+            Figure(
+                f"drain.{kind}.best",
+                "jobs/s",
+                list(best.values),
+                {**best.parameters, "best_of": [f.name for f in single]},
+                target=target,
+                throughput=True,
+            )
+        )
+    return figures
+
+
+def drain(ctx: Context) -> list[Figure]:
+    return _drain(ctx, "noop")
+
+
+def drain_tx(ctx: Context) -> list[Figure]:
+    return _drain(ctx, "tx")
+
+
+def worker_rss(ctx: Context) -> list[Figure]:
+    s = ctx.sizes
+    runs = []
+    for run in range(ctx.runs):
+        got = _drain_once(ctx, "bench.noop", s.rss_drain_jobs, s.rss_drain_concurrency, 1)
+        runs.append(got)
+        ctx.say(
+            f"worker_rss run {run + 1}: {got.rate:,.0f} jobs/s, "
+            f"worker peak RSS {got.peak_rss_mb:.0f} MB"
+        )
+    rates = [r.rate for r in runs]
+    rss = [r.peak_rss_mb for r in runs]
+    params = {
+        "jobs": s.rss_drain_jobs,
+        "processes": 1,
+        "concurrency": s.rss_drain_concurrency,
+        "handler": "bench.noop",
+        **_diagnostics(runs, s.rss_drain_jobs),
+    }
+    return [
+        Figure("worker_rss.drain", "jobs/s", rates, params, throughput=True),
+        Figure(
+            "worker_rss",
+            "MB",
+            rss,
+            {**params, "what": "peak RSS (VmHWM) of the worker process through the drain"},
+            target=below(150, "MB"),
+        ),
+    ]
+
+
+def pickup(ctx: Context) -> list[Figure]:
+    s = ctx.sizes
+    n = max(int(s.pickup_rate * s.pickup_seconds), 1)
+    p50s, p95s, p99s = [], [], []
+    queue = "pickup"
+    for run in range(ctx.runs):
+        ctx.db.reset()
+        for _ in range(20):  # warm the enqueuer's connection (no worker listens to "warmup")
+            ctx.store.enqueue(NewJob(type="bench.noop", queue="warmup"))
+        with workers(ctx, queue, s.pickup_concurrency, 1) as w:
+            w.wait_ready()
+            time.sleep(1.0)  # idle: the claimer found nothing and waits for a wake-up
+            enqueued: dict[uuid.UUID, float] = {}
+            start = time.perf_counter()
+            for i in range(n):
+                pause = start + i / s.pickup_rate - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                job = ctx.store.enqueue(NewJob(type="bench.pickup", queue=queue))
+                enqueued[job.id] = time.time()
+            deadline = time.monotonic() + 30
+            while ctx.db.execute("SELECT count(*) FROM bench_pickup")[0][0] < n:
+                w.check_alive()
+                if time.monotonic() > deadline:
+                    raise RuntimeError("pickup jobs did not all run within 30 s")
+                time.sleep(0.05)
+        rows = ctx.db.execute("SELECT job_id, started FROM bench_pickup")
+        latencies = [(started - enqueued[job_id]) * 1000 for job_id, started in rows]
+        p50s.append(percentile(latencies, 50))
+        p95s.append(percentile(latencies, 95))
+        p99s.append(percentile(latencies, 99))
+        ctx.say(
+            f"pickup run {run + 1}: p50 {p50s[-1]:.2f} ms, p95 {p95s[-1]:.2f} ms, "
+            f"p99 {p99s[-1]:.2f} ms ({len(latencies)} jobs)"
+        )
+    params = {
+        "rate_per_s": s.pickup_rate,
+        "seconds": s.pickup_seconds,
+        "jobs": n,
+        "worker_concurrency": s.pickup_concurrency,
+        "from": "time.time() after Store.enqueue returned (committed)",
+        "to": "time.time() at handler start, in the worker process",
+    }
+    return [
+        Figure("pickup.p50", "ms", p50s, params, target=at_most(3, "ms")),
+        Figure("pickup.p95", "ms", p95s, params),
+        Figure("pickup.p99", "ms", p99s, params, target=at_most(10, "ms")),
+    ]
+
+
+SEED_FINISHED = """
+INSERT INTO jobs (id, queue, type, payload, backoff, state, attempts, run_at,
+                  created_at, updated_at, finished_at)
+SELECT gen_random_uuid(), 'growth', 'bench.noop', '{}', %s, 'succeeded', 1,
+       now() - interval '2 days', now() - interval '2 days', now() - interval '1 day',
+       now() - interval '1 day' + g * interval '1 ms'
+FROM generate_series(1, %s) g
+"""
+SEED_QUEUED = """
+INSERT INTO jobs (id, queue, type, payload, backoff, run_at)
+SELECT gen_random_uuid(), 'growth', 'bench.noop', '{}', %s,
+       now() - interval '1 hour' + g * interval '1 ms'
+FROM generate_series(1, %s) g
+"""
+CLAIM_WARMUP = 10
+
+
+def _claim_samples(ctx: Context, samples: int, batch: int) -> list[float]:
+    owner = f"bench-growth-{uuid.uuid4().hex[:8]}"
+    ttl = dt.timedelta(minutes=5)
+    for _ in range(CLAIM_WARMUP):
+        ctx.store.claim(owner, ["growth"], batch, ttl)
+    out = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        got = ctx.store.claim(owner, ["growth"], batch, ttl)
+        out.append((time.perf_counter() - started) * 1000)
+        if len(got) != batch:
+            raise RuntimeError(f"claim returned {len(got)} jobs, expected {batch}")
+    return out
+
+
+def _seed(ctx: Context, finished: int, queued: int) -> None:
+    backoff = Jsonb(DEFAULT_BACKOFF.to_json())
+    if finished:
+        ctx.db.execute(SEED_FINISHED, [backoff, finished])
+    ctx.db.execute(SEED_QUEUED, [backoff, queued])
+    ctx.db.execute("VACUUM ANALYZE jobs")
+
+
+def growth(ctx: Context) -> list[Figure]:
+    s = ctx.sizes
+    per_run = (CLAIM_WARMUP + s.growth_samples) * s.claim_batch
+    results: dict[str, tuple[list[float], list[float]]] = {}
+    plans: list[dict[str, Any]] = []
+    seq_scans: list[float] = []
+    uses_index: list[bool] = []
+    for case, finished, queued in (
+        ("empty", 0, per_run * ctx.runs),
+        ("large", s.growth_finished, max(s.growth_queued, per_run * ctx.runs)),
+    ):
+        ctx.db.reset()
+        ctx.say(f"growth: seeding {finished:,} finished + {queued:,} queued rows")
+        _seed(ctx, finished, queued)
+        p50s, p95s = [], []
+        for run in range(ctx.runs):
+            if case == "large":
+                with psycopg.connect(ctx.db.dsn, autocommit=True) as conn:
+                    custom = explain_claim(conn, ["growth"], s.claim_batch)
+                    generic = explain_claim(conn, ["growth"], s.claim_batch, generic=True)
+                seq_scans.append(custom.seq_scans_on_jobs + generic.seq_scans_on_jobs)
+                uses_index.append(custom.uses_claim_index and generic.uses_claim_index)
+                if run == 0:
+                    plans = [{"mode": p.mode, "scans": p.summary()} for p in (custom, generic)]
+            lat = _claim_samples(ctx, s.growth_samples, s.claim_batch)
+            p50s.append(percentile(lat, 50))
+            p95s.append(percentile(lat, 95))
+            ctx.say(
+                f"growth.{case} run {run + 1}: claim of {s.claim_batch} "
+                f"p50 {p50s[-1]:.2f} ms, p95 {p95s[-1]:.2f} ms"
+            )
+        results[case] = (p50s, p95s)
+    base = {"claim_batch": s.claim_batch, "samples_per_run": s.growth_samples}
+    sizes = {
+        "empty": {"finished_rows": 0, "queued_rows": per_run * ctx.runs},
+        "large": {
+            "finished_rows": s.growth_finished,
+            "queued_rows": max(s.growth_queued, per_run * ctx.runs),
+        },
+    }
+    figures = []
+    for case in ("empty", "large"):
+        p50s, p95s = results[case]
+        params = {**base, **sizes[case]}
+        figures.append(Figure(f"growth.claim.{case}.p50", "ms", p50s, params))
+        figures.append(Figure(f"growth.claim.{case}.p95", "ms", p95s, params))
+    ratio_params = {**base, "large": sizes["large"], "empty": sizes["empty"]}
+    for stat, idx in (("p50", 0), ("p95", 1)):
+        pairs = zip(results["large"][idx], results["empty"][idx], strict=True)
+        figures.append(
+            Figure(
+                f"growth.claim.ratio_{stat}",
+                "x",
+                [large / empty for large, empty in pairs],
+                {**ratio_params, "what": f"large-table claim {stat} / empty-table claim {stat}"},
+                target=at_most(2, "x") if stat == "p50" else None,
+            )
+        )
+    figures.append(
+        Figure(
+            "growth.claim_plan.seq_scans",
+            "nodes",
+            seq_scans,
+            {
+                **sizes["large"],
+                "what": "Seq Scan nodes on jobs in EXPLAIN (FORMAT JSON) of CLAIM_JOBS, "
+                "custom + generic plan",
+                "uses_jobs_claim_idx": all(uses_index),
+                "plans": plans,
+            },
+            target=at_most(0, "nodes"),
+        )
+    )
+    return figures
+
+
+MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
+    "ceiling": ceiling,
+    "enqueue_one": enqueue_one,
+    "enqueue_batch": enqueue_batch,
+    "drain": drain,
+    "drain_tx": drain_tx,
+    "worker_rss": worker_rss,
+    "pickup": pickup,
+    "growth": growth,
+}
+
+
+def open_store(dsn: str) -> Store:
+    pool = open_pool(dsn, concurrency=2, min_size=1, application_name="bench")
+    return Store(pool)

@@ -1,0 +1,123 @@
+"""EXPLAIN of the claim statement: which scans it does on ``jobs``.
+
+The SQL is the generated ``jobrun.postgres.sqlc.jobs.CLAIM_JOBS``, explained
+twice: with the parameters bound (the custom plan a fresh statement gets) and
+as a generic plan (``plan_cache_mode = force_generic_plan`` on a PREPAREd
+copy: the plan a server may switch to once psycopg has prepared the
+statement). Neither may read ``jobs`` by a sequential scan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from jobrun.postgres.sqlc.jobs import CLAIM_JOBS
+
+INDEX_SCANS = frozenset({"Index Scan", "Index Only Scan", "Bitmap Index Scan"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Scan:
+    node: str
+    relation: str | None
+    index: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimPlan:
+    mode: str
+    """"custom" or "generic"."""
+    scans: tuple[Scan, ...]
+    plan: Any
+
+    def on(self, relation: str) -> list[Scan]:
+        """Scans of ``relation`` (a Bitmap Index Scan counts through its index name)."""
+        return [
+            s
+            for s in self.scans
+            if (s.relation == relation and s.node not in ("CTE Scan", "Subquery Scan"))
+            or (s.node == "Bitmap Index Scan" and (s.index or "").startswith(relation + "_"))
+        ]
+
+    @property
+    def seq_scans_on_jobs(self) -> int:
+        return sum(1 for s in self.on("jobs") if s.node == "Seq Scan")
+
+    @property
+    def uses_claim_index(self) -> bool:
+        return any(s.node in INDEX_SCANS and s.index == "jobs_claim_idx" for s in self.on("jobs"))
+
+    def summary(self) -> list[str]:
+        return [
+            f"{s.node} on {s.relation or '?'}" + (f" using {s.index}" if s.index else "")
+            for s in self.scans
+        ]
+
+
+def _walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _walk(child)
+
+
+def scans(plan: Any) -> tuple[Scan, ...]:
+    """Every scan node in an ``EXPLAIN (FORMAT JSON)`` result, CTEs and subplans included."""
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    root = plan[0]["Plan"]
+    found = []
+    for node in _walk(root):
+        kind = node.get("Node Type", "")
+        if "Scan" in kind:
+            found.append(
+                Scan(
+                    kind,
+                    node.get("Relation Name") or node.get("CTE Name") or node.get("Alias"),
+                    node.get("Index Name"),
+                )
+            )
+    return tuple(found)
+
+
+def explain_claim(
+    conn: psycopg.Connection[Any],
+    queues: Sequence[str],
+    limit: int = 10,
+    *,
+    generic: bool = False,
+) -> ClaimPlan:
+    """EXPLAIN (FORMAT JSON) the claim of ``limit`` jobs from ``queues`` (nothing is claimed)."""
+    params = (list(queues), limit, "bench-explain", 30.0, True)
+    if not generic:
+        with psycopg.RawCursor(conn) as cur:
+            cur.execute("EXPLAIN (FORMAT JSON) " + CLAIM_JOBS, params)
+            row = cur.fetchone()
+        assert row is not None
+        return ClaimPlan("custom", scans(row[0]), row[0])
+    name = "bench_claim_generic"
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.execute(
+            sql.SQL("PREPARE {} (text[], bigint, text, float8, boolean) AS ").format(
+                sql.Identifier(name)
+            )
+            + sql.SQL(CLAIM_JOBS)  # type: ignore[arg-type]
+        )
+        # EXECUTE takes no bind parameters: its arguments go in as literals.
+        with psycopg.ClientCursor(conn) as ccur:
+            ccur.execute(
+                sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {} (%s, %s, %s, %s, %s)").format(
+                    sql.Identifier(name)
+                ),
+                params,
+            )
+            row = ccur.fetchone()
+        conn.execute(sql.SQL("DEALLOCATE {}").format(sql.Identifier(name)))
+    assert row is not None
+    return ClaimPlan("generic", scans(row[0]), row[0])

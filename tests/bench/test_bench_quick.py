@@ -1,0 +1,185 @@
+"""The benchmark runs end to end (``--quick``: small sizes, one run) and records
+every figure with its context. Behaviour only: no figure is held to a speed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jobrun
+from bench import measure
+from tests.support.database import TestServer
+
+pytestmark = pytest.mark.slow  # real worker processes, about 30 s
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EXPECTED = {
+    "ceiling",
+    "enqueue_one",
+    "enqueue_batch",
+    "enqueue_batch.rss",
+    "enqueue_batch.stream",
+    "enqueue_batch.stream.rss",
+    *(f"drain.{kind}.{c}" for kind in ("noop", "tx") for c in ("c1", "c8", "c32", "p2x8")),
+    *(f"drain.{kind}.{c}.rss" for kind in ("noop", "tx") for c in ("c1", "c8", "c32", "p2x8")),
+    "drain.noop.best",
+    "drain.tx.best",
+    "worker_rss.drain",
+    "worker_rss",
+    "pickup.p50",
+    "pickup.p95",
+    "pickup.p99",
+    "growth.claim.empty.p50",
+    "growth.claim.empty.p95",
+    "growth.claim.large.p50",
+    "growth.claim.large.p95",
+    "growth.claim.ratio_p50",
+    "growth.claim.ratio_p95",
+    "growth.claim_plan.seq_scans",
+}
+FIELDS = {
+    "name",
+    "unit",
+    "median",
+    "min",
+    "max",
+    "runs",
+    "values",
+    "parameters",
+    "ratio_to_ceiling",
+    "target",
+    "verdict",
+    "timestamp",
+    "postgres",
+    "machine",
+    "jobrun",
+    "options",
+}
+TARGETED = {
+    "enqueue_one",
+    "enqueue_batch",
+    "enqueue_batch.stream.rss",
+    "drain.noop.best",
+    "drain.tx.best",
+    "worker_rss",
+    "pickup.p50",
+    "pickup.p99",
+    "growth.claim.ratio_p50",
+    "growth.claim_plan.seq_scans",
+}
+
+
+@pytest.fixture(scope="module")
+def quick_run(pg_server: TestServer, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    out = tmp_path_factory.mktemp("bench-results")
+    env = {**os.environ, "DATABASE_URL": pg_server.admin_dsn, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    files = list(out.glob("*.jsonl"))
+    assert len(files) == 1, files
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    return {r["name"]: r for r in records}, records, proc.stdout
+
+
+def test_every_figure_is_recorded_once(quick_run: Any) -> None:
+    by_name, records, _ = quick_run
+    assert set(by_name) == EXPECTED
+    assert len(records) == len(EXPECTED)
+
+
+def test_every_line_has_every_field(quick_run: Any) -> None:
+    _, records, _ = quick_run
+    for r in records:
+        assert set(r) == FIELDS, r["name"]
+        assert r["runs"] == len(r["values"]) == 1, r["name"]
+        assert r["min"] <= r["median"] <= r["max"], r["name"]
+        assert all(math.isfinite(v) for v in r["values"]), r["name"]
+        assert isinstance(r["parameters"], dict) and r["parameters"], r["name"]
+        assert r["unit"] in {"tx/s", "jobs/s", "MB", "ms", "x", "nodes"}, r["name"]
+        if r["name"] in TARGETED:
+            assert r["target"], r["name"]
+            assert r["verdict"] in ("PASS", "MISS"), r["name"]
+        else:
+            assert r["target"] is None and r["verdict"] is None, r["name"]
+
+
+def test_the_context_of_the_run(quick_run: Any) -> None:
+    _, records, _ = quick_run
+    first = records[0]
+    for r in records:  # the same context on every line
+        for key in ("timestamp", "postgres", "machine", "jobrun", "options"):
+            assert r[key] == first[key]
+    pg = first["postgres"]
+    assert re.match(r"\d+(\.\d+)?", pg["version"])
+    assert pg["version_num"] >= 140000
+    assert pg["source"] == "DATABASE_URL"
+    for setting in ("synchronous_commit", "fsync", "shared_buffers", "max_connections"):
+        assert pg["settings"][setting], setting
+    machine = first["machine"]
+    assert machine["cpu_count"] >= 1
+    assert machine["ram_gb"] > 0
+    assert machine["kernel"]
+    assert machine["cpu_model"]
+    assert first["jobrun"]["version"] == jobrun.__version__
+    commit = first["jobrun"]["git_commit"]
+    assert commit is None or re.fullmatch(r"[0-9a-f]{40}", commit)
+    assert first["options"]["quick"] is True
+    assert first["options"]["sizes"]["drain_jobs"] == measure.QUICK.drain_jobs
+
+
+def test_sane_values(quick_run: Any) -> None:
+    by_name, records, _ = quick_run
+    ceiling = by_name["ceiling"]["median"]
+    assert ceiling > 0
+    for r in records:
+        if r["unit"] in ("jobs/s", "tx/s"):
+            assert r["median"] > 0, r["name"]
+            assert r["ratio_to_ceiling"] == pytest.approx(r["median"] / ceiling), r["name"]
+        else:
+            assert r["ratio_to_ceiling"] is None, r["name"]
+        if r["unit"] == "MB":
+            assert 5 < r["median"] < 10_000, r["name"]
+        if r["unit"] in ("ms", "x"):
+            assert r["median"] > 0, r["name"]
+    assert by_name["pickup.p50"]["median"] <= by_name["pickup.p95"]["median"]
+    assert by_name["pickup.p95"]["median"] <= by_name["pickup.p99"]["median"]
+    assert by_name["pickup.p50"]["parameters"]["jobs"] == 40
+    for case in ("empty", "large"):
+        assert (
+            by_name[f"growth.claim.{case}.p50"]["median"]
+            <= by_name[f"growth.claim.{case}.p95"]["median"]
+        )
+    # The best drain is one of the single-process drains, figures and all.
+    for kind in ("noop", "tx"):
+        best = by_name[f"drain.{kind}.best"]
+        assert best["parameters"]["processes"] == 1
+        assert best["values"] in [by_name[n]["values"] for n in best["parameters"]["best_of"]]
+    assert by_name["drain.noop.p2x8"]["parameters"]["processes"] == 2
+    # The claim plan is a behaviour, not a speed: it must use the index.
+    plan = by_name["growth.claim_plan.seq_scans"]
+    assert plan["median"] == 0
+    assert plan["parameters"]["uses_jobs_claim_idx"] is True
+
+
+def test_the_table_is_printed(quick_run: Any) -> None:
+    _, _, stdout = quick_run
+    assert "targets met:" in stdout
+    for name in ("ceiling", "enqueue_one", "pickup.p99", "drain.tx.best"):
+        assert name in stdout
