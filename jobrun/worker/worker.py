@@ -418,14 +418,16 @@ class Worker:
         """What to claim now: per-queue limited queues alone, the others together.
 
         Free threads, less the completion backlog beyond one batch's worth
-        (``concurrency``): results waiting for the completer still hold their
-        leases, so a completer slower than the handlers (commit callables
-        run one after another) slows claiming down instead of letting leased
-        jobs pile up without bound. A worker never holds more than twice
-        ``concurrency`` leases.
+        (the larger of ``concurrency`` and ``complete_batch_size``): results
+        waiting for the completer still hold their leases, so a completer
+        slower than the handlers (commit callables run one after another)
+        slows claiming down instead of letting leased jobs pile up without
+        bound, while a completer that keeps up is never waited for. A worker
+        holds at most ``concurrency`` plus that allowance of leases.
         """
         with self._lock:
-            backlog = max(len(self._unflushed) - self.config.concurrency, 0)
+            allowance = max(self.config.concurrency, self.config.complete_batch_size)
+            backlog = max(len(self._unflushed) - allowance, 0)
             free = self.config.concurrency - self._inflight - backlog
             plan: list[tuple[list[str], int]] = []
             unlimited: list[str] = []

@@ -432,7 +432,9 @@ def test_a_slow_completer_bounds_the_leases_a_worker_holds(
     registry.register("t", handler)
     store.enqueue_batch([NewJob(type="t") for _ in range(300)])
     worker = Worker(
-        store, registry, WorkerConfig(concurrency=4, lease_ttl=dt.timedelta(seconds=30))
+        store,
+        registry,
+        WorkerConfig(concurrency=4, complete_batch_size=4, lease_ttl=dt.timedelta(seconds=30)),
     )
     worker.start()
     most = 0
