@@ -23,6 +23,12 @@ complete                  BEGIN; one statement: set_config(statement_timeout,
                           round trips plus the callable's own statements
 complete_many             one statement: lock owned rows in id order + effect
                           rows + UPDATE + events
+complete_many_tx          the transactional path in batches: BEGIN; one
+                          statement locking the batch in id order with its
+                          ledger rows; each new effect's commit callable; one
+                          finishing statement pipelined with COMMIT (one
+                          COMMIT for the batch; a failing callable sends the
+                          batch back through complete one job at a time)
 fail                      one statement: the guarded UPDATE with its verdict +
                           event
 reap_expired              SELECT expired FOR UPDATE SKIP LOCKED + one pipelined
