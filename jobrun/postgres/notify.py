@@ -59,7 +59,6 @@ import logging
 import math
 import random
 import re
-import socket
 import threading
 import time
 import weakref
@@ -73,6 +72,7 @@ from psycopg import sql
 from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
+from jobrun.postgres.deadline import shutdown_socket
 from jobrun.postgres.pool import conninfo_with
 
 log = logging.getLogger(__name__)
@@ -129,18 +129,6 @@ class ProbeTimeout(psycopg.OperationalError):
     """The server did not answer in time; the connection was shut down."""
 
 
-def _shutdown_socket(conn: psycopg.Connection[Any]) -> None:
-    try:
-        fd = conn.pgconn.socket
-    except psycopg.Error:
-        return  # already closed
-    # fromfd duplicates the descriptor; shutdown() acts on the shared socket,
-    # so the thread blocked in select() on the original sees EOF and libpq
-    # fails the call. Closing our duplicate leaves the original to psycopg.
-    with contextlib.suppress(OSError), socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.shutdown(socket.SHUT_RDWR)
-
-
 @contextlib.contextmanager
 def interrupt_after(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
     """Bound the statements run on ``conn`` in this block by ``seconds``, client-side.
@@ -160,7 +148,7 @@ def interrupt_after(conn: psycopg.Connection[Any], seconds: float) -> Iterator[N
             if state["done"]:
                 return
             state["fired"] = True
-            _shutdown_socket(conn)
+            shutdown_socket(conn)
 
     timer = threading.Timer(seconds, fire)
     timer.name = "jobrun-probe-watchdog"
