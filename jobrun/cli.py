@@ -97,8 +97,9 @@ from jobrun.job.model import (
     ScheduleSpec,
     State,
 )
+from jobrun.job.redaction import RedactingFormatter
 from jobrun.job.validate import redact
-from jobrun.postgres import embedded
+from jobrun.postgres import dsn, embedded
 from jobrun.postgres.pool import conninfo_with
 
 EXIT_OK = 0
@@ -433,7 +434,10 @@ def database_url(settings: Settings) -> str:
     except embedded.ClusterError as exc:
         raise CommandError(f"embedded PostgreSQL: {exc}", EXIT_UNAVAILABLE) from None
     conninfo_with(url)  # ValidationError for an unparseable string, without the password
-    return url
+    for secret in dsn.secrets(url):  # masked in every log line from now on
+        if secret not in _LOG_SECRETS:
+            _LOG_SECRETS.append(secret)
+    return dsn.normalize(url)  # SQLAlchemy's postgresql+psycopg:// and kin, as libpq reads them
 
 
 @contextlib.contextmanager
@@ -638,12 +642,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_LOG_SECRETS: list[str] = []
+"""The secrets of the DSN in use, masked in every log line (see database_url)."""
+
+
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    """Log lines on stderr, each through the redactor (a handler's error may quote a DSN)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", known=_LOG_SECRETS)
     )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def load_app(spec: str, *, need_registry: bool = True) -> Any:

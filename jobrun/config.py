@@ -21,6 +21,8 @@ JOBRUN_EVENTS_RETENTION        --events-retention      7d ("off" keeps them)
 
 Durations are ``250ms``, ``30s``, ``5m``, ``2h``, ``7d`` or plain seconds.
 Invalid settings raise ValidationError naming the variable, at start.
+``DATABASE_URL`` takes every form :mod:`jobrun.postgres.dsn` accepts; the
+repr of :class:`Settings` masks its password.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobrun.job.errors import ValidationError
+from jobrun.postgres import dsn
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
 from jobrun.scheduler.service import SchedulerConfig
@@ -102,6 +105,16 @@ class Settings:
     shutdown_grace: dt.timedelta = DEFAULT_SHUTDOWN_GRACE
     retention: dt.timedelta | None = dt.timedelta(days=7)
     events_retention: dt.timedelta | None = dt.timedelta(days=7)
+
+    def __repr__(self) -> str:
+        """The dataclass repr, with the password of ``database_url`` masked."""
+        fields = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "database_url" and isinstance(value, str):
+                value = dsn.redacted(value)
+            fields.append(f"{field.name}={value!r}")
+        return f"{type(self).__qualname__}({', '.join(fields)})"
 
     def __post_init__(self) -> None:
         try:

@@ -21,6 +21,7 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from jobrun.config import Settings
+from jobrun.postgres import dsn
 from jobrun.postgres.embedded import EMBEDDED_DATABASE, ensure_embedded
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.notify import Notifier, NullDispatcher
@@ -71,7 +72,7 @@ class Runtime:
         scheduler: bool = True,
     ) -> None:
         self.settings = settings
-        url = database_url or resolve_database_url(settings)
+        url = dsn.normalize(database_url or resolve_database_url(settings))
         self._pools: list[ConnectionPool[Any]] = []
         self.worker: Worker | None = None
         self.scheduler: SchedulerService | None = None

@@ -13,6 +13,7 @@ import math
 import re
 from typing import Any
 
+from jobrun.job import redaction as _redaction
 from jobrun.job.errors import ValidationError
 
 QUEUE_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
@@ -265,14 +266,13 @@ def _scalar_base(item: bool | int | float | str) -> object:
     raise AssertionError(item)  # pragma: no cover
 
 
-_PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
-_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
 def redact(text: str) -> str:
-    """``text`` with any password in a URL or key=value connection string replaced by ``***``."""
-    text = _PASSWORD_IN_URL.sub(r"\1***@", text)
-    return _PASSWORD_KV.sub(r"\1***", text)
+    """``text`` with every password in it masked: :func:`jobrun.job.redaction.redact`."""
+    return _redaction.redact(text)
+
+
+_ERROR_SCAN_CHARS = 4 * MAX_ERROR_CHARS
+"""Only this much of an error text is redacted, then cut: a huge text costs no more."""
 
 
 def error_text(value: str) -> str:
@@ -281,7 +281,7 @@ def error_text(value: str) -> str:
     A handler's error may quote a connection string (its own DATABASE_URL):
     the password must reach neither ``last_error`` nor ``job_events``.
     """
-    text = redact(value).replace("\x00", "\\0")
-    if len(text) > MAX_ERROR_CHARS:
+    text = _redaction.redact(value[:_ERROR_SCAN_CHARS]).replace("\x00", "\\0")
+    if len(text) > MAX_ERROR_CHARS or len(value) > _ERROR_SCAN_CHARS:
         text = text[: MAX_ERROR_CHARS - 20] + " ... [truncated]"
     return text

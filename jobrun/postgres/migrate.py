@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import psycopg.conninfo
 from yoyo import read_migrations
 from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
 from yoyo.connections import DatabaseURI
 
-from jobrun.job.validate import redact
+from jobrun.postgres import dsn
 from jobrun.postgres.pool import conninfo_with
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ class _Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
         self._lock_depth = 0
         # yoyo reads the database name off its URI object (list_tables); the
         # password stays out of it.
-        dbname = psycopg.conninfo.conninfo_to_dict(conninfo).get("dbname")
+        dbname = dsn.parse(conninfo).get("dbname")
         uri = DatabaseURI("postgresql+psycopg", None, None, None, None, dbname, {})
         super().__init__(uri, MIGRATION_TABLE)
 
@@ -120,17 +119,23 @@ class _Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
                 )
 
 
+def _open(conninfo: str) -> _Backend:
+    """The backend, connected; errors without the password (ValidationError if unparseable)."""
+    conninfo = dsn.normalize(conninfo)
+    try:
+        return _Backend(conninfo)
+    except psycopg.OperationalError as exc:
+        reason = dsn.redact_for(conninfo, " ".join(str(exc).split()) or type(exc).__name__)
+    # Raised outside the except block: the driver's error is not chained to it.
+    raise psycopg.OperationalError(f"cannot connect to migrate {dsn.describe(conninfo)}: {reason}")
+
+
 def migrate(conninfo: str) -> list[str]:
     """Apply every pending migration; return the ids applied (empty when up to date).
 
     Idempotent and safe to run from many processes at once.
     """
-    try:
-        backend = _Backend(conninfo)
-    except psycopg.OperationalError as exc:
-        raise psycopg.OperationalError(
-            f"cannot connect to migrate {redact(conninfo)}: {redact(str(exc))}"
-        ) from None
+    backend = _open(conninfo)
     try:
         backend.init_database()
         with migrations_dir() as path:
@@ -148,7 +153,7 @@ def migrate(conninfo: str) -> list[str]:
 
 def rollback_all(conninfo: str) -> list[str]:
     """Roll back every applied migration (tests and ``jobrun migrate --rollback`` only)."""
-    backend = _Backend(conninfo)
+    backend = _open(conninfo)
     try:
         backend.init_database()
         with migrations_dir() as path:
@@ -164,7 +169,7 @@ def rollback_all(conninfo: str) -> list[str]:
 
 def pending(conninfo: str) -> list[str]:
     """The ids of the migrations not yet applied."""
-    backend = _Backend(conninfo)
+    backend = _open(conninfo)
     try:
         with migrations_dir() as path:
             return [m.id for m in backend.to_apply(read_migrations(str(path)))]

@@ -11,8 +11,9 @@ so operators (``pg_stat_activity``) and tests (``pg_terminate_backend``) can
 tell them apart. Every connection is bounded client-side: a connect timeout
 and TCP keepalives, so a half-open network cannot hang a thread forever.
 
-Error messages never carry the password: :func:`redact` removes it from
-connection strings and from driver messages that might echo one.
+Error messages never carry the password: :mod:`jobrun.postgres.dsn` parses
+and normalises every connection string and removes its secrets from the
+driver messages that might echo one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
 from jobrun.job.errors import TransientError, ValidationError
-from jobrun.job.validate import redact
+from jobrun.postgres import dsn
 
 RESERVED_CONNECTIONS = 8
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -46,15 +47,12 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 def conninfo_with(conninfo: str, **overrides: Any) -> str:
     """``conninfo`` with client-side defaults filled in and ``overrides`` applied.
 
-    Accepts both URLs and key=value strings; raises ValidationError (without
-    the password) when the string cannot be parsed.
+    Accepts every form :mod:`jobrun.postgres.dsn` does (libpq URLs and
+    key=value strings, SQLAlchemy's ``postgresql+psycopg://`` and kin);
+    raises ValidationError (without the password) when the string cannot be
+    parsed.
     """
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
-    except psycopg.ProgrammingError as exc:
-        raise ValidationError(
-            "DATABASE_URL", f"invalid connection string: {redact(str(exc))}"
-        ) from None
+    params: dict[str, Any] = dict(dsn.parse(conninfo))
     for name, value in _CLIENT_DEFAULTS.items():
         params.setdefault(name, value)
     params.update(overrides)
@@ -63,29 +61,21 @@ def conninfo_with(conninfo: str, **overrides: Any) -> str:
 
 def describe(conninfo: str) -> str:
     """A password-free description of where ``conninfo`` points, for messages."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
-    except psycopg.ProgrammingError:
-        return "<unparseable connection string>"
-    host = params.get("host") or params.get("hostaddr") or "localhost"
-    port = params.get("port") or "5432"
-    user = params.get("user") or "?"
-    dbname = params.get("dbname") or user
-    return f"{user}@{host}:{port}/{dbname}"
+    return dsn.describe(conninfo)
 
 
 def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> None:
     """Connect once and run ``SELECT 1``; a clear, password-free error if that fails."""
+    full = conninfo_with(conninfo, application_name=application_name)
     try:
-        with psycopg.connect(conninfo_with(conninfo, application_name=application_name)) as conn:
+        with psycopg.connect(full) as conn:
             conn.execute("SELECT 1")
+        return
     except psycopg.OperationalError as exc:
-        reason = redact(
-            str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        )
-        raise TransientError(
-            f"cannot connect to PostgreSQL at {describe(conninfo)}: {reason}"
-        ) from None
+        text = str(exc).strip()
+        reason = dsn.redact_for(conninfo, text.splitlines()[-1] if text else type(exc).__name__)
+    # Raised outside the except block: the driver's error is not chained to it.
+    raise TransientError(f"cannot connect to PostgreSQL at {describe(conninfo)}: {reason}")
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
