@@ -5,15 +5,15 @@
     jobrun migrate
     jobrun worker --app myapp.jobs:registry [--queues emails=4,default] [--concurrency N] ...
     jobrun scheduler [--app MODULE:REGISTRY]
-    jobrun enqueue TYPE [PAYLOAD_JSON] [--queue Q] [--priority N] [--max-attempts N]
-                   [--delay 30s] [--key KEY]
+    jobrun enqueue TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--queue Q] [--priority N]
+                   [--max-attempts N] [--delay 30s] [--key KEY]
     jobrun get ID | list [--queue Q] [--state S] [--type T] [--limit N] [--after ID]
     jobrun events ID | depth
     jobrun cancel ID | cancel --state S [--queue Q] [--type T]
     jobrun retry ID  | retry --state dead [--queue Q] [--type T]
     jobrun queues pause Q | resume Q | list
     jobrun purge --older-than 30d
-    jobrun schedules add ID CRON TYPE [PAYLOAD_JSON] [--tz ZONE] [--replace] ...
+    jobrun schedules add ID CRON TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--tz ZONE] ...
     jobrun schedules list | remove ID | pause ID | resume ID
     jobrun demo [...]
     jobrun embedded status | stop
@@ -92,13 +92,14 @@ from jobrun.job.model import (
     Event,
     Job,
     JSONValue,
+    NewJob,
     QueueDepth,
     Schedule,
     ScheduleSpec,
     State,
 )
 from jobrun.job.redaction import RedactingFormatter
-from jobrun.job.validate import redact
+from jobrun.job.validate import MAX_PAYLOAD_BYTES, payload_from_json, redact
 from jobrun.postgres import dsn, embedded
 from jobrun.postgres.pool import conninfo_with
 
@@ -283,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command(sub, "enqueue", cmd_enqueue, "enqueue a job; prints its id", json=True)
     p.add_argument("type", metavar="TYPE")
-    p.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", help="default {}")
+    _payload_options(p)
     p.add_argument("--queue", default=DEFAULT_QUEUE)
     p.add_argument("--priority", type=int, default=DEFAULT_PRIORITY, help="lower runs first")
     p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, metavar="N")
@@ -334,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.add_argument("cron", metavar="CRON", help="5 fields, or 6 with leading seconds")
     p.add_argument("type", metavar="TYPE")
-    p.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", help="default {}")
+    _payload_options(p)
     p.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA time zone (default UTC)")
     p.add_argument("--queue", default=DEFAULT_QUEUE)
     p.add_argument("--priority", type=int, default=DEFAULT_PRIORITY)
@@ -366,6 +367,15 @@ def build_parser() -> argparse.ArgumentParser:
     command(esub, "status", cmd_embedded_status, "whether it runs, and its URL", json=True)
     command(esub, "stop", cmd_embedded_stop, "stop it", json=True)
     return parser
+
+
+def _payload_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", help="default {}")
+    p.add_argument(
+        "--payload-file",
+        metavar="PATH",
+        help="read the payload JSON from a file, or '-' for stdin (instead of PAYLOAD_JSON)",
+    )
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
@@ -605,15 +615,36 @@ def _job_details(job: Job) -> Table:
     return grid
 
 
-def _parse_payload(text: str | None) -> JSONValue:
-    if text is None:
+MAX_PAYLOAD_FILE_BYTES = 4 * MAX_PAYLOAD_BYTES
+"""--payload-file reads at most this much: room for indentation around a 1 MiB payload."""
+
+
+def _parse_payload(args: argparse.Namespace) -> JSONValue:
+    """PAYLOAD_JSON or --payload-file, parsed; the rules are validate.payload's (run by NewJob)."""
+    if args.payload_file is not None:
+        if args.payload is not None:
+            raise _UsageError("give the payload as PAYLOAD_JSON or --payload-file, not both")
+        return payload_from_json(_read_payload_file(args.payload_file))
+    if args.payload is None:
         return {}
+    return payload_from_json(args.payload)
+
+
+def _read_payload_file(path: str) -> bytes:
+    limit = MAX_PAYLOAD_FILE_BYTES
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        if path == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read(limit + 1)
+    except OSError as exc:
+        raise ValidationError("--payload-file", f"cannot read {path!r}: {exc.strerror}") from None
+    if len(data) > limit:
         raise ValidationError(
-            "payload", f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        ) from None
+            "payload", f"{'stdin' if path == '-' else repr(path)} holds more than {limit} bytes"
+        )
+    return data
 
 
 def _parse_state(text: str) -> State:
@@ -743,18 +774,18 @@ def _off_or_duration(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    payload = _parse_payload(args.payload)
-    delay = _optional_duration(args.delay, "--delay")
+    # Every check runs here, before the database is even opened.
+    new = NewJob(
+        type=args.type,
+        payload=_parse_payload(args),
+        queue=args.queue,
+        priority=args.priority,
+        max_attempts=args.max_attempts,
+        delay=_optional_duration(args.delay, "--delay"),
+        idempotency_key=args.key,
+    )
     with open_client(args) as client:
-        job = client.enqueue(
-            args.type,
-            payload,
-            queue=args.queue,
-            priority=args.priority,
-            max_attempts=args.max_attempts,
-            delay=delay,
-            idempotency_key=args.key,
-        )
+        job = client.enqueue_job(new)
     if args.json:
         _print_json(job)
     else:
@@ -1010,7 +1041,7 @@ def cmd_schedule_add(args: argparse.Namespace) -> int:
         id=args.id,
         cron=args.cron,
         type=args.type,
-        payload=_parse_payload(args.payload),
+        payload=_parse_payload(args),
         timezone=args.tz,
         queue=args.queue,
         priority=args.priority,

@@ -22,7 +22,6 @@ import datetime as dt
 import enum
 import math
 import random
-import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
@@ -187,8 +186,14 @@ class NewJob:
     """The payload as the JSON text that will be stored (set on construction)."""
 
     def __post_init__(self) -> None:
-        validate.job_type(self.type)
-        validate.queue_name(self.queue)
+        # The checks return plain strs: a str subclass is kept as the value
+        # it really carries (see jobrun.job.validate).
+        kind = validate.job_type(self.type)
+        if kind is not self.type:
+            object.__setattr__(self, "type", kind)
+        queue = validate.queue_name(self.queue)
+        if queue is not self.queue:
+            object.__setattr__(self, "queue", queue)
         validate.priority(self.priority)
         validate.max_attempts(self.max_attempts)
         if not isinstance(self.backoff, Backoff):
@@ -200,7 +205,9 @@ class NewJob:
         if self.delay is not None:
             validate.delay(self.delay)
         if self.idempotency_key is not None:
-            validate.idempotency_key(self.idempotency_key)
+            key = validate.idempotency_key(self.idempotency_key)
+            if key is not self.idempotency_key:
+                object.__setattr__(self, "idempotency_key", key)
         if not isinstance(self.id, uuid.UUID):
             raise ValidationError("id", "must be a uuid.UUID")
         # Check and serialise the payload once, here: nothing downstream can
@@ -295,7 +302,7 @@ class EffectKey:
         return cls("job:" + job.type, job.idempotency_key or str(job.id))
 
 
-SCHEDULE_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+SCHEDULE_ID_PATTERN = validate.SCHEDULE_ID_PATTERN
 """Schedule ids: no ``:``, so the key ``sched:<id>:<next_run>`` cannot be ambiguous."""
 
 
@@ -312,21 +319,29 @@ class ScheduleSpec:
     priority: int = DEFAULT_PRIORITY
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     backoff: Backoff = DEFAULT_BACKOFF
+    payload_json: str = dataclasses.field(init=False, repr=False, compare=False, default="")
+    """The payload as the JSON text that will be stored (set on construction)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not SCHEDULE_ID_PATTERN.fullmatch(self.id):
-            raise ValidationError(
-                "id", f"{self.id!r} is not a valid schedule id (1-100 of A-Z a-z 0-9 _ . -)"
-            )
+        # The same checks as NewJob's (each occurrence becomes one), and the
+        # text fields kept as the plain strs they were checked as.
+        set_field = object.__setattr__
+        set_field(self, "id", validate.schedule_id(self.id))
+        if isinstance(self.cron, str):
+            set_field(self, "cron", validate.text("cron", self.cron))
+        if isinstance(self.timezone, str):
+            set_field(self, "timezone", validate.text("timezone", self.timezone))
         parsed = CronSchedule.parse(self.cron, self.timezone)
-        object.__setattr__(self, "cron", parsed.expression)
-        validate.job_type(self.type)
-        validate.queue_name(self.queue)
+        set_field(self, "cron", parsed.expression)
+        set_field(self, "type", validate.job_type(self.type))
+        set_field(self, "queue", validate.queue_name(self.queue))
         validate.priority(self.priority)
         validate.max_attempts(self.max_attempts)
         if not isinstance(self.backoff, Backoff):
             raise ValidationError("backoff", "must be a jobrun.Backoff")
-        object.__setattr__(self, "payload", validate.payload(self.payload)[0])
+        value, text = validate.payload(self.payload)
+        set_field(self, "payload", value)
+        set_field(self, "payload_json", text)
 
     @property
     def schedule(self) -> CronSchedule:

@@ -3,6 +3,14 @@
 Each check raises :class:`~jobrun.job.errors.ValidationError` naming the
 field, before any SQL runs, so bad input never leaves a row, an event or a
 notification behind. The limits are documented here and in the README.
+
+Text fields (queue, type, idempotency key, owner, schedule id, cron, time
+zone, every string of a payload) must be text PostgreSQL can store: no NUL
+(``\\u0000``) and no lone surrogate (``"\\ud800"``; that is what invalid
+UTF-8 on the command line becomes under Python's ``surrogateescape``).
+A ``str`` subclass is checked, and kept, as the plain ``str`` value it
+really carries (what json and psycopg send): its own ``__str__``,
+``__contains__`` or ``encode`` are never called.
 """
 
 from __future__ import annotations
@@ -23,25 +31,93 @@ lower-case ASCII letters, digits, ``_``, ``.``, ``-``; 1 to 63 characters."""
 JOB_TYPE_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}")
 """Job types: ASCII letters, digits, ``_ . : / -``; 1 to 128 characters."""
 
+SCHEDULE_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+"""Schedule ids: no ``:``, so the key ``sched:<id>:<next_run>`` cannot be ambiguous."""
+
 MIN_PRIORITY = -32768
 MAX_PRIORITY = 32767
 """Priorities are small integers; lower runs first."""
 
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_PAYLOAD_BYTES = 1024 * 1024
-"""Serialised payload size cap (1 MiB): jobs carry references, not documents."""
+"""Serialised payload size cap (1 MiB of UTF-8): jobs carry references, not documents."""
 MAX_PAYLOAD_DEPTH = 64
+MAX_PAYLOAD_INT_DIGITS = 4300
+"""Integers in a payload have at most 4300 decimal digits (``abs(n) < 10**4300``).
+
+jsonb numbers are PostgreSQL ``numeric``, which takes up to 131072 digits
+before the point; the tighter bound is Python's: by default it refuses to
+convert an int of more than 4300 digits to or from text
+(``sys.int_info.default_max_str_digits``, the CVE-2020-10735 guard), so a
+longer one could be stored but not read back by a worker running with the
+default. The bound is checked by comparing ints, whatever this process's own
+``sys.set_int_max_str_digits``. (Floats and Decimals: floats must be finite;
+``Decimal`` is refused, convert it to ``str`` or ``float`` yourself.)"""
 MAX_IDEMPOTENCY_KEY_BYTES = 255
+MAX_OWNER_CHARS = 200
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600
 """Ten years: far enough for any schedule, small enough to stay inside timestamptz."""
 MAX_CLAIM_LIMIT = 1000
 MAX_ERROR_CHARS = 8192
 """Stored error text is truncated to this many characters."""
 
+_INT_BOUND = 10**MAX_PAYLOAD_INT_DIGITS
+_NEG_INT_BOUND = -_INT_BOUND
+_TOO_MANY_DIGITS = (
+    f"contains an integer of more than {MAX_PAYLOAD_INT_DIGITS} digits "
+    "(Python cannot read it back as JSON by default); send it as a string"
+)
+
 
 def _is_int(value: object) -> bool:
     # bool is an int subclass; True as max_attempts is a bug, not a 1.
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _show(value: str, limit: int = 80) -> str:
+    """``repr`` for a message, cut short (surrogates and NULs come out escaped)."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + "..."
+
+
+def plain_str(field: str, value: object) -> str:
+    """``value`` as a plain ``str``; a subclass becomes the value it really carries.
+
+    ``str.__str__`` of a subclass copies the underlying characters without
+    calling anything the subclass overrides.
+    """
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    raise ValidationError(field, f"must be a str, not {type(value).__name__}")
+
+
+def _surrogate(field: str, text: str, exc: UnicodeEncodeError) -> ValidationError:
+    where = "" if field == "payload" else f" at character {exc.start}"
+    return ValidationError(
+        field,
+        f"contains a lone surrogate ({text[exc.start]!r}{where}), which is not Unicode "
+        "text: invalid UTF-8 from the command line or a file?",
+    )
+
+
+def utf8_size(field: str, text: str) -> int:
+    """The length in bytes of plain ``text`` as UTF-8; a lone surrogate is a ValidationError."""
+    if text.isascii():  # O(1) in CPython: the common case costs no encode
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise _surrogate(field, text, exc) from None
+
+
+def text(field: str, value: object) -> str:
+    """A str PostgreSQL can store as text: no NUL, no lone surrogate. Returns a plain str."""
+    value = plain_str(field, value)
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL (\\u0000)")
+    utf8_size(field, value)
+    return value
 
 
 # Names seen valid before: most enqueues reuse a handful of queues and types,
@@ -55,15 +131,18 @@ def _remember(kind: str, value: str) -> None:
         _valid_names.add((kind, value))
 
 
+# The patterns are ASCII-only: they refuse NUL and surrogates by themselves.
+
+
 def queue_name(value: object, field: str = "queue") -> str:
+    """A valid queue name, as a plain str."""
     if type(value) is str and ("q", value) in _valid_names:
         return value
-    if not isinstance(value, str):
-        raise ValidationError(field, f"must be a str, not {type(value).__name__}")
+    value = plain_str(field, value)
     if not QUEUE_NAME_PATTERN.fullmatch(value):
         raise ValidationError(
             field,
-            f"{value!r} is not a valid queue name (1-63 characters of a-z 0-9 _ . -, "
+            f"{_show(value)} is not a valid queue name (1-63 characters of a-z 0-9 _ . -, "
             "starting with a letter or digit)",
         )
     _remember("q", value)
@@ -71,16 +150,26 @@ def queue_name(value: object, field: str = "queue") -> str:
 
 
 def job_type(value: object, field: str = "type") -> str:
+    """A valid job type, as a plain str."""
     if type(value) is str and ("t", value) in _valid_names:
         return value
-    if not isinstance(value, str):
-        raise ValidationError(field, f"must be a str, not {type(value).__name__}")
+    value = plain_str(field, value)
     if not JOB_TYPE_PATTERN.fullmatch(value):
         raise ValidationError(
             field,
-            f"{value!r} is not a valid job type (1-128 characters of A-Z a-z 0-9 _ . : / -)",
+            f"{_show(value)} is not a valid job type (1-128 characters of A-Z a-z 0-9 _ . : / -)",
         )
     _remember("t", value)
+    return value
+
+
+def schedule_id(value: object, field: str = "id") -> str:
+    """A valid schedule id, as a plain str."""
+    value = plain_str(field, value)
+    if not SCHEDULE_ID_PATTERN.fullmatch(value):
+        raise ValidationError(
+            field, f"{_show(value)} is not a valid schedule id (1-100 of A-Z a-z 0-9 _ . -)"
+        )
     return value
 
 
@@ -132,16 +221,15 @@ def positive_duration(field: str, value: object) -> dt.timedelta:
 
 
 def idempotency_key(value: object) -> str:
-    if not isinstance(value, str):
-        raise ValidationError("idempotency_key", f"must be a str, not {type(value).__name__}")
+    """A valid idempotency key, as a plain str."""
+    field = "idempotency_key"
+    value = plain_str(field, value)
     if not value:
-        raise ValidationError("idempotency_key", "must not be empty")
+        raise ValidationError(field, "must not be empty")
     if "\x00" in value:
-        raise ValidationError("idempotency_key", "must not contain NUL")
-    if len(value.encode()) > MAX_IDEMPOTENCY_KEY_BYTES:
-        raise ValidationError(
-            "idempotency_key", f"must be at most {MAX_IDEMPOTENCY_KEY_BYTES} bytes of UTF-8"
-        )
+        raise ValidationError(field, "must not contain NUL (\\u0000)")
+    if utf8_size(field, value) > MAX_IDEMPOTENCY_KEY_BYTES:
+        raise ValidationError(field, f"must be at most {MAX_IDEMPOTENCY_KEY_BYTES} bytes of UTF-8")
     return value
 
 
@@ -164,49 +252,114 @@ def batch_limit(value: object, cap: int = 100_000) -> int:
 
 
 def owner(value: object) -> str:
-    if not isinstance(value, str) or not value or len(value) > 200 or "\x00" in value:
-        raise ValidationError("owner", "must be a non-empty str of at most 200 characters")
+    """A worker's lease owner name, as a plain str."""
+    message = f"must be a non-empty str of at most {MAX_OWNER_CHARS} characters"
+    if not isinstance(value, str):
+        raise ValidationError("owner", message)
+    value = text("owner", value)
+    if not value or len(value) > MAX_OWNER_CHARS:
+        raise ValidationError("owner", message)
     return value
 
 
 def payload(value: object) -> tuple[Any, str]:
     """Check that ``value`` is a JSON object jsonb will accept; return it and its JSON text.
 
-    The text is what gets stored, so the payload is serialised once. Tuples
-    become lists (as JSON has it), and the returned value says so. Rejected:
-    anything json cannot encode, NaN and infinities (jsonb refuses them),
-    non-string keys (JSON would silently turn them into strings), ``\\u0000``
-    anywhere (jsonb refuses it), nesting deeper than MAX_PAYLOAD_DEPTH and a
-    serialised size over MAX_PAYLOAD_BYTES.
+    The text is what gets stored, so the payload is serialised once. Accepted:
+    dict (str keys), list, str, int, float, bool, None, and their subclasses
+    and tuples, which are converted (the returned value is then a plain copy:
+    tuples become lists, an ``IntEnum`` its int, a ``str`` subclass the value
+    it carries). Rejected: anything else (bytes, sets, ``Decimal``,
+    datetimes...), NaN and infinities (jsonb refuses them), non-string keys
+    (JSON would silently turn them into strings), ``\\u0000`` and lone
+    surrogates anywhere (jsonb and UTF-8 refuse them), integers of more than
+    MAX_PAYLOAD_INT_DIGITS digits, nesting deeper than MAX_PAYLOAD_DEPTH and
+    a serialised size over MAX_PAYLOAD_BYTES.
     """
-    if not isinstance(value, dict):
-        raise ValidationError(
-            "payload", f"must be a dict (a JSON object), not {type(value).__name__}"
-        )
-    had_tuple = _check_tree(value)
+    if type(value) is not dict:
+        if not isinstance(value, dict):
+            raise ValidationError(
+                "payload", f"must be a dict (a JSON object), not {type(value).__name__}"
+            )
+        value = _plain_copy(value)
+    if not _check_tree(value):
+        value = _plain_copy(value)
+        if not _check_tree(value):  # pragma: no cover - a plain copy is all plain
+            raise AssertionError("payload copy is not plain")
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:  # pragma: no cover - _check_tree catches these first
+        text = _encode_json(value)
+    except ValueError as exc:  # an int past this process's int->str limit
+        _check_ints(value)
         raise ValidationError("payload", f"is not JSON-serialisable: {exc}") from None
-    # UTF-8 takes at most 4 bytes a character: encode only when it matters.
-    too_big = len(text) > MAX_PAYLOAD_BYTES or (
-        len(text) > MAX_PAYLOAD_BYTES // 4 and len(text.encode()) > MAX_PAYLOAD_BYTES
-    )
-    if too_big:
+    # The text stands for checks of every value at once. An int of more
+    # digits than the text has characters cannot be in it; the JSON encoder
+    # escapes NUL as \u0000; UTF-8 refuses lone surrogates.
+    if len(text) > MAX_PAYLOAD_INT_DIGITS:
+        _check_ints(value)
+    if utf8_size("payload", text) > MAX_PAYLOAD_BYTES:
         raise ValidationError("payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
-    return (json.loads(text) if had_tuple else value), text
+    if "\\u0000" in text:  # or a string that spells it with a backslash: look closer
+        _check_no_nul(value)
+    return value, text
+
+
+# One encoder for every payload (json.dumps with options builds one per call).
+# No circular-reference bookkeeping: _check_tree bounds the depth, so no
+# cycle reaches it.
+_encode_json = json.JSONEncoder(
+    allow_nan=False, separators=(",", ":"), ensure_ascii=False, check_circular=False
+).encode
+
+
+def payload_from_json(text: str | bytes) -> Any:
+    """Parse JSON text given for a payload (the CLI's); every problem is a ValidationError.
+
+    Only parses: the value still goes through :func:`payload`, the one set of
+    rules. Integers are bounded here already (before Python converts their
+    digits), and hostile nesting is a ValidationError, not a RecursionError.
+    """
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = bytes(text).decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ValidationError(
+                "payload", f"is not valid UTF-8 (byte {exc.start}: {exc.reason})"
+            ) from None
+    else:
+        text = plain_str("payload", text)
+    try:
+        return json.loads(text, parse_int=_json_int)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(
+            "payload", f"is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise ValidationError(
+            "payload", f"is nested deeper than {MAX_PAYLOAD_DEPTH} levels"
+        ) from None
+    except ValidationError:  # from _json_int
+        raise
+    except ValueError as exc:  # a lower sys.set_int_max_str_digits in this process
+        raise ValidationError("payload", f"is not valid JSON: {exc}") from None
+
+
+def _json_int(digits: str) -> int:
+    if len(digits) - digits.startswith("-") > MAX_PAYLOAD_INT_DIGITS:
+        raise ValidationError("payload", _TOO_MANY_DIGITS)
+    return int(digits)
 
 
 def _check_tree(root: dict[Any, Any]) -> bool:
     """Iterative (no RecursionError on hostile nesting) check of a JSON tree, no copy.
 
-    Returns whether a tuple was seen. A cycle shows up as nesting past
-    MAX_PAYLOAD_DEPTH; the node budget stops a small DAG of shared references
-    from standing for a huge document.
+    Returns False when it meets a value that is JSON only once converted (a
+    tuple, a subclass): the caller then checks a plain copy instead. A cycle
+    shows up as nesting past MAX_PAYLOAD_DEPTH; the node budget stops a small
+    DAG of shared references from standing for a huge document. Strings and
+    ints are not looked at: :func:`payload` checks them on the JSON text.
     """
     stack: list[tuple[Any, int]] = [(root, 1)]
     budget = MAX_PAYLOAD_BYTES
-    had_tuple = False
     while stack:
         node, depth = stack.pop()
         if depth > MAX_PAYLOAD_DEPTH:
@@ -214,56 +367,134 @@ def _check_tree(root: dict[Any, Any]) -> bool:
         budget -= len(node)
         if budget < 0:
             raise ValidationError("payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
-        if isinstance(node, dict):
-            for key, item in node.items():
-                if type(key) is not str and not isinstance(key, str):
-                    raise ValidationError(
-                        "payload",
-                        f"has a key of type {type(key).__name__}; JSON keys are strings",
-                    )
-                if "\x00" in key:
-                    raise ValidationError("payload", "has a key containing NUL (\\u0000)")
-                if _check_value(item, stack, depth):
-                    had_tuple = True
+        if type(node) is dict:
+            for key in node:
+                if type(key) is not str:
+                    if isinstance(key, str):
+                        return False
+                    raise _bad_key(key)
+            items = node.values()
         else:
-            for item in node:
-                if _check_value(item, stack, depth):
-                    had_tuple = True
-    return had_tuple
+            items = node
+        for item in items:
+            kind = type(item)
+            if kind is str or kind is int or kind is bool or item is None:
+                continue
+            if kind is dict or kind is list:
+                stack.append((item, depth + 1))
+            elif kind is float:
+                if not math.isfinite(item):
+                    raise ValidationError("payload", f"contains {item}, which JSON cannot carry")
+            elif isinstance(item, dict | list | tuple | str | int | float):
+                return False
+            else:
+                raise _not_json(item)
+    return True
 
 
-def _check_value(item: object, stack: list[tuple[Any, int]], depth: int) -> bool:
+def _plain_copy(root: dict[Any, Any]) -> dict[str, Any]:
+    """A copy of a JSON tree made of plain dict, list, str, int, float, bool and None.
+
+    Each subclass is read through its base type's own code (``dict.items``,
+    ``list.copy``, ``str.__str__``...), never through what it overrides, so
+    the copy is what gets checked, serialised and stored. Tuples become
+    lists. Iterative, and bounded like :func:`_check_tree`.
+    """
+    out: dict[str, Any] = {}
+    stack: list[tuple[Any, Any, int]] = [(root, out, 1)]
+    budget = MAX_PAYLOAD_BYTES
+    while stack:
+        node, target, depth = stack.pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise ValidationError("payload", f"is nested deeper than {MAX_PAYLOAD_DEPTH} levels")
+        if isinstance(node, dict):
+            pairs = list(dict.items(node))
+            budget -= len(pairs)
+            if budget < 0:
+                raise ValidationError(
+                    "payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON"
+                )
+            for key, item in pairs:
+                if not isinstance(key, str):
+                    raise _bad_key(key)
+                target[str.__str__(key)] = _plain_item(item, stack, depth)
+        else:
+            items = (
+                list.copy(node) if isinstance(node, list) else tuple.__getitem__(node, slice(None))
+            )
+            budget -= len(items)
+            if budget < 0:
+                raise ValidationError(
+                    "payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON"
+                )
+            for item in items:
+                target.append(_plain_item(item, stack, depth))
+    return out
+
+
+def _plain_item(item: object, stack: list[tuple[Any, Any, int]], depth: int) -> object:
     kind = type(item)
-    if kind is str:
-        if "\x00" in item:  # type: ignore[operator]
-            raise ValidationError("payload", "contains NUL (\\u0000), which jsonb refuses")
-    elif kind is int or kind is bool or item is None:
-        pass
-    elif kind is float:
-        if not math.isfinite(item):  # type: ignore[arg-type]
-            raise ValidationError("payload", f"contains {item}, which JSON cannot carry")
-    elif kind is dict or kind is list:
-        stack.append((item, depth + 1))
-    elif kind is tuple:
-        stack.append((item, depth + 1))
-        return True
-    elif isinstance(item, dict | list):  # subclasses (OrderedDict, ...)
-        stack.append((item, depth + 1))
-    elif isinstance(item, tuple):
-        stack.append((item, depth + 1))
-        return True
-    elif isinstance(item, bool | int | float | str):  # IntEnum, StrEnum, ...
-        return _check_value(_scalar_base(item), stack, depth)
+    if kind is str or kind is int or kind is float or kind is bool or item is None:
+        return item
+    container: dict[str, Any] | list[Any]
+    if isinstance(item, dict):
+        container = {}
+    elif isinstance(item, list | tuple):
+        container = []
+    elif isinstance(item, str):  # StrEnum, ...
+        return str.__str__(item)
+    elif isinstance(item, int):  # IntEnum, ... (not bool: it has no subclasses)
+        return int.__int__(item)
+    elif isinstance(item, float):
+        return float.__float__(item)
     else:
-        raise ValidationError("payload", f"contains a {type(item).__name__}, which is not JSON")
-    return False
+        raise _not_json(item)
+    stack.append((item, container, depth + 1))
+    return container
 
 
-def _scalar_base(item: bool | int | float | str) -> object:
-    for base in (bool, int, float, str):
-        if isinstance(item, base):
-            return base(item)
-    raise AssertionError(item)  # pragma: no cover
+def _check_ints(root: dict[str, Any]) -> None:
+    """Bound every int of a plain tree (checked already: no cycle), comparing ints, not digits."""
+    stack: list[Any] = [root]
+    while stack:
+        node = stack.pop()
+        for item in node.values() if type(node) is dict else node:
+            kind = type(item)
+            if kind is int:
+                if not _NEG_INT_BOUND < item < _INT_BOUND:
+                    raise ValidationError("payload", _TOO_MANY_DIGITS)
+            elif kind is dict or kind is list:
+                stack.append(item)
+
+
+def _check_no_nul(root: dict[str, Any]) -> None:
+    """Find a NUL in a key or a string of a plain tree (checked already: no cycle)."""
+    stack: list[Any] = [root]
+    while stack:
+        node = stack.pop()
+        items = node.items() if type(node) is dict else enumerate(node)
+        for key, item in items:
+            if type(key) is str and "\x00" in key:
+                raise ValidationError(
+                    "payload", f"has a key containing NUL (\\u0000): {_show(key)}"
+                )
+            if type(item) is str:
+                if "\x00" in item:
+                    raise ValidationError("payload", "contains NUL (\\u0000), which jsonb refuses")
+            elif type(item) is dict or type(item) is list:
+                stack.append(item)
+
+
+def _bad_key(key: object) -> ValidationError:
+    return ValidationError(
+        "payload", f"has a key of type {type(key).__name__}; JSON keys are strings"
+    )
+
+
+def _not_json(item: object) -> ValidationError:
+    name = type(item).__name__
+    hint = " (convert it to str or float)" if name == "Decimal" else ""
+    return ValidationError("payload", f"contains a {name}, which is not JSON{hint}")
 
 
 def redact(text: str) -> str:

@@ -100,7 +100,8 @@ class SchedulesMixin:
         return self._with_tx(run)
 
     def get_schedule(self, schedule_id: str) -> Schedule:
-        row = self._on_pool_read(lambda c: q.get_schedule(c, id=_check_id(schedule_id)))
+        schedule_id = _check_id(schedule_id)
+        row = self._on_pool_read(lambda c: q.get_schedule(c, id=schedule_id))
         if row is None:
             raise NotFound("schedule", schedule_id)
         return schedule_from_row(row)
@@ -109,12 +110,13 @@ class SchedulesMixin:
         return [schedule_from_row(r) for r in self._on_pool_read(q.list_schedules)]
 
     def delete_schedule(self, schedule_id: str) -> None:
-        deleted = self._on_pool(lambda c: q.delete_schedule(c, id=_check_id(schedule_id)))
+        schedule_id = _check_id(schedule_id)
+        deleted = self._on_pool(lambda c: q.delete_schedule(c, id=schedule_id))
         if not deleted:
             raise NotFound("schedule", schedule_id)
 
     def pause_schedule(self, schedule_id: str) -> Schedule:
-        _check_id(schedule_id)
+        schedule_id = _check_id(schedule_id)
         row = self._on_pool(
             lambda c: q.set_schedule_paused(c, paused=True, next_run_at=None, id=schedule_id)
         )
@@ -124,7 +126,7 @@ class SchedulesMixin:
 
     def resume_schedule(self, schedule_id: str) -> Schedule:
         """Resume from the first occurrence after now."""
-        _check_id(schedule_id)
+        schedule_id = _check_id(schedule_id)
 
         def run(c: psycopg.Connection[Any]) -> Schedule:
             current = q.get_schedule(c, id=schedule_id)
@@ -201,9 +203,13 @@ def _check_spec(spec: object) -> None:
 
 
 def _check_id(schedule_id: object) -> str:
+    """A lookup key that can be sent: a non-empty str without NUL or lone surrogates.
+
+    An id that breaks ScheduleSpec's pattern cannot exist, and is simply not found.
+    """
     if not isinstance(schedule_id, str) or not schedule_id:
         raise ValidationError("schedule_id", "must be a non-empty str")
-    return schedule_id
+    return validate.text("schedule_id", schedule_id)
 
 
 def _first_run(conn: psycopg.Connection[Any], spec: ScheduleSpec) -> dt.datetime:
@@ -213,13 +219,15 @@ def _first_run(conn: psycopg.Connection[Any], spec: ScheduleSpec) -> dt.datetime
 
 
 def _row_args(spec: ScheduleSpec, next_run_at: dt.datetime) -> dict[str, Any]:
+    from jobrun.postgres.store import raw_json  # noqa: PLC0415 - store imports this module
+
     return {
         "id": spec.id,
         "cron": spec.cron,
         "timezone": spec.timezone,
         "queue": spec.queue,
         "type": spec.type,
-        "payload": spec.payload,
+        "payload": raw_json(spec.payload_json),  # the text ScheduleSpec checked
         "priority": spec.priority,
         "max_attempts": spec.max_attempts,
         "backoff": spec.backoff.to_json(),
