@@ -32,19 +32,22 @@ from __future__ import annotations
 
 import logging
 import re
+import string
 from collections.abc import Iterable
 
 MASK = "***"
 
-_TRIGGER = re.compile(r"://|passw|pwd|secret|scram_", re.IGNORECASE)
-
-_CANDIDATE = re.compile(
-    r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*)://"
-    r"|(?<![\w.-])(?P<quote>[\"']?)"
+# Every candidate contains one of these (in lower case): found by one plain
+# scan of the lowered text, the rest is looked at only around them.
+_ANCHOR = re.compile(r"://|passw|pwd|secret|scram_")
+_SCHEME_CHARS = frozenset(string.ascii_letters + string.digits + "+.-")
+_KEY_AT = re.compile(
+    r"(?P<quote>[\"']?)"
     r"(?P<key>[\w.-]*?(?:password|passwd|secret)|pwd|scram_(?:client|server)_key)(?P=quote)"
     r"\s*(?P<sep>[=:])[ \t]*",
     re.IGNORECASE,
 )
+_UNQUOTED = re.compile(r"(?:\\.|[^\s\\])*\\?", re.DOTALL)
 _BLANK = re.compile(r"\s")
 _AUTHORITY_END = re.compile(r"[/?#\s]")
 _QUERY_START = re.compile(r"[?#\s]")
@@ -122,43 +125,77 @@ def _quoted_end(text: str, start: int, quote: str) -> int:
 def _unquoted_end(text: str, start: int, in_url: bool) -> int:
     if in_url:
         return _find(_URL_VALUE_END, text, start, len(text))
-    index = start
-    length = len(text)
-    while index < length and not text[index].isspace():
-        index += 2 if text[index] == "\\" else 1
-    return min(index, length)
+    match = _UNQUOTED.match(text, start)
+    return start if match is None else match.end()
+
+
+def _is_key_char(char: str) -> bool:
+    return char.isalnum() or char in "_.-"
+
+
+def _candidates(text: str) -> list[tuple[int, int, re.Match[str] | None]]:
+    """``(start, end, key match or None for a URL)`` of each candidate, by start.
+
+    A URL candidate runs from its scheme to just after ``://``; a key one
+    from the key (or its opening quote) to its value.
+    """
+    low = text.lower()
+    if len(low) != len(text):  # a few characters lengthen when lowered: ASCII only, then
+        low = "".join(c.lower() if c.isascii() else "\0" for c in text)
+    found: dict[int, tuple[int, re.Match[str] | None]] = {}
+    for anchor in _ANCHOR.finditer(low):
+        at = anchor.start()
+        if anchor.group() == "://":
+            start = at
+            while start > 0 and text[start - 1] in _SCHEME_CHARS:
+                start -= 1
+            if start < at and text[start] in string.ascii_letters:
+                found.setdefault(start, (at + 3, None))
+            continue
+        start = at
+        while start > 0 and _is_key_char(text[start - 1]):
+            start -= 1
+        tries = [start]
+        quoted = start > 0 and text[start - 1] in "'\""
+        if quoted and (start == 1 or not _is_key_char(text[start - 2])):
+            tries.insert(0, start - 1)  # a quoted key: 'password': ...
+        for begin in tries:
+            if begin in found:
+                break
+            match = _KEY_AT.match(text, begin)
+            if match is not None:
+                found[begin] = (match.end(), match)
+                break
+    return [(start, end, match) for start, (end, match) in sorted(found.items())]
 
 
 def secret_spans(text: str) -> list[tuple[int, int]]:
     """The ``(start, end)`` of every password found in ``text``, in order, not overlapping."""
     spans: list[tuple[int, int]] = []
-    if not _TRIGGER.search(text):
-        return spans
     index = 0
     url_end = -1  # end of the URL the scan is inside (its query may hold password=)
-    while True:
-        match = _CANDIDATE.search(text, index)
-        if match is None:
-            return spans
-        if match.group("scheme"):
-            span, url_end = url_password(text, match.end())
+    for start, end, match in _candidates(text):
+        if start < index:
+            continue
+        if match is None:  # a URL
+            span, url_end = url_password(text, end)
             if span is None:
-                index = match.end()
+                index = end
             else:
                 spans.append(span)
                 index = span[1]
             continue
         if match.group("sep") == ":" and not match.group("quote"):
-            index = match.end()  # "password: ..." in prose, not a parameter
+            index = end  # "password: ..." in prose, not a parameter
             continue
-        begin = match.end()
-        if begin < len(text) and text[begin] in "'\"":
-            start, end = begin + 1, _quoted_end(text, begin + 1, text[begin])
+        if end < len(text) and text[end] in "'\"":
+            value_start, value_end = end + 1, _quoted_end(text, end + 1, text[end])
         else:
-            start, end = begin, _unquoted_end(text, begin, match.start() < url_end)
-        if end > start:
-            spans.append((start, end))
-        index = max(end, match.end())
+            value_start, value_end = end, _unquoted_end(text, end, start < url_end)
+        if value_end > value_start:
+            spans.append((value_start, value_end))
+        index = max(value_end, end)
+    return spans
 
 
 def redact(text: str, known: Iterable[str] = ()) -> str:

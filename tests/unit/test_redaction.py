@@ -121,6 +121,7 @@ def test_redact_masks_passwords_of_any_url_scheme_and_nothing_else(text: str) ->
         f"jdbc:postgresql://db/app?user=app&password={CANARY}",
         f"Server=db;Database=app;User Id=app;Pwd={CANARY};",
         f"oauth_client_secret={CANARY}",
+        f"İstanbul DB: postgresql+psycopg://app:{CANARY}@db/app, ΣΊΣΥΦΟΣ password={CANARY}",
     ],
 )
 def test_redact_masks_passwords_in_parameter_lists_reprs_and_cut_texts(text: str) -> None:
