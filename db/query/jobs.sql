@@ -4,9 +4,18 @@
 -- name: EnqueueJob :one
 -- One statement, one round trip: the insert, its "enqueued" event (when
 -- write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
--- so no worker can wake before the row is visible; a replay (the key already
--- taken, or the client's id already stored: a retry after a lost COMMIT
--- reply) inserts nothing, writes no event and notifies nobody.
+-- so no worker can wake before the row is visible; a replay (the client's id
+-- already stored: a retry after a lost COMMIT reply) inserts nothing, writes
+-- no event and notifies nobody. The conflict target is the primary key only:
+-- any other unique violation is an error, never a silent replay. Jobs with an
+-- idempotency key go through EnqueueKeyedJob.
+--
+-- The wake-up is an optimisation and the row is the truth: when the server's
+-- notification queue is at least max_notify_usage full (a session LISTENing
+-- while idle in a long transaction keeps it from draining, and a full queue
+-- fails every COMMIT that notifies), no notification is sent and workers
+-- find the job by polling. notify_queue_usage tells the caller the queue's
+-- usage (0 when no wake-up was due).
 WITH ins AS (
     INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                       idempotency_key)
@@ -14,16 +23,58 @@ WITH ins AS (
             sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
             COALESCE(sqlc.narg(run_at)::timestamptz,
                      now() + make_interval(secs => sqlc.arg(delay_seconds)::float8)),
-            sqlc.narg(idempotency_key))
-    ON CONFLICT DO NOTHING
+            NULL)
+    ON CONFLICT (id) DO NOTHING
     RETURNING *
 ), ev AS (
     INSERT INTO job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE sqlc.arg(write_event)::boolean
+), usage AS (
+    SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
 ), wake AS (
-    SELECT pg_notify(sqlc.arg(channel)::text, ins.queue) FROM ins WHERE ins.run_at <= now()
+    SELECT pg_notify(sqlc.arg(channel)::text, ins.queue) FROM ins, usage
+    WHERE usage.used < sqlc.arg(max_notify_usage)::float8
 )
-SELECT ins.* FROM ins WHERE (SELECT count(*) FROM wake) >= 0;
+SELECT ins.*, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+FROM ins WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: EnqueueKeyedJob :one
+-- EnqueueJob for a job with an idempotency key: the conflict target is
+-- jobs_idem_uniq, so a replay of the key (a retry after a lost COMMIT reply
+-- included) inserts nothing. The client's id taken by another job is a
+-- unique violation of jobs_pkey, which the store reports as AlreadyExists.
+WITH ins AS (
+    INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+                      idempotency_key)
+    VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(type), sqlc.arg(payload),
+            sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
+            COALESCE(sqlc.narg(run_at)::timestamptz,
+                     now() + make_interval(secs => sqlc.arg(delay_seconds)::float8)),
+            sqlc.arg(idempotency_key)::text)
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), ev AS (
+    INSERT INTO job_events (job_id, kind, attempt)
+    SELECT ins.id, 'enqueued', 0 FROM ins WHERE sqlc.arg(write_event)::boolean
+), usage AS (
+    SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, ins.queue) FROM ins, usage
+    WHERE usage.used < sqlc.arg(max_notify_usage)::float8
+)
+SELECT ins.*, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+FROM ins WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: SamePayloads :many
+-- Of the stored jobs given, those whose payload equals the one sent, compared
+-- as jsonb (the way PostgreSQL compares them: 1 and 1.0 are one number, key
+-- order does not matter). An idempotent replay compares here, never in
+-- Python: a float like 1e20 comes back from jsonb as an int, and -0.0 as 0.
+SELECT jobs.id FROM jobs
+JOIN (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id,
+             unnest(sqlc.arg(payloads)::jsonb[]) AS payload) AS sent
+  ON jobs.id = sent.id
+WHERE jobs.payload = sent.payload;
 
 -- name: GetJobByKey :one
 SELECT * FROM jobs WHERE queue = sqlc.arg(queue) AND idempotency_key = sqlc.arg(idempotency_key);
@@ -38,7 +89,10 @@ JOIN (SELECT unnest(sqlc.arg(queues)::text[]) AS queue,
 -- The keyed part of a batch, in (queue, key) order so that two batches with
 -- overlapping keys take the unique-index locks in the same order (no
 -- deadlock). Returns the ids actually inserted; the others are replays or
--- conflicts, which the store tells apart by comparing bodies.
+-- conflicts, which the store tells apart by comparing bodies. The conflict
+-- target is jobs_idem_uniq only: an id taken by another job is a unique
+-- violation of jobs_pkey (AlreadyExists), and any other unique index a
+-- future migration adds can never be swallowed as a replay.
 INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                   idempotency_key)
 SELECT unnest(sqlc.arg(ids)::uuid[]), unnest(sqlc.arg(queues)::text[]),
@@ -46,7 +100,7 @@ SELECT unnest(sqlc.arg(ids)::uuid[]), unnest(sqlc.arg(queues)::text[]),
        unnest(sqlc.arg(priorities)::int4[]), unnest(sqlc.arg(max_attempts)::int4[]),
        unnest(sqlc.arg(backoffs)::jsonb[]), unnest(sqlc.arg(run_ats)::timestamptz[]),
        unnest(sqlc.arg(idempotency_keys)::text[])
-ON CONFLICT DO NOTHING
+ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
 -- name: GetJobsByIds :many
@@ -113,7 +167,9 @@ SELECT * FROM claimed;
 -- of the statement: a heartbeat never stalls behind a long commit callable,
 -- and the next one extends that row. Rows are locked in id order. It commits
 -- asynchronously, like the claim: a heartbeat lost in a server crash only
--- makes a lease look shorter, and the fence keeps a reaped job safe.
+-- makes a lease look shorter, and the fence keeps a reaped job safe. A lease
+-- only moves forward: an until earlier than the current expiry leaves the
+-- expiry where it is (the lease is still reported kept).
 WITH lease AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token
 ), valid AS (
@@ -127,7 +183,9 @@ WITH lease AS (
     ORDER BY jobs.id
     FOR UPDATE OF jobs SKIP LOCKED
 ), extended AS (
-    UPDATE jobs SET lease_expires_at = sqlc.arg(until)::timestamptz, updated_at = now()
+    UPDATE jobs
+    SET lease_expires_at = GREATEST(jobs.lease_expires_at, sqlc.arg(until)::timestamptz),
+        updated_at = now()
     FROM live
     WHERE jobs.id = live.id AND jobs.lease_token = live.token AND jobs.state = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text
@@ -140,20 +198,20 @@ SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0;
 SELECT * FROM jobs WHERE id = sqlc.arg(id) FOR UPDATE;
 
 -- name: CompleteBegin :one
--- The first statement of Complete, sent with BEGIN in one round trip:
--- the transaction-local statement_timeout (commit_timeout; unchanged when
--- null), the job row locked, and, when this claim (owner + token) holds a
--- live lease without a cancel request, its ledger row. effect_new says
--- whether the ledger row is new, i.e. whether the commit callable must run.
+-- The first statement of Complete, after BEGIN and the transaction's
+-- statement_timeout (commit_timeout, set before this statement so that it
+-- bounds this row lock's wait too): the job row locked, and, when this claim
+-- (owner + token) holds a live lease without a cancel request, its ledger
+-- row. effect_new says whether the ledger row is new, i.e. whether the
+-- commit callable must run; finished_by_claim that this very claim already
+-- finished the job (a Complete retried after its COMMIT reply was lost).
 -- No row back: the job is gone.
-WITH cfg AS (
-    SELECT set_config('statement_timeout',
-                      COALESCE(sqlc.narg(timeout_ms)::text, current_setting('statement_timeout')),
-                      true) AS timeout
-), j AS (
+WITH j AS (
     SELECT jobs.id, jobs.state, jobs.attempts, jobs.cancel_requested,
            COALESCE(jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
-                    AND jobs.lease_token = sqlc.arg(token)::uuid, false)::boolean AS owned
+                    AND jobs.lease_token = sqlc.arg(token)::uuid, false)::boolean AS owned,
+           COALESCE(jobs.finished_token = sqlc.arg(token)::uuid, false)::boolean
+               AS finished_by_claim
     FROM jobs WHERE jobs.id = sqlc.arg(id)::uuid
     FOR UPDATE
 ), eff AS (
@@ -163,9 +221,8 @@ WITH cfg AS (
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING processed_effects.job_id
 )
-SELECT j.state, j.attempts, j.owned, j.cancel_requested,
+SELECT j.state, j.attempts, j.owned, j.finished_by_claim, j.cancel_requested,
        EXISTS (SELECT 1 FROM eff) AS effect_new,
-       (SELECT cfg.timeout FROM cfg) AS timeout,
        now()::timestamptz AS now
 FROM j;
 
@@ -175,10 +232,12 @@ FROM j;
 -- cancel was requested) with its terminal event, which every event mode
 -- records. The row is locked since CompleteBegin, so it matches exactly one
 -- row, and its timestamps are the transaction's now() that CompleteBegin
--- returned: nothing needs to come back.
+-- returned: nothing needs to come back. The claim's token stays on the row as
+-- finished_token (SET reads the row as it was).
 WITH done AS (
     UPDATE jobs
     SET state = sqlc.arg(state)::job_state, finished_at = now(),
+        finished_token = jobs.lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
@@ -193,17 +252,14 @@ SELECT done.id, done.state::text, done.attempts, sqlc.narg(detail)::jsonb FROM d
 -- many jobs of one owner, rows locked in id order (two batches never
 -- deadlock). Two jobs of the batch sharing an effect key get one ledger row:
 -- only the first runs its commit callable.
-WITH cfg AS (
-    SELECT set_config('statement_timeout',
-                      COALESCE(sqlc.narg(timeout_ms)::text, current_setting('statement_timeout')),
-                      true) AS timeout
-), input AS (
+WITH input AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
            unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key
 ), j AS (
     SELECT jobs.id, jobs.state, jobs.attempts, jobs.cancel_requested,
            COALESCE(jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
-                    AND jobs.lease_token = input.token, false)::boolean AS owned
+                    AND jobs.lease_token = input.token, false)::boolean AS owned,
+           COALESCE(jobs.finished_token = input.token, false)::boolean AS finished_by_claim
     FROM jobs JOIN input ON input.id = jobs.id
     ORDER BY jobs.id
     FOR UPDATE OF jobs
@@ -215,9 +271,8 @@ WITH cfg AS (
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING processed_effects.job_id
 )
-SELECT j.id, j.state, j.attempts, j.owned, j.cancel_requested,
+SELECT j.id, j.state, j.attempts, j.owned, j.finished_by_claim, j.cancel_requested,
        (j.id IN (SELECT eff.job_id FROM eff))::boolean AS effect_new,
-       (SELECT cfg.timeout FROM cfg) AS timeout,
        now()::timestamptz AS now
 FROM j;
 
@@ -229,7 +284,7 @@ WITH input AS (
            unnest(sqlc.arg(details)::jsonb[]) AS detail
 ), done AS (
     UPDATE jobs
-    SET state = input.state, finished_at = now(),
+    SET state = input.state, finished_at = now(), finished_token = jobs.lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM input
@@ -281,7 +336,10 @@ SELECT * FROM failed;
 -- name: CompleteJobs :many
 -- complete_many: every job still leased by this owner and token ends
 -- succeeded (or cancelled when cancel was requested), with its effect row
--- and events, in one statement. Ids not returned lost their lease.
+-- and events, in one statement. A job this very claim already finished (a
+-- batch retried after its COMMIT reply was lost: finished_token matches) is
+-- returned as it stands, and changes nothing. Ids not returned lost their
+-- lease.
 WITH input AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
            unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key
@@ -299,7 +357,7 @@ WITH input AS (
 ), done AS (
     UPDATE jobs
     SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::job_state,
-        finished_at = now(),
+        finished_at = now(), finished_token = jobs.lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM owned WHERE jobs.id = owned.id
@@ -310,8 +368,13 @@ WITH input AS (
            CASE WHEN done.state = 'cancelled'
                 THEN '{"via": "complete"}'::jsonb END
     FROM done
+), before AS (
+    SELECT jobs.id, jobs.state FROM jobs
+    JOIN input ON jobs.id = input.id AND jobs.finished_token = input.token
 )
-SELECT done.id, done.state FROM done;
+SELECT done.id, done.state FROM done
+UNION ALL
+SELECT before.id, before.state FROM before;
 
 -- name: SelectExpiredLeases :many
 -- The reaper's first step: expired leases, locked, skipping rows another
@@ -366,7 +429,7 @@ RETURNING *;
 -- the next attempt overwrites it.
 UPDATE jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
-    cancel_requested = false, finished_at = NULL, updated_at = now()
+    cancel_requested = false, finished_at = NULL, finished_token = NULL, updated_at = now()
 WHERE id = sqlc.arg(id) AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
 RETURNING *;
 
@@ -396,8 +459,20 @@ ORDER BY queue;
 -- name: PauseQueue :exec
 INSERT INTO queue_pauses (queue) VALUES (sqlc.arg(queue)) ON CONFLICT (queue) DO NOTHING;
 
--- name: ResumeQueue :execrows
-DELETE FROM queue_pauses WHERE queue = sqlc.arg(queue);
+-- name: ResumeQueue :one
+-- The pause lifted and the wake-up sent in one statement (one transaction:
+-- a notification always commits with the change it announces). No row back:
+-- the queue was not paused. notify_queue_usage as in EnqueueJob.
+WITH gone AS (
+    DELETE FROM queue_pauses WHERE queue = sqlc.arg(queue) RETURNING queue
+), usage AS (
+    SELECT pg_notification_queue_usage() AS used FROM gone
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, gone.queue) FROM gone, usage
+    WHERE usage.used < sqlc.arg(max_notify_usage)::float8
+)
+SELECT COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+FROM gone WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: PausedQueues :many
 SELECT queue FROM queue_pauses ORDER BY queue;
@@ -405,8 +480,30 @@ SELECT queue FROM queue_pauses ORDER BY queue;
 -- name: DbNow :one
 SELECT now()::timestamptz AS now;
 
--- name: Notify :exec
-SELECT pg_notify(sqlc.arg(channel)::text, sqlc.arg(payload)::text);
+-- name: Notify :one
+-- A wake-up inside the caller's transaction (delivered at its COMMIT),
+-- skipped when the notification queue is max_notify_usage full (see
+-- EnqueueJob). Returns the queue's usage.
+WITH usage AS (
+    SELECT pg_notification_queue_usage() AS used
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, sqlc.arg(payload)::text) FROM usage
+    WHERE usage.used < sqlc.arg(max_notify_usage)::float8
+)
+SELECT usage.used::float8 AS notify_queue_usage FROM usage
+WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: NotifyQueueBlockers :many
+-- Who may be holding the notification queue back: sessions idle in a
+-- transaction, oldest first (a LISTENing session that never ends its
+-- transaction keeps every notification sent since it began from being
+-- freed). Without pg_read_all_stats, other roles' sessions show no state.
+SELECT a.pid::int4 AS pid, COALESCE(a.application_name, '')::text AS application_name,
+       COALESCE(a.state, '')::text AS state, a.xact_start::timestamptz AS xact_start
+FROM pg_stat_get_activity(NULL) AS a
+WHERE a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+ORDER BY a.xact_start
+LIMIT 5;
 
 -- name: CountByState :many
 -- Jobs and attempts per state, for one queue or all.

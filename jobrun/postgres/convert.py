@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
+import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import psycopg.errors
@@ -56,7 +56,51 @@ def utc_or_none(value: dt.datetime | None) -> dt.datetime | None:
     return None if value is None else utc(value)
 
 
-def job_from_row(row: models.Job) -> Job:
+class JobRow(Protocol):
+    """A row carrying every column of ``jobs``: the table's model, or a query's row
+    that adds columns of its own (EnqueueJob's notify_queue_usage)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def payload(self) -> Any: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def state(self) -> models.JobState: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def backoff(self) -> Any: ...
+    @property
+    def run_at(self) -> dt.datetime: ...
+    @property
+    def lease_owner(self) -> str | None: ...
+    @property
+    def lease_token(self) -> uuid.UUID | None: ...
+    @property
+    def lease_expires_at(self) -> dt.datetime | None: ...
+    @property
+    def cancel_requested(self) -> bool: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def created_at(self) -> dt.datetime: ...
+    @property
+    def updated_at(self) -> dt.datetime: ...
+    @property
+    def finished_at(self) -> dt.datetime | None: ...
+
+
+def job_from_row(row: JobRow) -> Job:
     return Job(
         id=row.id,
         queue=row.queue,
@@ -107,11 +151,6 @@ def schedule_from_row(row: models.Schedule) -> Schedule:
         created_at=utc(row.created_at),
         updated_at=utc(row.updated_at),
     )
-
-
-def canonical_json(value: Any) -> str:
-    """A comparison form of a JSON value: key order does not matter, types do."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 # The server answered with an error: nothing committed, try again later.

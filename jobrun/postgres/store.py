@@ -92,7 +92,10 @@ import datetime as dt
 import itertools
 import json
 import logging
+import math
 import select
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -131,7 +134,6 @@ from jobrun.job.model import (
 from jobrun.job.ports import CommitCallable
 from jobrun.postgres import effects
 from jobrun.postgres.convert import (
-    canonical_json,
     event_from_row,
     is_retryable,
     job_from_row,
@@ -159,6 +161,21 @@ BATCH_CHUNK = 5000
 MAX_HEARTBEAT_IDS = 100_000
 """The most ids one heartbeat or completion call sends (arrays, before any SQL)."""
 MAX_LIST_LIMIT = 10_000
+MAX_NOTIFY_QUEUE_USAGE = 0.5
+"""Above this share of the server's notification queue, no wake-up is sent.
+
+A wake-up is an optimisation; the job row is the truth. A session that
+LISTENs while idle in a long transaction keeps the queue from draining, and
+once it is full every COMMIT that notifies fails ("too many notifications in
+the NOTIFY queue"): enqueues would stop while workers could still drain by
+polling. PostgreSQL itself warns at half full, so jobrun stops notifying
+there (workers find new jobs by polling, within their poll interval), logs a
+WARNING naming the sessions that may hold the queue, and notifies again as
+soon as it has drained. The other half is headroom for notifications already
+sent inside open transactions, the caller's included.
+"""
+NOTIFY_WARNING_INTERVAL = 30.0
+"""Seconds between two warnings about a full notification queue (per Store)."""
 
 
 class Store(SchedulesMixin):
@@ -185,6 +202,8 @@ class Store(SchedulesMixin):
         self.call_timeout = None if call_timeout is None else call_timeout.total_seconds()
         self.notify_channel = validate_channel(notify_channel, "notify_channel")
         self.pool = pool
+        self._notify_warned_at = -math.inf
+        self._notify_warn_lock = threading.Lock()
 
     # -- transactions ---------------------------------------------------------
 
@@ -357,13 +376,12 @@ class Store(SchedulesMixin):
         return self._on_pool(lambda c: self._enqueue_on(c, job))
 
     def _enqueue_on(self, conn: psycopg.Connection[Any], job: NewJob) -> Job:
-        # The insert does nothing when the key is taken or the client's id is
-        # already stored (a retry whose first COMMIT reply was lost). A replay
-        # whose stored job is purged in between finds no row; the next round
-        # then inserts.
+        # The insert does nothing when the key is taken (EnqueueKeyedJob) or
+        # the client's id is already stored (EnqueueJob: a retry whose first
+        # COMMIT reply was lost). A replay whose stored job is purged in
+        # between finds no row; the next round then inserts.
         for _ in range(3):
-            row = q.enqueue_job(
-                conn,
+            args: dict[str, Any] = dict(
                 id=job.id,
                 queue=job.queue,
                 type=job.type,
@@ -373,29 +391,72 @@ class Store(SchedulesMixin):
                 backoff=backoff_json(job.backoff),
                 run_at=job.run_at,
                 delay_seconds=job.delay_seconds,
-                idempotency_key=job.idempotency_key,
                 write_event=self.event_mode is EventMode.ALL,
                 channel=self.notify_channel,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
             )
+            with _unique_violations(job):
+                if job.idempotency_key is None:
+                    row: q.EnqueueJobRow | q.EnqueueKeyedJobRow | None = q.enqueue_job(conn, **args)
+                else:
+                    row = q.enqueue_keyed_job(conn, idempotency_key=job.idempotency_key, **args)
             if row is not None:
+                self._notified(row.notify_queue_usage)
                 return job_from_row(row)
             if job.idempotency_key is not None:
                 stored = q.get_job_by_key(
                     conn, queue=job.queue, idempotency_key=job.idempotency_key
                 )
                 if stored is not None:
-                    return self._replay(job, job_from_row(stored))
+                    found = job_from_row(stored)
+                    return _replay(job, found, _same_payloads(conn, [(job, found)]))
+                continue
             same_id = q.get_job(conn, id=job.id)
             if same_id is not None:
-                return _same_job_or_conflict(job, job_from_row(same_id))
+                found = job_from_row(same_id)
+                return _same_job_or_conflict(job, found, _same_payloads(conn, [(job, found)]))
         raise DatabaseError(f"idempotency key {job.idempotency_key!r} kept changing hands")
 
-    @staticmethod
-    def _replay(job: NewJob, stored: Job) -> Job:
-        if same_body(job, stored):
-            return stored
-        assert job.idempotency_key is not None
-        raise IdempotencyConflict(job.queue, job.idempotency_key, stored.id)
+    def _notified(self, usage: float) -> None:
+        """Warn (at most every NOTIFY_WARNING_INTERVAL) when a wake-up was skipped."""
+        if usage < MAX_NOTIFY_QUEUE_USAGE:
+            return
+        with self._notify_warn_lock:
+            now = time.monotonic()
+            if now - self._notify_warned_at < NOTIFY_WARNING_INTERVAL:
+                return
+            self._notify_warned_at = now
+        threading.Thread(
+            target=self._warn_notify_queue_full,
+            args=(usage,),
+            name="jobrun-notify-queue-warning",
+            daemon=True,
+        ).start()
+
+    def _warn_notify_queue_full(self, usage: float) -> None:
+        # On its own thread and pooled connection: never inside the caller's
+        # transaction, never holding up the enqueue that noticed it.
+        try:
+            blockers = self._on_pool_read(q.notify_queue_blockers)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not fail anything
+            named = f"(sessions not listed: {exc})"
+        else:
+            named = (
+                ", ".join(
+                    f"PID {b.pid} ({b.application_name or 'no application_name'}, "
+                    f"{b.state} since {b.xact_start:%Y-%m-%d %H:%M:%S%z})"
+                    for b in blockers
+                )
+                or "none visible to this role"
+            )
+        log.warning(
+            "the PostgreSQL NOTIFY queue is %.0f%% full (pg_notification_queue_usage()): "
+            "jobrun sends no wake-ups until it drains, jobs are still written and workers "
+            "find them by polling. A session LISTENing while idle in a long transaction "
+            "holds it; sessions idle in a transaction, oldest first: %s",
+            usage * 100,
+            named,
+        )
 
     def enqueue_batch(
         self, jobs: Iterable[NewJob], *, conn: psycopg.Connection[Any] | None = None
@@ -470,8 +531,52 @@ class Store(SchedulesMixin):
             inserted += len(fresh_plain)
         ordered = [keyed[slot] for slot in sorted(keyed)]
         for chunk in _chunks(iter(ordered), BATCH_CHUNK):
-            new_ids = set(
-                q.insert_keyed_jobs(
+            new_ids = set(self._insert_keyed(conn, chunk, db_now))
+            taken = [j for j in chunk if j.id not in new_ids]
+            if taken:
+                stored = {
+                    (s.queue, s.idempotency_key): job_from_row(s)
+                    for s in q.get_jobs_by_keys(
+                        conn,
+                        queues=[j.queue for j in taken],
+                        idempotency_keys=[j.idempotency_key or "" for j in taken],
+                    )
+                }
+                pairs = [(j, stored[(j.queue, j.idempotency_key)]) for j in taken]
+                same = _same_payloads(conn, pairs)
+                replayed.extend(_replay(j, found, same) for j, found in pairs)
+            fresh = [j for j in chunk if j.id in new_ids]
+            if fresh and write_events:
+                record(
+                    conn,
+                    self.event_mode,
+                    (EventRow(j.id, EventKind.ENQUEUED, 0) for j in fresh),
+                )
+            queues.update(j.queue for j in fresh)
+            inserted += len(fresh)
+        for queue in sorted(queues):
+            self._notify(conn, queue)
+        return BatchResult(inserted=inserted, replayed=tuple(replayed))
+
+    def _notify(self, conn: psycopg.Connection[Any], queue: str) -> None:
+        """Wake the workers of ``queue`` when this transaction commits (if the queue has room)."""
+        usage = q.notify(
+            conn,
+            channel=self.notify_channel,
+            payload=queue,
+            max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+        )
+        self._notified(usage or 0.0)
+
+    @staticmethod
+    def _insert_keyed(
+        conn: psycopg.Connection[Any], chunk: builtins.list[NewJob], db_now: dt.datetime
+    ) -> builtins.list[uuid.UUID]:
+        """Insert keyed jobs; the ids inserted. A taken key is no insert (a replay or a
+        conflict); an id taken by another job is AlreadyExists, and the chunk writes nothing."""
+        try:
+            with conn.transaction():
+                return q.insert_keyed_jobs(
                     conn,
                     ids=[j.id for j in chunk],
                     queues=[j.queue for j in chunk],
@@ -483,39 +588,12 @@ class Store(SchedulesMixin):
                     run_ats=[_run_at(j, db_now) for j in chunk],
                     idempotency_keys=[j.idempotency_key or "" for j in chunk],
                 )
-            )
-            taken = [j for j in chunk if j.id not in new_ids]
-            if taken:
-                stored = {
-                    (s.queue, s.idempotency_key): job_from_row(s)
-                    for s in q.get_jobs_by_keys(
-                        conn,
-                        queues=[j.queue for j in taken],
-                        idempotency_keys=[j.idempotency_key or "" for j in taken],
-                    )
-                }
-                for j in taken:
-                    found = stored.get((j.queue, j.idempotency_key))
-                    if found is not None:
-                        replayed.append(self._replay(j, found))
-                        continue
-                    # Not its key: its id is taken (a retried batch, or a clash).
-                    same_id = q.get_job(conn, id=j.id)
-                    if same_id is None:  # pragma: no cover - the conflicting row is committed
-                        raise DatabaseError(f"job {j.id} conflicted and vanished")
-                    replayed.append(_same_job_or_conflict(j, job_from_row(same_id)))
-            fresh = [j for j in chunk if j.id in new_ids]
-            if fresh and write_events:
-                record(
-                    conn,
-                    self.event_mode,
-                    (EventRow(j.id, EventKind.ENQUEUED, 0) for j in fresh),
-                )
-            queues.update(j.queue for j in fresh)
-            inserted += len(fresh)
-        for queue in sorted(queues):
-            q.notify(conn, channel=self.notify_channel, payload=queue)
-        return BatchResult(inserted=inserted, replayed=tuple(replayed))
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "jobs_pkey":
+                raise _other_unique_violation(exc) from exc
+        taken = {row.id for row in q.get_jobs_by_ids(conn, ids=[j.id for j in chunk])}
+        clash = next(j for j in chunk if j.id in taken)
+        raise AlreadyExists("job", clash.id)
 
     @staticmethod
     def _copy_chunk(
@@ -536,14 +614,14 @@ class Store(SchedulesMixin):
             return plain
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
-                raise
+                raise _other_unique_violation(exc) from exc
         stored = {
             row.id: job_from_row(row) for row in q.get_jobs_by_ids(conn, ids=[j.id for j in plain])
         }
         fresh = [j for j in plain if j.id not in stored]
-        for j in plain:
-            if j.id in stored:
-                replayed.append(_same_job_or_conflict(j, stored[j.id]))
+        pairs = [(j, stored[j.id]) for j in plain if j.id in stored]
+        same = _same_payloads(conn, pairs)
+        replayed.extend(_same_job_or_conflict(j, found, same) for j, found in pairs)
         if fresh:
             q.copy_jobs(conn, (_copy_row(j, db_now) for j in fresh))
         return fresh
@@ -607,16 +685,17 @@ class Store(SchedulesMixin):
             raise ValidationError("commit", "must be callable")
 
         key = EffectKey.of(job)
-        timeout_ms = self._timeout_ms()
+        begin = self._begin_with_timeout()
 
         def run(c: psycopg.Connection[Any], committing: list[bool]) -> Job:
-            # BEGIN, then one statement: timeout, lock, fence check, ledger row.
-            # (Pipelining these two measured slower than two plain round trips:
-            # leaving pipeline mode costs a Sync round trip of its own.)
-            c.execute("BEGIN")
+            # BEGIN with the timeout (one simple-protocol round trip), then one
+            # statement: lock, fence check, ledger row. The timeout is in force
+            # before the row lock is requested, so it bounds that wait too.
+            # (Pipelining these measured slower than plain round trips: leaving
+            # pipeline mode costs a Sync round trip of its own.)
+            c.execute(begin)
             row = q.complete_begin(
                 c,
-                timeout_ms=timeout_ms,
                 owner=owner,
                 token=token,
                 id=job.id,
@@ -626,12 +705,12 @@ class Store(SchedulesMixin):
             if row is None:
                 raise LeaseLost(job.id)  # the job is gone (purged)
             if not row.owned:
-                # A succeeded job whose attempts still equal this claim's was
-                # completed by this claim (nobody else held the lease of that
-                # attempt): a Complete retried after its COMMIT reply was lost
-                # answers success. (After an operator's retry reset attempts,
-                # a later success at the same count is reported too; it is one.)
-                if row.state == models.JobState.SUCCEEDED and row.attempts == job.attempts:
+                # This very claim finished the job (its token is the row's
+                # finished_token): a Complete retried after its COMMIT reply
+                # was lost answers with the job as that Complete left it.
+                # Any other claim, stale after a reap and a retry cycle that
+                # repeated the same attempt count included, lost its lease.
+                if row.finished_by_claim:
                     done = q.get_job(c, id=job.id)
                     assert done is not None
                     return job_from_row(done)
@@ -695,6 +774,8 @@ class Store(SchedulesMixin):
                 owner=owner,
             )
         )
+        # Rows back: the jobs finished now, and those this very claim finished
+        # before (a call retried after its COMMIT reply was lost).
         completed = frozenset(r.id for r in rows if r.state == models.JobState.SUCCEEDED)
         cancelled = frozenset(r.id for r in rows if r.state == models.JobState.CANCELLED)
         lost = frozenset(j.id for j in jobs) - completed - cancelled
@@ -733,13 +814,12 @@ class Store(SchedulesMixin):
                 raise ValidationError("commit", "must be callable")
         owner = owners.pop()
         keys = [EffectKey.of(j) for j in jobs]
-        timeout_ms = self._timeout_ms()
+        begin = self._begin_with_timeout()
 
         def run(c: psycopg.Connection[Any], committing: list[bool]) -> CompleteManyResult:
-            c.execute("BEGIN")
+            c.execute(begin)
             rows = q.complete_begin_many(
                 c,
-                timeout_ms=timeout_ms,
                 ids=[j.id for j in jobs],
                 tokens=[_lease_of(j)[1] for j in jobs],
                 scopes=[k.scope for k in keys],
@@ -754,13 +834,12 @@ class Store(SchedulesMixin):
             for job, commit in items:
                 row = by_id.get(job.id)
                 if row is None or not row.owned:
-                    # Completed by this very claim before (a retried batch)?
-                    done_before = (
-                        row is not None
-                        and row.state == models.JobState.SUCCEEDED
-                        and row.attempts == job.attempts
-                    )
-                    (completed if done_before else lost).add(job.id)
+                    # Finished by this very claim before (a retried batch)?
+                    if row is not None and row.finished_by_claim:
+                        done = row.state == models.JobState.SUCCEEDED
+                        (completed if done else cancelled).add(job.id)
+                    else:
+                        lost.add(job.id)
                     continue
                 if row.cancel_requested:
                     cancelled.add(job.id)
@@ -827,10 +906,16 @@ class Store(SchedulesMixin):
             failed=failed,
         )
 
-    def _timeout_ms(self) -> str | None:
+    def _begin_with_timeout(self) -> str:
+        """BEGIN, with commit_timeout as the transaction's statement_timeout.
+
+        Sent as one simple-protocol string (one round trip), so the timeout
+        is in force before Complete's first statement waits for the row lock.
+        """
         if self.commit_timeout is None:
-            return None
-        return str(max(int(self.commit_timeout.total_seconds() * 1000), 1))
+            return "BEGIN"
+        ms = max(int(self.commit_timeout.total_seconds() * 1000), 1)
+        return f"BEGIN; SET LOCAL statement_timeout = {ms}"
 
     def fail(
         self,
@@ -1018,7 +1103,7 @@ class Store(SchedulesMixin):
                 self.event_mode,
                 [EventRow(job_id, EventKind.RETRIED, done.attempts, {"from": str(row.state)})],
             )
-            q.notify(c, channel=self.notify_channel, payload=done.queue)
+            self._notify(c, done.queue)
             return job_from_row(done)
 
         return self._with_tx(run)
@@ -1072,10 +1157,18 @@ class Store(SchedulesMixin):
     def resume_queue(self, queue: str) -> bool:
         """Let workers claim from ``queue`` again; False when it was not paused."""
         validate.queue_name(queue)
-        resumed = self._on_pool(lambda c: q.resume_queue(c, queue=queue)) > 0
-        if resumed:
-            self._on_pool(lambda c: q.notify(c, channel=self.notify_channel, payload=queue))
-        return resumed
+        usage = self._on_pool(
+            lambda c: q.resume_queue(
+                c,
+                queue=queue,
+                channel=self.notify_channel,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
+        )
+        if usage is None:
+            return False
+        self._notified(usage)
+        return True
 
     def paused_queues(self) -> builtins.list[str]:
         return self._on_pool_read(q.paused_queues)
@@ -1100,25 +1193,75 @@ def _stale(conn: psycopg.Connection[Any]) -> bool:
     return bool(readable)
 
 
-def _same_job_or_conflict(job: NewJob, stored: Job) -> Job:
+def _same_job_or_conflict(job: NewJob, stored: Job, same_payload: set[uuid.UUID]) -> Job:
     """A job whose id is already stored: the same job again (a replay) or a clash."""
     if (
         stored.queue == job.queue
         and stored.idempotency_key == job.idempotency_key
-        and same_body(job, stored)
+        and same_body(job, stored, stored.id in same_payload)
     ):
         return stored
     raise AlreadyExists("job", job.id)
 
 
-def same_body(job: NewJob, stored: Job) -> bool:
-    """Whether a replay carries the stored job's body (payload compared as JSON)."""
+def _replay(job: NewJob, stored: Job, same_payload: set[uuid.UUID]) -> Job:
+    """A job whose idempotency key is taken: the stored job, or IdempotencyConflict."""
+    if same_body(job, stored, stored.id in same_payload):
+        return stored
+    assert job.idempotency_key is not None
+    raise IdempotencyConflict(job.queue, job.idempotency_key, stored.id)
+
+
+def same_body(job: NewJob, stored: Job, same_payload: bool) -> bool:
+    """Whether a replay carries the stored job's body; ``same_payload`` is the
+    database's jsonb comparison of the payloads (:func:`_same_payloads`)."""
     return (
-        stored.type == job.type
+        same_payload
+        and stored.type == job.type
         and stored.priority == job.priority
         and stored.max_attempts == job.max_attempts
         and stored.backoff == job.backoff
-        and canonical_json(stored.payload) == canonical_json(job.payload)
+    )
+
+
+def _same_payloads(
+    conn: psycopg.Connection[Any], pairs: Sequence[tuple[NewJob, Job]]
+) -> set[uuid.UUID]:
+    """The stored jobs whose payload equals the one sent, compared as jsonb by PostgreSQL.
+
+    jsonb is the judge of "the same payload": 1 and 1.0 are one number, a
+    float of 1e16 or more comes back as an int, -0.0 as 0, and key order is
+    irrelevant. Comparing Python values read back would call those
+    conflicts; comparing in the database cannot disagree with what is stored.
+    """
+    if not pairs:
+        return set()
+    return set(
+        q.same_payloads(
+            conn,
+            ids=[stored.id for _, stored in pairs],
+            payloads=[raw_json(job.payload_json) for job, _ in pairs],
+        )
+    )
+
+
+@contextlib.contextmanager
+def _unique_violations(job: NewJob) -> Iterator[None]:
+    """The client's id taken by another job is AlreadyExists; any other unique
+    index (none today but the idempotency key, which is the conflict target)
+    is a DatabaseError naming it, never a silent replay."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name == "jobs_pkey":
+            raise AlreadyExists("job", job.id) from None
+        raise _other_unique_violation(exc) from exc
+
+
+def _other_unique_violation(exc: psycopg.errors.UniqueViolation) -> DatabaseError:
+    return DatabaseError(
+        f"the job violates the unique constraint {exc.diag.constraint_name!r}: "
+        f"{exc.diag.message_detail or exc.diag.message_primary}"
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -11,6 +12,7 @@ import pytest
 
 from jobrun.job.errors import InvalidState, NotFound, ValidationError
 from jobrun.job.model import EffectKey, State
+from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
 from tests.postgres.conftest import TTL, new_job
 from tests.postgres.test_store_enqueue import listen, pending_notifies
@@ -282,6 +284,66 @@ def test_a_paused_queue_is_not_claimed_from_but_accepts_jobs(store: Store, dsn: 
     assert not store.resume_queue("emails")
     assert [j.id for j in store.claim(OWNER, ["emails"], 10, TTL)] == [job.id]
     assert store.paused_queues() == []
+
+
+@pytest.fixture
+def notify_probe(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[Store]:
+    """A Store whose every pg_notify and every write to a watched table record the
+    transaction they ran in (table ``probe``), to tell one transaction from two.
+
+    A ``pg_notify`` of our own in ``public``, first on the pool's search_path,
+    stands in for the catalog's (and calls it).
+    """
+    conn.execute("CREATE TABLE probe (what text, xid xid8 DEFAULT pg_current_xact_id())")
+    conn.execute(
+        "CREATE FUNCTION public.pg_notify(channel text, payload text) RETURNS void"
+        " LANGUAGE sql AS $$ INSERT INTO probe (what) VALUES ('notify');"
+        " SELECT pg_catalog.pg_notify(channel, payload) $$"
+    )
+    conn.execute(
+        "CREATE FUNCTION probe_write() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN INSERT INTO probe (what) VALUES (TG_TABLE_NAME); RETURN NULL; END $$"
+    )
+    for table in ("queue_pauses", "jobs"):
+        conn.execute(
+            f"CREATE TRIGGER probe_{table} AFTER INSERT OR UPDATE OR DELETE ON {table}"
+            " FOR EACH ROW EXECUTE FUNCTION probe_write()"
+        )
+    pool = open_pool(dsn + " options='-c search_path=public,pg_catalog'", max_size=2)
+    try:
+        yield Store(pool)
+    finally:
+        pool.close()
+
+
+def probe_transactions(conn: psycopg.Connection[Any]) -> dict[str, set[int]]:
+    """The transactions each probe entry ran in."""
+    found: dict[str, set[int]] = {}
+    for what, xid in conn.execute("SELECT what, xid::text::int8 FROM probe").fetchall():
+        found.setdefault(what, set()).add(xid)
+    conn.execute("DELETE FROM probe")
+    return found
+
+
+def test_resume_queue_sends_its_wake_up_in_the_transaction_that_lifts_the_pause(
+    notify_probe: Store, conn: psycopg.Connection[Any]
+) -> None:
+    notify_probe.pause_queue("emails")
+    probe_transactions(conn)
+    assert notify_probe.resume_queue("emails")
+    seen = probe_transactions(conn)
+    assert seen["notify"] == seen["queue_pauses"] and len(seen["notify"]) == 1
+
+
+def test_retry_sends_its_wake_up_in_the_transaction_that_requeues_the_job(
+    notify_probe: Store, conn: psycopg.Connection[Any]
+) -> None:
+    job = notify_probe.enqueue(new_job())
+    notify_probe.cancel(job.id)
+    probe_transactions(conn)
+    notify_probe.retry(job.id)
+    seen = probe_transactions(conn)
+    assert seen["notify"] == seen["jobs"] and len(seen["notify"]) == 1
 
 
 def test_state_counts_give_jobs_and_attempts_per_state(store: Store) -> None:

@@ -448,3 +448,126 @@ def test_a_batch_clashing_with_a_stored_id_writes_nothing(
     with pytest.raises(AlreadyExists):
         store.enqueue_batch([new_job(idempotency_key="k", id=stored.id)])
     assert counts(conn) == before
+
+
+# -- a replay compares payloads the way jsonb does ------------------------------
+
+# Payloads that are one jsonb value however Python spells them. PostgreSQL
+# stores numbers as numeric: 1e20 comes back as the int 100000000000000000000,
+# -0.0 as 0, 5e-324 as a 324-digit decimal; 1 and 1.0 are equal.
+SAME_AS_JSONB = [
+    pytest.param({"n": 1e16}, id="1e16"),
+    pytest.param({"n": 1e20}, id="1e20"),
+    pytest.param({"n": 1e308}, id="1e308"),
+    pytest.param({"n": 5e-324}, id="5e-324"),
+    pytest.param({"n": -0.0}, id="-0.0"),
+    pytest.param({"n": 2**64 + 1}, id="int-beyond-2**63"),
+    pytest.param({"n": -(2**70)}, id="negative-int-beyond-2**63"),
+    pytest.param({"n": 0.1 + 0.2}, id="0.30000000000000004"),
+    pytest.param({"n": 123456789.12345679}, id="big-decimal"),
+    pytest.param({"n": 1.7976931348623157e308}, id="max-float"),
+    pytest.param({"nested": [{"x": 1e21, "y": [-0.0, 1e-7]}]}, id="nested"),
+]
+
+
+@pytest.mark.parametrize("payload", SAME_AS_JSONB)
+def test_an_identical_replay_of_a_numeric_edge_case_is_never_a_conflict(
+    store: Store, payload: dict[str, Any]
+) -> None:
+    first = store.enqueue(new_job(payload=payload, idempotency_key="k"))
+    again = store.enqueue(new_job(payload=payload, idempotency_key="k"))
+    assert again.id == first.id
+    result = store.enqueue_batch([new_job(payload=payload, idempotency_key="k")])
+    assert result.inserted == 0 and [j.id for j in result.replayed] == [first.id]
+
+
+@pytest.mark.parametrize("payload", SAME_AS_JSONB)
+def test_a_retried_batch_of_a_numeric_edge_case_replays_by_id(
+    store: Store, payload: dict[str, Any]
+) -> None:
+    batch = [new_job(payload=payload), new_job(payload=payload, idempotency_key="k")]
+    store.enqueue_batch(batch)
+    result = store.enqueue_batch(batch)
+    assert result.inserted == 0
+    assert sorted(j.id for j in result.replayed) == sorted(j.id for j in batch)
+    assert store.enqueue(batch[0]).id == batch[0].id
+
+
+@pytest.mark.parametrize(
+    ("sent", "replayed"),
+    [
+        pytest.param({"n": 1}, {"n": 1.0}, id="1-vs-1.0"),
+        pytest.param({"n": 1.0}, {"n": 1}, id="1.0-vs-1"),
+        pytest.param({"n": 0}, {"n": -0.0}, id="0-vs--0.0"),
+        pytest.param({"n": 10**20}, {"n": 1e20}, id="10**20-vs-1e20"),
+        pytest.param({"a": 1, "b": 2}, {"b": 2, "a": 1}, id="key-order"),
+    ],
+)
+def test_payloads_equal_as_jsonb_are_one_payload_to_a_replay(
+    store: Store, sent: dict[str, Any], replayed: dict[str, Any]
+) -> None:
+    first = store.enqueue(new_job(payload=sent, idempotency_key="k"))
+    assert store.enqueue(new_job(payload=replayed, idempotency_key="k")).id == first.id
+    assert store.enqueue_batch([new_job(payload=replayed, idempotency_key="k")]).replayed
+
+
+@pytest.mark.parametrize(
+    ("sent", "replayed"),
+    [
+        pytest.param({"n": 1}, {"n": 2}, id="1-vs-2"),
+        pytest.param({"n": 1e16}, {"n": 1e16 + 2}, id="1e16-vs-1e16+2"),
+        pytest.param({"n": 2**64}, {"n": 2**64 + 1}, id="2**64-vs-2**64+1"),
+        pytest.param({"n": 1}, {"n": "1"}, id="number-vs-string"),
+        pytest.param({"n": [1, 2]}, {"n": [2, 1]}, id="array-order"),
+    ],
+)
+def test_payloads_that_differ_as_jsonb_are_still_a_conflict(
+    store: Store, sent: dict[str, Any], replayed: dict[str, Any]
+) -> None:
+    store.enqueue(new_job(payload=sent, idempotency_key="k"))
+    with pytest.raises(IdempotencyConflict):
+        store.enqueue(new_job(payload=replayed, idempotency_key="k"))
+    with pytest.raises(IdempotencyConflict):
+        store.enqueue_batch([new_job(payload=replayed, idempotency_key="k")])
+
+
+# -- only the intended conflicts are replays ---------------------------------------
+
+
+@pytest.fixture
+def one_per_type(conn: psycopg.Connection[Any]) -> None:
+    """A unique index jobrun knows nothing of, as a later migration might add."""
+    conn.execute("CREATE UNIQUE INDEX jobs_one_per_type ON jobs (type) WHERE type = 'only.one'")
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+def test_an_unknown_unique_index_is_an_error_naming_it_never_a_silent_replay(
+    store: Store, conn: psycopg.Connection[Any], one_per_type: None, keyed: bool
+) -> None:
+    from jobrun.job.errors import DatabaseError  # noqa: PLC0415
+
+    key = {"idempotency_key": "k1"} if keyed else {}
+    store.enqueue(new_job(type="only.one", **key))
+    before = counts(conn)
+    other = {"idempotency_key": "k2"} if keyed else {}
+    with pytest.raises(DatabaseError, match="jobs_one_per_type"):
+        store.enqueue(new_job(type="only.one", **other))
+    with pytest.raises(DatabaseError, match="jobs_one_per_type"):
+        store.enqueue_batch([new_job(type="only.one", **other)])
+    with pytest.raises(DatabaseError, match="jobs_one_per_type"), conn.transaction():
+        store.enqueue(new_job(type="only.one", **other), conn=conn)
+    assert counts(conn) == before
+
+
+def test_a_transactional_enqueue_whose_id_is_taken_leaves_the_callers_transaction_usable(
+    store: Store, dsn: str
+) -> None:
+    from jobrun.job.errors import AlreadyExists  # noqa: PLC0415
+
+    stored = store.enqueue(new_job())
+    with psycopg.connect(dsn) as c:
+        with pytest.raises(AlreadyExists):
+            store.enqueue(new_job(id=stored.id, idempotency_key="fresh"), conn=c)
+        other = store.enqueue(new_job(), conn=c)
+        c.commit()
+    assert store.get(other.id).state is State.QUEUED

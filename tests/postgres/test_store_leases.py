@@ -726,3 +726,148 @@ def test_a_heartbeat_skips_a_row_another_transaction_holds_and_still_keeps_it(
         other.rollback()
     assert store.get(free.id).lease_expires_at == until
     assert store.get(held.id).lease_expires_at == held.lease_expires_at
+
+
+# -- the "already done" answer belongs to the claim that finished the job ------
+
+
+def _stale_claim_after_a_retry_cycle(store: Store, conn: Any) -> tuple[Job, Job]:
+    """w1's claim expires and is reaped dead; an operator retries the job
+    (attempts back to 0); w2 claims it at the same attempt count as w1.
+    Returns (w1's stale claim, w2's live claim)."""
+    store.enqueue(new_job(max_attempts=1))
+    stale = claim_one(store, owner="w1")
+    expire(conn, stale.id)
+    assert store.reap_expired(store.now(), 10).dead == [stale.id]
+    store.retry(stale.id)
+    live = claim_one(store, owner="w2")
+    assert live.attempts == stale.attempts == 1
+    return stale, live
+
+
+def test_a_stale_complete_after_a_retry_cycle_is_lease_lost_not_success(
+    store: Store, conn: Any
+) -> None:
+    stale, live = _stale_claim_after_a_retry_cycle(store, conn)
+    store.complete(live)
+    with pytest.raises(LeaseLost):
+        store.complete(stale)
+    with pytest.raises(LeaseLost):
+        store.complete(stale, lambda c: None)
+
+
+def test_a_stale_complete_many_after_a_retry_cycle_reports_the_lease_lost(
+    store: Store, conn: Any
+) -> None:
+    stale, live = _stale_claim_after_a_retry_cycle(store, conn)
+    store.complete_many([live])
+    result = store.complete_many([stale])
+    assert result.lease_lost == {stale.id} and not result.completed
+
+
+def test_a_stale_complete_many_tx_after_a_retry_cycle_reports_the_lease_lost(
+    store: Store, conn: Any
+) -> None:
+    stale, live = _stale_claim_after_a_retry_cycle(store, conn)
+    store.complete_many_tx([(live, lambda c: None)])
+    calls: list[int] = []
+    result = store.complete_many_tx([(stale, lambda c: calls.append(1))])
+    assert result.lease_lost == {stale.id} and not result.completed
+    assert calls == []
+
+
+def test_complete_many_retried_by_the_same_claim_reports_completed_and_cancelled(
+    store: Store, conn: Any
+) -> None:
+    """The COMMIT reply of a batch was lost: the same claims ask again."""
+    store.enqueue_batch([new_job(), new_job()])
+    done, cancelled = store.claim(OWNER, ["default"], 2, TTL)
+    store.cancel(cancelled.id)
+    first = store.complete_many([done, cancelled])
+    before = counts(conn)
+    again = store.complete_many([done, cancelled])
+    assert again == first
+    assert again.completed == {done.id} and again.cancelled == {cancelled.id}
+    assert counts(conn) == before
+
+
+def test_complete_many_tx_retried_by_the_same_claim_reports_completed_without_rerunning(
+    store: Store, conn: Any
+) -> None:
+    store.enqueue_batch([new_job(), new_job()])
+    done, cancelled = store.claim(OWNER, ["default"], 2, TTL)
+    store.cancel(cancelled.id)
+    calls: list[uuid.UUID] = []
+    items = [(j, lambda c, j=j: calls.append(j.id)) for j in (done, cancelled)]
+    first = store.complete_many_tx(items)
+    again = store.complete_many_tx(items)
+    assert again.completed == first.completed == {done.id}
+    assert again.cancelled == first.cancelled == {cancelled.id}
+    assert calls == [done.id]
+
+
+def test_a_retried_complete_of_a_cancelled_job_answers_cancelled_for_the_same_claim(
+    store: Store,
+) -> None:
+    store.enqueue(new_job())
+    job = claim_one(store)
+    store.cancel(job.id)
+    assert store.complete(job).state is State.CANCELLED
+    assert store.complete(job).state is State.CANCELLED
+
+
+def test_the_finishing_claim_is_forgotten_when_the_job_is_retried(store: Store, conn: Any) -> None:
+    store.enqueue(new_job())
+    job = claim_one(store)
+    store.complete(job)
+    store.retry(job.id)
+    assert conn.execute("SELECT finished_token FROM jobs WHERE id = %s", [job.id]).fetchone() == (
+        None,
+    )
+    with pytest.raises(LeaseLost):
+        store.complete(job)
+
+
+# -- a lease only moves forward ------------------------------------------------
+
+
+def test_heartbeat_never_moves_a_lease_backwards(store: Store) -> None:
+    store.enqueue(new_job())
+    job = claim_one(store, ttl=dt.timedelta(minutes=10))
+    assert job.lease_expires_at is not None and job.lease_token is not None
+    kept = store.heartbeat(OWNER, [(job.id, job.lease_token)], store.now())
+    assert kept == {job.id}
+    assert store.get(job.id).lease_expires_at == job.lease_expires_at
+    later = job.lease_expires_at + dt.timedelta(minutes=5)
+    assert store.heartbeat(OWNER, [(job.id, job.lease_token)], later) == {job.id}
+    assert store.get(job.id).lease_expires_at == later
+
+
+# -- commit_timeout bounds the whole Complete ------------------------------------
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["complete", "complete_many_tx"])
+def test_commit_timeout_bounds_the_wait_for_the_job_rows_lock(
+    make_store: Any, admin_dsn: str, batched: bool
+) -> None:
+    """Another transaction holds the job's row lock for 30 s; Complete gives up
+    after commit_timeout (0.5 s) instead of waiting for it, and changes nothing."""
+    store = make_store(commit_timeout=dt.timedelta(milliseconds=500))
+    store.enqueue(new_job())
+    job = claim_one(store)
+    with psycopg.connect(admin_dsn) as holder:
+        holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", [job.id])
+        holder.execute("SET statement_timeout = '60s'")
+        started = time.monotonic()
+        if batched:
+            # A batch that fails is completed one by one; each try is bounded.
+            result = store.complete_many_tx([(job, lambda c: None)])
+            assert isinstance(result.failed[job.id], DatabaseError)
+            assert "cancel" in str(result.failed[job.id])
+        else:
+            with pytest.raises(DatabaseError, match="cancel"):
+                store.complete(job, lambda c: None)
+        waited = time.monotonic() - started
+        holder.rollback()
+    assert waited < 15, f"Complete waited {waited:.1f} s for a row lock"
+    assert store.get(job.id).state is State.LEASED

@@ -25,16 +25,45 @@ WITH ins AS (
             $5, $6, $7,
             COALESCE($8::timestamptz,
                      now() + make_interval(secs => $9::float8)),
-            $10)
-    ON CONFLICT DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at
+            NULL)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
 ), ev AS (
     INSERT INTO job_events (job_id, kind, attempt)
-    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $11::boolean
+    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $10::boolean
+), usage AS (
+    SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
 ), wake AS (
-    SELECT pg_notify($12::text, ins.queue) FROM ins WHERE ins.run_at <= now()
+    SELECT pg_notify($11::text, ins.queue) FROM ins, usage
+    WHERE usage.used < $12::float8
 )
-SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueJobRow:
+    id: uuid.UUID
+    queue: str
+    type: str
+    payload: Any
+    priority: int
+    state: JobState
+    attempts: int
+    max_attempts: int
+    backoff: Any
+    run_at: datetime.datetime
+    lease_owner: str | None
+    lease_token: uuid.UUID | None
+    lease_expires_at: datetime.datetime | None
+    cancel_requested: bool
+    idempotency_key: str | None
+    last_error: str | None
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    finished_at: datetime.datetime | None
+    finished_token: uuid.UUID | None
+    notify_queue_usage: float
 
 
 def enqueue_job(
@@ -49,17 +78,26 @@ def enqueue_job(
     backoff: Any,
     run_at: datetime.datetime | None,
     delay_seconds: float,
-    idempotency_key: str | None,
     write_event: bool,
     channel: str,
-) -> Job | None:
+    max_notify_usage: float,
+) -> EnqueueJobRow | None:
     """Jobs: enqueue, claim, lease upkeep and the terminal transitions.
     Every time is the database clock (now()) or "db now as read by the caller".
     One statement, one round trip: the insert, its "enqueued" event (when
     write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
-    so no worker can wake before the row is visible; a replay (the key already
-    taken, or the client's id already stored: a retry after a lost COMMIT
-    reply) inserts nothing, writes no event and notifies nobody.
+    so no worker can wake before the row is visible; a replay (the client's id
+    already stored: a retry after a lost COMMIT reply) inserts nothing, writes
+    no event and notifies nobody. The conflict target is the primary key only:
+    any other unique violation is an error, never a silent replay. Jobs with an
+    idempotency key go through EnqueueKeyedJob.
+
+    The wake-up is an optimisation and the row is the truth: when the server's
+    notification queue is at least max_notify_usage full (a session LISTENing
+    while idle in a long transaction keeps it from draining, and a full queue
+    fails every COMMIT that notifies), no notification is sent and workers
+    find the job by polling. notify_queue_usage tells the caller the queue's
+    usage (0 when no wake-up was due).
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(
@@ -74,15 +112,15 @@ def enqueue_job(
                 backoff if isinstance(backoff, Jsonb) else Jsonb(backoff),
                 run_at,
                 delay_seconds,
-                idempotency_key,
                 write_event,
                 channel,
+                max_notify_usage,
             ),
         )
         r = cur.fetchone()
     if r is None:
         return None
-    return Job(
+    return EnqueueJobRow(
         id=r[0],
         queue=r[1],
         type=r[2],
@@ -102,10 +140,157 @@ def enqueue_job(
         created_at=r[16],
         updated_at=r[17],
         finished_at=r[18],
+        finished_token=r[19],
+        notify_queue_usage=r[20],
     )
 
 
-GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM jobs WHERE queue = $1 AND idempotency_key = $2"
+ENQUEUE_KEYED_JOB: Final = """\
+WITH ins AS (
+    INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+                      idempotency_key)
+    VALUES ($1, $2, $3, $4,
+            $5, $6, $7,
+            COALESCE($8::timestamptz,
+                     now() + make_interval(secs => $9::float8)),
+            $10::text)
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
+), ev AS (
+    INSERT INTO job_events (job_id, kind, attempt)
+    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $11::boolean
+), usage AS (
+    SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
+), wake AS (
+    SELECT pg_notify($12::text, ins.queue) FROM ins, usage
+    WHERE usage.used < $13::float8
+)
+SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueKeyedJobRow:
+    id: uuid.UUID
+    queue: str
+    type: str
+    payload: Any
+    priority: int
+    state: JobState
+    attempts: int
+    max_attempts: int
+    backoff: Any
+    run_at: datetime.datetime
+    lease_owner: str | None
+    lease_token: uuid.UUID | None
+    lease_expires_at: datetime.datetime | None
+    cancel_requested: bool
+    idempotency_key: str | None
+    last_error: str | None
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    finished_at: datetime.datetime | None
+    finished_token: uuid.UUID | None
+    notify_queue_usage: float
+
+
+def enqueue_keyed_job(
+    conn: psycopg.Connection[Any],
+    *,
+    id: uuid.UUID,
+    queue: str,
+    type: str,
+    payload: Any,
+    priority: int,
+    max_attempts: int,
+    backoff: Any,
+    run_at: datetime.datetime | None,
+    delay_seconds: float,
+    idempotency_key: str,
+    write_event: bool,
+    channel: str,
+    max_notify_usage: float,
+) -> EnqueueKeyedJobRow | None:
+    """EnqueueJob for a job with an idempotency key: the conflict target is
+    jobs_idem_uniq, so a replay of the key (a retry after a lost COMMIT reply
+    included) inserts nothing. The client's id taken by another job is a
+    unique violation of jobs_pkey, which the store reports as AlreadyExists.
+    """
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(
+            ENQUEUE_KEYED_JOB,
+            (
+                id,
+                queue,
+                type,
+                payload if isinstance(payload, Jsonb) else Jsonb(payload),
+                priority,
+                max_attempts,
+                backoff if isinstance(backoff, Jsonb) else Jsonb(backoff),
+                run_at,
+                delay_seconds,
+                idempotency_key,
+                write_event,
+                channel,
+                max_notify_usage,
+            ),
+        )
+        r = cur.fetchone()
+    if r is None:
+        return None
+    return EnqueueKeyedJobRow(
+        id=r[0],
+        queue=r[1],
+        type=r[2],
+        payload=r[3],
+        priority=r[4],
+        state=JobState(r[5]),
+        attempts=r[6],
+        max_attempts=r[7],
+        backoff=r[8],
+        run_at=r[9],
+        lease_owner=r[10],
+        lease_token=r[11],
+        lease_expires_at=r[12],
+        cancel_requested=r[13],
+        idempotency_key=r[14],
+        last_error=r[15],
+        created_at=r[16],
+        updated_at=r[17],
+        finished_at=r[18],
+        finished_token=r[19],
+        notify_queue_usage=r[20],
+    )
+
+
+SAME_PAYLOADS: Final = """\
+SELECT jobs.id FROM jobs
+JOIN (SELECT unnest($1::uuid[]) AS id,
+             unnest($2::jsonb[]) AS payload) AS sent
+  ON jobs.id = sent.id
+WHERE jobs.payload = sent.payload"""
+
+
+def same_payloads(
+    conn: psycopg.Connection[Any],
+    *,
+    ids: list[uuid.UUID],
+    payloads: list[Any],
+) -> list[uuid.UUID]:
+    """Of the stored jobs given, those whose payload equals the one sent, compared
+    as jsonb (the way PostgreSQL compares them: 1 and 1.0 are one number, key
+    order does not matter). An idempotent replay compares here, never in
+    Python: a float like 1e20 comes back from jsonb as an int, and -0.0 as 0.
+    """
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(
+            SAME_PAYLOADS,
+            (ids, [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in payloads]),
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs WHERE queue = $1 AND idempotency_key = $2"
 
 
 def get_job_by_key(
@@ -139,11 +324,12 @@ def get_job_by_key(
         created_at=r[16],
         updated_at=r[17],
         finished_at=r[18],
+        finished_token=r[19],
     )
 
 
 GET_JOBS_BY_KEYS: Final = """\
-SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at FROM jobs
+SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token FROM jobs
 JOIN (SELECT unnest($1::text[]) AS queue,
              unnest($2::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key"""
@@ -178,6 +364,7 @@ def get_jobs_by_keys(
                 created_at=r[16],
                 updated_at=r[17],
                 finished_at=r[18],
+                finished_token=r[19],
             )
             for r in cur.fetchall()
         ]
@@ -191,7 +378,7 @@ SELECT unnest($1::uuid[]), unnest($2::text[]),
        unnest($5::int4[]), unnest($6::int4[]),
        unnest($7::jsonb[]), unnest($8::timestamptz[]),
        unnest($9::text[])
-ON CONFLICT DO NOTHING
+ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id"""
 
 
@@ -211,7 +398,10 @@ def insert_keyed_jobs(
     """The keyed part of a batch, in (queue, key) order so that two batches with
     overlapping keys take the unique-index locks in the same order (no
     deadlock). Returns the ids actually inserted; the others are replays or
-    conflicts, which the store tells apart by comparing bodies.
+    conflicts, which the store tells apart by comparing bodies. The conflict
+    target is jobs_idem_uniq only: an id taken by another job is a unique
+    violation of jobs_pkey (AlreadyExists), and any other unique index a
+    future migration adds can never be swallowed as a replay.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(
@@ -231,7 +421,7 @@ def insert_keyed_jobs(
         return [r[0] for r in cur.fetchall()]
 
 
-GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM jobs WHERE id = ANY($1::uuid[])"
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs WHERE id = ANY($1::uuid[])"
 
 
 def get_jobs_by_ids(conn: psycopg.Connection[Any], *, ids: list[uuid.UUID]) -> list[Job]:
@@ -258,6 +448,7 @@ def get_jobs_by_ids(conn: psycopg.Connection[Any], *, ids: list[uuid.UUID]) -> l
                 created_at=r[16],
                 updated_at=r[17],
                 finished_at=r[18],
+                finished_token=r[19],
             )
             for r in cur.fetchall()
         ]
@@ -342,13 +533,13 @@ WITH next AS (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token
 ), ev AS (
     INSERT INTO job_events (job_id, kind, attempt)
     SELECT claimed.id, 'claimed', claimed.attempts FROM claimed
     WHERE $5::boolean
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM claimed"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM claimed"""
 
 
 def claim_jobs(
@@ -399,6 +590,7 @@ def claim_jobs(
                 created_at=r[16],
                 updated_at=r[17],
                 finished_at=r[18],
+                finished_token=r[19],
             )
             for r in cur.fetchall()
         ]
@@ -418,7 +610,9 @@ WITH lease AS (
     ORDER BY jobs.id
     FOR UPDATE OF jobs SKIP LOCKED
 ), extended AS (
-    UPDATE jobs SET lease_expires_at = $4::timestamptz, updated_at = now()
+    UPDATE jobs
+    SET lease_expires_at = GREATEST(jobs.lease_expires_at, $4::timestamptz),
+        updated_at = now()
     FROM live
     WHERE jobs.id = live.id AND jobs.lease_token = live.token AND jobs.state = 'leased'
       AND jobs.lease_owner = $3::text
@@ -444,14 +638,16 @@ def heartbeat_jobs(
     of the statement: a heartbeat never stalls behind a long commit callable,
     and the next one extends that row. Rows are locked in id order. It commits
     asynchronously, like the claim: a heartbeat lost in a server crash only
-    makes a lease look shorter, and the fence keeps a reaped job safe.
+    makes a lease look shorter, and the fence keeps a reaped job safe. A lease
+    only moves forward: an until earlier than the current expiry leaves the
+    expiry where it is (the lease is still reported kept).
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(HEARTBEAT_JOBS, (ids, tokens, owner, until))
         return [r[0] for r in cur.fetchall()]
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM jobs WHERE id = $1 FOR UPDATE"
+LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs WHERE id = $1 FOR UPDATE"
 
 
 def lock_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -480,30 +676,28 @@ def lock_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
         created_at=r[16],
         updated_at=r[17],
         finished_at=r[18],
+        finished_token=r[19],
     )
 
 
 COMPLETE_BEGIN: Final = """\
-WITH cfg AS (
-    SELECT set_config('statement_timeout',
-                      COALESCE($1::text, current_setting('statement_timeout')),
-                      true) AS timeout
-), j AS (
+WITH j AS (
     SELECT jobs.id, jobs.state, jobs.attempts, jobs.cancel_requested,
-           COALESCE(jobs.state = 'leased' AND jobs.lease_owner = $2::text
-                    AND jobs.lease_token = $3::uuid, false)::boolean AS owned
-    FROM jobs WHERE jobs.id = $4::uuid
+           COALESCE(jobs.state = 'leased' AND jobs.lease_owner = $1::text
+                    AND jobs.lease_token = $2::uuid, false)::boolean AS owned,
+           COALESCE(jobs.finished_token = $2::uuid, false)::boolean
+               AS finished_by_claim
+    FROM jobs WHERE jobs.id = $3::uuid
     FOR UPDATE
 ), eff AS (
     INSERT INTO processed_effects (scope, key, job_id)
-    SELECT $5::text, $6::text, j.id FROM j
+    SELECT $4::text, $5::text, j.id FROM j
     WHERE j.owned AND NOT j.cancel_requested
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING processed_effects.job_id
 )
-SELECT j.state, j.attempts, j.owned, j.cancel_requested,
+SELECT j.state, j.attempts, j.owned, j.finished_by_claim, j.cancel_requested,
        EXISTS (SELECT 1 FROM eff) AS effect_new,
-       (SELECT cfg.timeout FROM cfg) AS timeout,
        now()::timestamptz AS now
 FROM j"""
 
@@ -513,31 +707,32 @@ class CompleteBeginRow:
     state: JobState
     attempts: int
     owned: bool
+    finished_by_claim: bool
     cancel_requested: bool
     effect_new: bool
-    timeout: str
     now: datetime.datetime
 
 
 def complete_begin(
     conn: psycopg.Connection[Any],
     *,
-    timeout_ms: str | None,
     owner: str,
     token: uuid.UUID,
     id: uuid.UUID,
     scope: str,
     key: str,
 ) -> CompleteBeginRow | None:
-    """The first statement of Complete, sent with BEGIN in one round trip:
-    the transaction-local statement_timeout (commit_timeout; unchanged when
-    null), the job row locked, and, when this claim (owner + token) holds a
-    live lease without a cancel request, its ledger row. effect_new says
-    whether the ledger row is new, i.e. whether the commit callable must run.
+    """The first statement of Complete, after BEGIN and the transaction's
+    statement_timeout (commit_timeout, set before this statement so that it
+    bounds this row lock's wait too): the job row locked, and, when this claim
+    (owner + token) holds a live lease without a cancel request, its ledger
+    row. effect_new says whether the ledger row is new, i.e. whether the
+    commit callable must run; finished_by_claim that this very claim already
+    finished the job (a Complete retried after its COMMIT reply was lost).
     No row back: the job is gone.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(COMPLETE_BEGIN, (timeout_ms, owner, token, id, scope, key))
+        cur.execute(COMPLETE_BEGIN, (owner, token, id, scope, key))
         r = cur.fetchone()
     if r is None:
         return None
@@ -545,9 +740,9 @@ def complete_begin(
         state=JobState(r[0]),
         attempts=r[1],
         owned=r[2],
-        cancel_requested=r[3],
-        effect_new=r[4],
-        timeout=r[5],
+        finished_by_claim=r[3],
+        cancel_requested=r[4],
+        effect_new=r[5],
         now=r[6],
     )
 
@@ -556,6 +751,7 @@ COMPLETE_FINISH: Final = """\
 WITH done AS (
     UPDATE jobs
     SET state = $2::job_state, finished_at = now(),
+        finished_token = jobs.lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
@@ -580,7 +776,8 @@ def complete_finish(
     cancel was requested) with its terminal event, which every event mode
     records. The row is locked since CompleteBegin, so it matches exactly one
     row, and its timestamps are the transaction's now() that CompleteBegin
-    returned: nothing needs to come back.
+    returned: nothing needs to come back. The claim's token stays on the row as
+    finished_token (SET reads the row as it was).
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(
@@ -596,17 +793,14 @@ def complete_finish(
 
 
 COMPLETE_BEGIN_MANY: Final = """\
-WITH cfg AS (
-    SELECT set_config('statement_timeout',
-                      COALESCE($1::text, current_setting('statement_timeout')),
-                      true) AS timeout
-), input AS (
-    SELECT unnest($2::uuid[]) AS id, unnest($3::uuid[]) AS token,
-           unnest($4::text[]) AS scope, unnest($5::text[]) AS key
+WITH input AS (
+    SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token,
+           unnest($3::text[]) AS scope, unnest($4::text[]) AS key
 ), j AS (
     SELECT jobs.id, jobs.state, jobs.attempts, jobs.cancel_requested,
-           COALESCE(jobs.state = 'leased' AND jobs.lease_owner = $6::text
-                    AND jobs.lease_token = input.token, false)::boolean AS owned
+           COALESCE(jobs.state = 'leased' AND jobs.lease_owner = $5::text
+                    AND jobs.lease_token = input.token, false)::boolean AS owned,
+           COALESCE(jobs.finished_token = input.token, false)::boolean AS finished_by_claim
     FROM jobs JOIN input ON input.id = jobs.id
     ORDER BY jobs.id
     FOR UPDATE OF jobs
@@ -618,9 +812,8 @@ WITH cfg AS (
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING processed_effects.job_id
 )
-SELECT j.id, j.state, j.attempts, j.owned, j.cancel_requested,
+SELECT j.id, j.state, j.attempts, j.owned, j.finished_by_claim, j.cancel_requested,
        (j.id IN (SELECT eff.job_id FROM eff))::boolean AS effect_new,
-       (SELECT cfg.timeout FROM cfg) AS timeout,
        now()::timestamptz AS now
 FROM j"""
 
@@ -631,16 +824,15 @@ class CompleteBeginManyRow:
     state: JobState
     attempts: int
     owned: bool
+    finished_by_claim: bool
     cancel_requested: bool
     effect_new: bool
-    timeout: str
     now: datetime.datetime
 
 
 def complete_begin_many(
     conn: psycopg.Connection[Any],
     *,
-    timeout_ms: str | None,
     ids: list[uuid.UUID],
     tokens: list[uuid.UUID],
     scopes: list[str],
@@ -653,16 +845,16 @@ def complete_begin_many(
     only the first runs its commit callable.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(COMPLETE_BEGIN_MANY, (timeout_ms, ids, tokens, scopes, keys, owner))
+        cur.execute(COMPLETE_BEGIN_MANY, (ids, tokens, scopes, keys, owner))
         return [
             CompleteBeginManyRow(
                 id=r[0],
                 state=JobState(r[1]),
                 attempts=r[2],
                 owned=r[3],
-                cancel_requested=r[4],
-                effect_new=r[5],
-                timeout=r[6],
+                finished_by_claim=r[4],
+                cancel_requested=r[5],
+                effect_new=r[6],
                 now=r[7],
             )
             for r in cur.fetchall()
@@ -675,7 +867,7 @@ WITH input AS (
            unnest($3::jsonb[]) AS detail
 ), done AS (
     UPDATE jobs
-    SET state = input.state, finished_at = now(),
+    SET state = input.state, finished_at = now(), finished_token = jobs.lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM input
@@ -730,7 +922,7 @@ WITH failed AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
 ), ev AS (
     INSERT INTO job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
@@ -741,7 +933,7 @@ WITH failed AS (
     FROM failed
     WHERE $7::boolean OR failed.state <> 'queued'
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM failed"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM failed"""
 
 
 def fail_job(
@@ -786,6 +978,7 @@ def fail_job(
         created_at=r[16],
         updated_at=r[17],
         finished_at=r[18],
+        finished_token=r[19],
     )
 
 
@@ -807,7 +1000,7 @@ WITH input AS (
 ), done AS (
     UPDATE jobs
     SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::job_state,
-        finished_at = now(),
+        finished_at = now(), finished_token = jobs.lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM owned WHERE jobs.id = owned.id
@@ -818,8 +1011,13 @@ WITH input AS (
            CASE WHEN done.state = 'cancelled'
                 THEN '{"via": "complete"}'::jsonb END
     FROM done
+), before AS (
+    SELECT jobs.id, jobs.state FROM jobs
+    JOIN input ON jobs.id = input.id AND jobs.finished_token = input.token
 )
-SELECT done.id, done.state FROM done"""
+SELECT done.id, done.state FROM done
+UNION ALL
+SELECT before.id, before.state FROM before"""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -839,7 +1037,10 @@ def complete_jobs(
 ) -> list[CompleteJobsRow]:
     """complete_many: every job still leased by this owner and token ends
     succeeded (or cancelled when cancel was requested), with its effect row
-    and events, in one statement. Ids not returned lost their lease.
+    and events, in one statement. A job this very claim already finished (a
+    batch retried after its COMMIT reply was lost: finished_token matches) is
+    returned as it stands, and changes nothing. Ids not returned lost their
+    lease.
     """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
         cur.execute(COMPLETE_JOBS, (ids, tokens, scopes, keys, owner))
@@ -847,7 +1048,7 @@ def complete_jobs(
 
 
 SELECT_EXPIRED_LEASES: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs
 WHERE state = 'leased' AND lease_expires_at < $1::timestamptz
 ORDER BY id
 LIMIT $2
@@ -886,6 +1087,7 @@ def select_expired_leases(
                 created_at=r[16],
                 updated_at=r[17],
                 finished_at=r[18],
+                finished_token=r[19],
             )
             for r in cur.fetchall()
         ]
@@ -944,7 +1146,7 @@ def reap_job(
     return result
 
 
-GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM jobs WHERE id = $1"
+GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs WHERE id = $1"
 
 
 def get_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -973,11 +1175,12 @@ def get_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
         created_at=r[16],
         updated_at=r[17],
         finished_at=r[18],
+        finished_token=r[19],
     )
 
 
 LIST_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at FROM jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs
 WHERE ($1::text IS NULL OR queue = $1::text)
   AND ($2::job_state IS NULL OR state = $2::job_state)
   AND ($3::text IS NULL OR type = $3::text)
@@ -1019,6 +1222,7 @@ def list_jobs(
                 created_at=r[16],
                 updated_at=r[17],
                 finished_at=r[18],
+                finished_token=r[19],
             )
             for r in cur.fetchall()
         ]
@@ -1027,7 +1231,7 @@ def list_jobs(
 CANCEL_QUEUED_JOB: Final = """\
 UPDATE jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
 WHERE id = $1 AND state = 'queued'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token"""
 
 
 def cancel_queued_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1056,13 +1260,14 @@ def cancel_queued_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | 
         created_at=r[16],
         updated_at=r[17],
         finished_at=r[18],
+        finished_token=r[19],
     )
 
 
 REQUEST_CANCEL: Final = """\
 UPDATE jobs SET cancel_requested = true, updated_at = now()
 WHERE id = $1 AND state = 'leased'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token"""
 
 
 def request_cancel(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1091,15 +1296,16 @@ def request_cancel(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | Non
         created_at=r[16],
         updated_at=r[17],
         finished_at=r[18],
+        finished_token=r[19],
     )
 
 
 REQUEUE_JOB: Final = """\
 UPDATE jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
-    cancel_requested = false, finished_at = NULL, updated_at = now()
+    cancel_requested = false, finished_at = NULL, finished_token = NULL, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token"""
 
 
 def requeue_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1132,6 +1338,7 @@ def requeue_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
         created_at=r[16],
         updated_at=r[17],
         finished_at=r[18],
+        finished_token=r[19],
     )
 
 
@@ -1193,13 +1400,37 @@ def pause_queue(conn: psycopg.Connection[Any], *, queue: str) -> None:
         cur.execute(PAUSE_QUEUE, (queue,))
 
 
-RESUME_QUEUE: Final = "DELETE FROM queue_pauses WHERE queue = $1"
+RESUME_QUEUE: Final = """\
+WITH gone AS (
+    DELETE FROM queue_pauses WHERE queue = $1 RETURNING queue
+), usage AS (
+    SELECT pg_notification_queue_usage() AS used FROM gone
+), wake AS (
+    SELECT pg_notify($2::text, gone.queue) FROM gone, usage
+    WHERE usage.used < $3::float8
+)
+SELECT COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+FROM gone WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
-def resume_queue(conn: psycopg.Connection[Any], *, queue: str) -> int:
+def resume_queue(
+    conn: psycopg.Connection[Any],
+    *,
+    queue: str,
+    channel: str,
+    max_notify_usage: float,
+) -> float | None:
+    """The pause lifted and the wake-up sent in one statement (one transaction:
+    a notification always commits with the change it announces). No row back:
+    the queue was not paused. notify_queue_usage as in EnqueueJob.
+    """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(RESUME_QUEUE, (queue,))
-        return cur.rowcount
+        cur.execute(RESUME_QUEUE, (queue, channel, max_notify_usage))
+        r = cur.fetchone()
+    if r is None:
+        return None
+    value: float = r[0]
+    return value
 
 
 PAUSED_QUEUES: Final = "SELECT queue FROM queue_pauses ORDER BY queue"
@@ -1224,12 +1455,66 @@ def db_now(conn: psycopg.Connection[Any]) -> datetime.datetime | None:
     return value
 
 
-NOTIFY: Final = "SELECT pg_notify($1::text, $2::text)"
+NOTIFY: Final = """\
+WITH usage AS (
+    SELECT pg_notification_queue_usage() AS used
+), wake AS (
+    SELECT pg_notify($1::text, $2::text) FROM usage
+    WHERE usage.used < $3::float8
+)
+SELECT usage.used::float8 AS notify_queue_usage FROM usage
+WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
-def notify(conn: psycopg.Connection[Any], *, channel: str, payload: str) -> None:
+def notify(
+    conn: psycopg.Connection[Any],
+    *,
+    channel: str,
+    payload: str,
+    max_notify_usage: float,
+) -> float | None:
+    """A wake-up inside the caller's transaction (delivered at its COMMIT),
+    skipped when the notification queue is max_notify_usage full (see
+    EnqueueJob). Returns the queue's usage.
+    """
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-        cur.execute(NOTIFY, (channel, payload))
+        cur.execute(NOTIFY, (channel, payload, max_notify_usage))
+        r = cur.fetchone()
+    if r is None:
+        return None
+    value: float = r[0]
+    return value
+
+
+NOTIFY_QUEUE_BLOCKERS: Final = """\
+SELECT a.pid::int4 AS pid, COALESCE(a.application_name, '')::text AS application_name,
+       COALESCE(a.state, '')::text AS state, a.xact_start::timestamptz AS xact_start
+FROM pg_stat_get_activity(NULL) AS a
+WHERE a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+ORDER BY a.xact_start
+LIMIT 5"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NotifyQueueBlockersRow:
+    pid: int
+    application_name: str
+    state: str
+    xact_start: datetime.datetime
+
+
+def notify_queue_blockers(conn: psycopg.Connection[Any]) -> list[NotifyQueueBlockersRow]:
+    """Who may be holding the notification queue back: sessions idle in a
+    transaction, oldest first (a LISTENing session that never ends its
+    transaction keeps every notification sent since it began from being
+    freed). Without pg_read_all_stats, other roles' sessions show no state.
+    """
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(NOTIFY_QUEUE_BLOCKERS)
+        return [
+            NotifyQueueBlockersRow(pid=r[0], application_name=r[1], state=r[2], xact_start=r[3])
+            for r in cur.fetchall()
+        ]
 
 
 COUNT_BY_STATE: Final = """\
