@@ -14,8 +14,10 @@ carries its context as attributes rather than only in the message::
     └── DatabaseError          the database could not do it
         ├── TransientError     connection lost, server shutting down, read-only, pool timeout:
         │                      retry later, nothing was decided
-        └── OutcomeUnknown     the connection died during COMMIT: the change may or may not
-                               have landed; retry with the same idempotency key
+        ├── OutcomeUnknown     the connection died during COMMIT: the change may or may not
+        │                      have landed; retry with the same idempotency key
+        └── InheritedPool      a pool the caller built was inherited through fork(): open
+                               one after the fork; retrying in this process never helps
 
 ``ValidationError`` is also a ``ValueError`` so that callers who treat bad
 arguments generically still catch it.
@@ -121,3 +123,29 @@ class OutcomeUnknown(DatabaseError):
     deduplicated by its idempotency key and the effect ledger never runs a
     commit callable twice.
     """
+
+
+class InheritedPool(DatabaseError):
+    """The Store's pool was opened in another process and inherited through ``fork()``.
+
+    Its connections are the parent's server sessions: using them from the
+    child would mix both processes' queries and answers, so nothing was
+    sent. Pools from ``open_pool`` (and ``Client.connect``) reopen
+    themselves in a child; a ``psycopg_pool.ConnectionPool`` built by the
+    caller cannot be, so it must be created after the fork (gunicorn's
+    ``post_fork`` hook, uwsgi's ``postfork``, a ``multiprocessing``
+    initializer) or be one of ``open_pool``'s. Not a TransientError: a retry
+    in the same process fails the same way.
+    """
+
+    def __init__(self, owner_pid: int | None, pid: int) -> None:
+        parent = f"process {owner_pid}" if owner_pid is not None else "another process"
+        super().__init__(
+            f"this connection pool was opened in {parent} and inherited by process {pid} "
+            "through fork(); its connections belong to the parent and were not used. "
+            "Create the pool after the fork (e.g. in gunicorn's post_fork hook or a "
+            "multiprocessing initializer), or use jobrun.postgres.pool.open_pool / "
+            "jobrun.Client.connect, whose pools reopen themselves in a child"
+        )
+        self.owner_pid = owner_pid
+        self.pid = pid

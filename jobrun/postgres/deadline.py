@@ -12,6 +12,14 @@ deadline has its socket shut down: the blocked psycopg call fails at once,
 the connection is broken (the pool drops it) and the store reports a
 connection fault, so no worker thread can hang forever. Registering a call is
 a dict insert under a lock; the thread wakes every quarter second.
+
+After ``fork()`` the child has no watchdog thread, and the lock may have been
+held by a parent thread at the moment of the fork, so that it would never be
+released in the child. Every watchdog is therefore reset in the child (a new
+lock, no thread, no calls): the child starts its own thread on its first
+watched call. The parent's calls are forgotten rather than carried over: a
+child that shut those sockets down would cut the parent's sessions (a
+shutdown acts on the socket both processes share).
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,11 +58,16 @@ class CallWatchdog:
     """Shuts down the connection of any watched call that outlives its deadline."""
 
     def __init__(self) -> None:
+        self._reset()
+        self.fired = 0
+        _WATCHDOGS.add(self)
+
+    def _reset(self) -> None:
+        """Start empty: at construction, and in a forked child (see the module docs)."""
         self._lock = threading.Lock()
         self._calls: dict[int, tuple[float, psycopg.Connection[Any], float]] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
-        self.fired = 0
 
     @contextlib.contextmanager
     def watch(self, conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[None]:
@@ -92,6 +107,18 @@ class CallWatchdog:
                     "no answer from PostgreSQL within %g s: dropping the connection", seconds
                 )
                 shutdown_socket(conn)
+
+
+_WATCHDOGS: weakref.WeakSet[CallWatchdog] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for watchdog in list(_WATCHDOGS):
+        watchdog._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 WATCHDOG = CallWatchdog()

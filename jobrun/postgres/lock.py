@@ -73,6 +73,7 @@ import psycopg
 
 from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
+from jobrun.postgres import forksafe
 from jobrun.postgres.migrate import LOCK_NAMESPACE
 from jobrun.postgres.notify import check_seconds, configure_session, interrupt_after
 from jobrun.postgres.pool import conninfo_with
@@ -268,6 +269,9 @@ class AdvisoryLocker:
         except Exception as exc:  # noqa: BLE001 - a connection fault means "not acquired"
             self._fault("connect", exc)
             return None
+        # A forked child severs its copy: its unlock or close can never end
+        # the parent's term, and its next try reconnects (see forksafe).
+        forksafe.track(conn)
         try:
             with interrupt_after(conn, self.probe_timeout):
                 configure_session(conn, self.probe_timeout)

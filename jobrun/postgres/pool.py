@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool
 
 from jobrun.job.errors import TransientError, ValidationError
 from jobrun.postgres import dsn
+from jobrun.postgres.forksafe import ForkSafePool
 
 RESERVED_CONNECTIONS = 8
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -98,6 +99,10 @@ def open_pool(
     tools only: a worker needs the reserve). ``timeout`` bounds how long a
     caller waits for a free connection before a clear ``PoolTimeout``
     (mapped to TransientError by the store).
+
+    The pool is fork-safe (:mod:`jobrun.postgres.forksafe`): a process
+    forked after this call gets a fresh pool of its own, with the same
+    settings, on first use, and never touches the parent's connections.
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValidationError("concurrency", "must be a positive int")
@@ -107,7 +112,7 @@ def open_pool(
         max_size = concurrency + RESERVED_CONNECTIONS
     # Autocommit: a lone statement is its own transaction (one round trip);
     # Store._with_tx opens explicit transactions where it needs more.
-    pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+    pool = ForkSafePool(
         full,
         kwargs={"autocommit": True},
         configure=_configure,

@@ -132,7 +132,7 @@ from jobrun.job.model import (
     StateCount,
 )
 from jobrun.job.ports import CommitCallable
-from jobrun.postgres import effects
+from jobrun.postgres import effects, forksafe
 from jobrun.postgres.convert import (
     event_from_row,
     is_retryable,
@@ -218,9 +218,16 @@ class Store(SchedulesMixin):
         tried. After a restart every caller gets a fresh connection instead
         of one failure per stale connection. The call is bounded client-side
         by ``timeout`` seconds (see :mod:`jobrun.postgres.deadline`).
+
+        A pool inherited through ``fork()`` never serves this process: an
+        ``open_pool`` pool has reopened itself, any other raises
+        InheritedPool before a byte is sent, and every connection checked
+        out here is one a later child will sever (:mod:`jobrun.postgres.forksafe`).
         """
+        forksafe.check_pool(self.pool)
         for _ in range(self.pool.max_size + 1):
             with self.pool.connection() as conn:
+                forksafe.track(conn)
                 if _stale(conn):
                     conn.close()
                     continue
