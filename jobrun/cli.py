@@ -16,7 +16,7 @@
     jobrun schedules add ID CRON TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--tz ZONE] ...
     jobrun schedules list | remove ID | pause ID | resume ID
     jobrun demo [...]
-    jobrun embedded status | stop
+    jobrun embedded start | status | stop
 
 Global options (``--database-url``, ``--job-events``, ``--notify-channel``) may
 be given before or after the subcommand. Without ``--database-url`` the
@@ -64,7 +64,6 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 import psycopg
@@ -364,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded", help="the embedded PostgreSQL", parents=[common], allow_abbrev=False
     )
     esub = emb.add_subparsers(dest="embedded_command", metavar="ACTION", required=True)
+    command(esub, "start", cmd_embedded_start, "start it (if needed), print its URL", json=True)
     command(esub, "status", cmd_embedded_status, "whether it runs, and its URL", json=True)
     command(esub, "stop", cmd_embedded_stop, "stop it", json=True)
     return parser
@@ -1116,59 +1116,55 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return int(demo.run(demo_args, url))
 
 
-def _postmaster_port(datadir: Path) -> int | None:
-    """The port of a server running on ``datadir`` (from postmaster.pid), or None."""
+def cmd_embedded_start(args: argparse.Namespace) -> int:
     try:
-        lines = (datadir / "postmaster.pid").read_text().splitlines()
-        pid, port = int(lines[0]), int(lines[3])
-        os.kill(pid, 0)
-    except (OSError, ValueError, IndexError):
-        return None
-    return port
+        cluster, started = embedded.ensure_embedded(embedded.default_home())
+    except embedded.ClusterError as exc:
+        raise CommandError(f"embedded PostgreSQL: {exc}", EXIT_UNAVAILABLE) from None
+    url = cluster.url(embedded.EMBEDDED_DATABASE)
+    if args.json:
+        _print_json({"started": started, "url": url, "datadir": str(cluster.datadir)})
+    else:
+        _say(f"{'started' if started else 'already running'} at {url} (data in {cluster.datadir})")
+    return EXIT_OK
 
 
 def cmd_embedded_status(args: argparse.Namespace) -> int:
-    datadir = embedded.default_home() / "data"
-    port = _postmaster_port(datadir)
-    url = (
-        None
-        if port is None
-        else f"postgresql://postgres@127.0.0.1:{port}/{embedded.EMBEDDED_DATABASE}"
-    )
-    status = {
-        "running": port is not None,
-        "url": url,
-        "datadir": str(datadir),
-        "initialised": (datadir / "PG_VERSION").exists(),
-    }
+    try:
+        status = embedded.embedded_status(embedded.default_home())
+    except embedded.ClusterError as exc:
+        raise CommandError(f"embedded PostgreSQL: {exc}") from None
+    datadir = status.datadir
     if args.json:
-        _print_json(status)
-    elif url is not None:
-        _say(f"running at {url} (data in {datadir})")
-    elif status["initialised"]:
-        _say(f"not running (data in {datadir})")
+        _print_json(
+            {
+                "running": status.running,
+                "url": status.url if status.running else None,
+                "datadir": str(datadir),
+                "initialised": status.initialised,
+            }
+        )
+    elif status.running:
+        _say(f"running at {status.url} (data in {datadir})")
+    elif status.initialised:
+        again = f"; it starts again at {status.url}" if status.url else ""
+        _say(f"not running (data in {datadir}{again})")
     else:
         _say(f"not running (no cluster created yet in {datadir})")
     return EXIT_OK
 
 
 def cmd_embedded_stop(args: argparse.Namespace) -> int:
-    datadir = embedded.default_home() / "data"
-    port = _postmaster_port(datadir)
-    if port is not None:
-        try:
-            embedded.LocalCluster(
-                datadir=datadir,
-                port=port,
-                bindir=embedded.embedded_bindir(),
-                settings=embedded.EMBEDDED_SETTINGS,
-            ).stop()
-        except embedded.ClusterError as exc:
-            raise CommandError(f"cannot stop the embedded PostgreSQL: {exc}") from None
+    home = embedded.default_home()
+    try:
+        stopped = embedded.stop_embedded(home)
+    except embedded.ClusterError as exc:
+        raise CommandError(f"cannot stop the embedded PostgreSQL: {exc}") from None
+    datadir = home / "data"
     if args.json:
-        _print_json({"stopped": port is not None, "datadir": str(datadir)})
-    elif port is not None:
-        _say(f"stopped the embedded PostgreSQL (data kept in {datadir})")
+        _print_json({"stopped": stopped, "datadir": str(datadir)})
+    elif stopped:
+        _say(f"stopped the embedded PostgreSQL (data and port kept in {home})")
     else:
         _say("the embedded PostgreSQL is not running")
     return EXIT_OK

@@ -8,19 +8,26 @@ batch is drained, measures pickup latency with a trickle of single jobs,
 and ends with a summary: throughput, latency, counts by state, retries, dead
 jobs, and a check that every transactional effect was written exactly once.
 
-Each run uses its own queue (``demo-<run>``), so a second run starts clean.
+It never touches the user's tables: each run creates a throwaway database
+(``jobrun_demo_<hex>``) on the server it is given, migrates and runs there,
+and drops it on the way out, when interrupted too (see
+:mod:`jobrun.postgres.demo`; a later run sweeps the leftovers of a killed
+one). So the demo's jobs never show up in the user's ``jobrun depth``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import random
+import signal
 import statistics
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -44,12 +51,19 @@ FLAKY_FAILURE_RATE = 0.25
 FLAKY_BACKOFF = Backoff(kind="constant", base=0.2, jitter=0.5)
 LATENCY_PROBES = 200
 LATENCY_RATE = 50.0  # probes per second
+STOP_TIMEOUT = 5.0  # seconds for the worker and the scheduler to stop
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs in the batch (20000)")
     parser.add_argument("--concurrency", type=int, default=16, help="worker threads (16)")
     parser.add_argument("--seed", type=int, default=None, help="random seed of the flaky handler")
+    parser.add_argument(
+        "--probes",
+        type=int,
+        default=LATENCY_PROBES,
+        help=f"single jobs trickled in to measure pickup latency ({LATENCY_PROBES}; 0: none)",
+    )
 
 
 class _Demo:
@@ -105,12 +119,43 @@ def _batch(n: int, queue: str) -> Iterator[NewJob]:
 
 def run(args: argparse.Namespace, database_url: str) -> int:
     console = Console(stderr=False)
-    if args.jobs < 1 or args.concurrency < 1:
-        console.print("--jobs and --concurrency must be positive")
+    if args.jobs < 1 or args.concurrency < 1 or args.probes < 0:
+        console.print("--jobs and --concurrency must be positive, --probes not negative")
         return 2
-    applied = migrate(database_url)
-    if applied:
-        console.print(f"migrated: {', '.join(applied)}")
+    try:
+        with _sigterm_interrupts(), demo_sql.demo_database(database_url) as database:
+            for name in database.swept:
+                console.print(f"dropped {name}, left behind by an earlier demo", soft_wrap=True)
+            console.print(
+                f"in a throwaway database, {database.name}, dropped at the end "
+                "(your own jobs and tables are not touched)",
+                soft_wrap=True,
+            )
+            return _run(console, args, database.conninfo)
+    except demo_sql.DemoDatabaseError as exc:
+        Console(stderr=True).print(f"jobrun demo: {exc}", highlight=False, soft_wrap=True)
+        return 1
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the demo like Ctrl-C does: through the cleanup that drops its database."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(console: Console, args: argparse.Namespace, database_url: str) -> int:
+    migrate(database_url)
     run_id = uuid.uuid4().hex[:8]
     queue = f"demo-{run_id}"
     demo = _Demo(run_id, args.seed)
@@ -127,6 +172,8 @@ def run(args: argparse.Namespace, database_url: str) -> int:
         database_url, concurrency=1, min_size=1, max_size=3, application_name="jobrun-reaper"
     )
     notifier = Notifier(database_url)
+    worker: Worker | None = None
+    scheduler: SchedulerService | None = None
     try:
         store = make_store(pool, settings)
         demo_sql.create_table(pool)
@@ -152,13 +199,18 @@ def run(args: argparse.Namespace, database_url: str) -> int:
         drain_started = time.monotonic()
         worker.start()
         drain_s = _progress(console, store, queue, args.jobs, drain_started)
-        latencies = _latency(store, queue, demo)
+        latencies = _latency(store, queue, demo, args.probes)
         worker.stop()
         scheduler.stop()
-        store.delete_schedule(f"demo-{run_id}")
+        worker = scheduler = None
         counts = store.state_counts(queue)
         check = demo_sql.check_effects(pool, run_id, queue, "demo.ledger")
     finally:
+        # Interrupted (Ctrl-C) or failed: stop at once, the database goes anyway.
+        if worker is not None:
+            worker.stop(timeout=STOP_TIMEOUT)
+        if scheduler is not None:
+            scheduler.stop(timeout=STOP_TIMEOUT)
         notifier.stop()
         scheduler_pool.close()
         pool.close()
@@ -195,10 +247,10 @@ def _progress(console: Console, store: Any, queue: str, total: int, started: flo
             time.sleep(0.2)
 
 
-def _latency(store: Any, queue: str, demo: _Demo) -> list[float]:
+def _latency(store: Any, queue: str, demo: _Demo, probes: int) -> list[float]:
     """Enqueue-commit to handler-start, for single jobs trickled into an idle worker."""
     enqueued: dict[uuid.UUID, float] = {}
-    for _ in range(LATENCY_PROBES):
+    for _ in range(probes):
         job = store.enqueue(NewJob(type="demo.fast", queue=queue, payload={"probe": True}))
         enqueued[job.id] = time.monotonic()
         time.sleep(1 / LATENCY_RATE)

