@@ -2,7 +2,11 @@
 
 Expressions are standard 5-field cron (``minute hour day month weekday``) or
 6 fields with a leading seconds field (``second minute hour day month
-weekday``), parsed by ``cronsim``. Each schedule has an IANA time zone.
+weekday``), parsed by ``cronsim``, or one of the aliases ``@yearly``
+(``@annually``), ``@monthly``, ``@weekly``, ``@daily`` (``@midnight``) and
+``@hourly``, kept as written and expanded to 5 fields for ``cronsim``. A bad
+field is named with its valid range ("minute must be 0-59, got 61"). Each
+schedule has an IANA time zone.
 
 The DST rule: **one run per local occurrence.** Occurrences are computed on
 the local wall clock, then placed on the time line:
@@ -34,6 +38,34 @@ from jobrun.job.errors import ValidationError
 
 UTC = dt.UTC
 MAX_EXPRESSION_LENGTH = 200
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+"""The ``@`` shorthands accepted for a whole expression (``@reboot`` has no meaning here)."""
+_FIELDS = (
+    ("second", "0-59"),
+    ("minute", "0-59"),
+    ("hour", "0-23"),
+    ("day", "1-31"),
+    ("month", "1-12 or JAN-DEC"),
+    ("weekday", "0-7 or SUN-SAT (0 and 7 are Sunday)"),
+)
+"""Each field of a 6-field expression and its valid values (5 fields drop the first)."""
+_CRONSIM_FIELDS = {
+    "second": "second",
+    "minute": "minute",
+    "hour": "hour",
+    "day-of-month": "day",
+    "month": "month",
+    "day-of-week": "weekday",
+}
+_BAD_FIELD = re.compile(r"Bad ([a-z-]+)")
 _TZ_NAME = re.compile(r"[A-Za-z0-9_+\-]+(/[A-Za-z0-9_+\-]+)*")
 
 
@@ -62,27 +94,39 @@ class CronSchedule:
         if len(expression) > MAX_EXPRESSION_LENGTH:
             raise ValidationError("cron", f"must be at most {MAX_EXPRESSION_LENGTH} characters")
         fields = expression.split()
-        if len(fields) not in (5, 6):
+        if len(fields) == 1 and fields[0].startswith("@"):
+            alias = fields[0].lower()
+            if alias not in ALIASES:
+                raise ValidationError(
+                    "cron", f"{expression!r} is not one of the aliases {', '.join(ALIASES)}"
+                )
+            fields = [alias]
+        elif len(fields) not in (5, 6):
             raise ValidationError(
                 "cron",
                 f"{expression!r} must have 5 fields (minute hour day month weekday) "
-                "or 6 with a leading seconds field",
+                "or 6 with a leading seconds field, or be an alias like @daily",
             )
         tz = time_zone(timezone)
         schedule = cls(" ".join(fields), tz)
         start = dt.datetime(2000, 1, 1)  # noqa: DTZ001 - a naive local wall-clock time
         try:
-            next(CronSim(schedule.expression, start))
+            next(CronSim(schedule.cronsim_expression, start))
         except CronSimError as exc:
-            raise ValidationError("cron", f"{expression!r}: {exc}") from None
+            raise ValidationError("cron", _explain(expression, fields, exc)) from None
         except StopIteration:
             raise ValidationError("cron", f"{expression!r} never fires") from None
         return schedule
 
+    @property
+    def cronsim_expression(self) -> str:
+        """The expression as ``cronsim`` reads it: an alias expanded to its 5 fields."""
+        return ALIASES.get(self.expression, self.expression)
+
     def _local_occurrences(self, after_local: dt.datetime) -> Iterator[dt.datetime]:
         """Naive local wall-clock occurrences strictly after ``after_local``."""
         try:
-            yield from CronSim(self.expression, after_local)
+            yield from CronSim(self.cronsim_expression, after_local)
         except CronSimError as exc:  # pragma: no cover - parse() already checked
             raise ValidationError("cron", str(exc)) from None
 
@@ -133,9 +177,31 @@ class CronSchedule:
         if start > now:
             return None
         local = now.astimezone(self.tz).replace(tzinfo=None, microsecond=0)
-        backwards = CronSim(self.expression, local + dt.timedelta(seconds=1), reverse=True)
+        backwards = CronSim(self.cronsim_expression, local + dt.timedelta(seconds=1), reverse=True)
         for occurrence in itertools.islice(backwards, 1000):
             at = self._instant(occurrence)
             if at <= now:
                 return max(at, start)
         return start  # pragma: no cover - start itself is an occurrence <= now
+
+
+def _explain(expression: str, fields: list[str], exc: CronSimError) -> str:
+    """cronsim's "Bad minute" as "minute must be 0-59, got 61" (the field, its range, its text)."""
+    match = _BAD_FIELD.match(str(exc))
+    name = _CRONSIM_FIELDS.get(match.group(1), "") if match else ""
+    names = [n for n, _ in _FIELDS[6 - len(fields) :]]
+    if name not in names:
+        return f"{expression!r}: {exc}"
+    index = names.index(name)
+    alone = ["*"] * len(fields)
+    alone[index] = fields[index]
+    try:
+        CronSim(" ".join(alone), dt.datetime(2000, 1, 1))  # noqa: DTZ001 - naive wall clock
+    except CronSimError:
+        valid = dict(_FIELDS)[name]
+        return f"{expression!r}: {name} must be {valid}, got {fields[index]}"
+    # The field is fine on its own: cronsim refused the combination (day 31 in February).
+    if name == "day":
+        month = fields[names.index("month")]
+        return f"{expression!r}: day {fields[index]} never comes in month {month}"
+    return f"{expression!r}: {exc}"  # pragma: no cover - cronsim only checks day with month
