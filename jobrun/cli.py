@@ -2,18 +2,22 @@
 
 ::
 
+    jobrun --version            (also: python -m jobrun ...)
     jobrun migrate
     jobrun worker --app myapp.jobs:registry [--queues emails=4,default] [--concurrency N] ...
     jobrun scheduler [--app MODULE:REGISTRY]
     jobrun enqueue TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--queue Q] [--priority N]
                    [--max-attempts N] [--delay 30s] [--key KEY]
-    jobrun get ID | list [--queue Q] [--state S] [--type T] [--limit N] [--after ID]
+    jobrun get ID
+    jobrun list [--queue Q] [--state S] [--type T] [--limit N] [--before ID]   (newest first)
+    jobrun list --oldest | --after ID [...]                                   (oldest first)
     jobrun events ID | depth
     jobrun cancel ID | cancel --state S [--queue Q] [--type T]
     jobrun retry ID  | retry --state dead [--queue Q] [--type T]
     jobrun queues pause Q | resume Q | list
     jobrun purge --older-than 30d
-    jobrun schedules add ID CRON TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--tz ZONE] ...
+    jobrun schedules add ID CRON TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--tz ZONE]
+                         [--replace] [--app MODULE:REGISTRY] ...
     jobrun schedules list | remove ID | pause ID | resume ID
     jobrun demo [...]
     jobrun embedded start | status | stop
@@ -25,9 +29,12 @@ embedded PostgreSQL, saying so on stderr. Every other setting comes from the
 environment (see :mod:`jobrun.config`), overridden by the flags given.
 
 Output: tables for people (plain text, no colour codes, when stdout is not a
-terminal), and with ``--json`` (accepted by every command that is not a
-long-running process) JSON on stdout: objects with stable keys, ISO-8601 UTC
-timestamps and UUIDs as strings; list commands print an array.
+terminal; as wide as the terminal, or COLUMNS when set, else unlimited in a
+pipe: ``jobrun list`` keeps one line per job with its full id, and drops
+run_at and last_error when they do not fit), and with ``--json`` (accepted
+by every command that is not a long-running process) JSON on stdout: objects
+with stable keys, ISO-8601 UTC timestamps and UUIDs as strings; list commands
+print an array.
 
 Errors are one line on stderr, ``jobrun: <message>`` (never a traceback, never
 a password), with a distinct exit code:
@@ -52,19 +59,24 @@ code  meaning
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
 import enum
+import functools
 import importlib
+import importlib.metadata
 import io
+import itertools
 import json
 import logging
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -73,7 +85,9 @@ from rich.table import Table
 from rich.text import Text
 
 from jobrun.client import Client
+from jobrun.config import _ENV as _SETTINGS_ENV
 from jobrun.config import Settings, parse_duration
+from jobrun.job import validate
 from jobrun.job.errors import (
     AlreadyExists,
     IdempotencyConflict,
@@ -101,6 +115,10 @@ from jobrun.job.redaction import RedactingFormatter
 from jobrun.job.validate import MAX_PAYLOAD_BYTES, payload_from_json, redact
 from jobrun.postgres import dsn, embedded
 from jobrun.postgres.pool import conninfo_with
+from jobrun.postgres.store import MAX_LIST_LIMIT
+
+if TYPE_CHECKING:
+    from jobrun.worker.registry import Registry
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -115,6 +133,8 @@ EXIT_INTERRUPTED = 130
 PROG = "jobrun"
 BULK_PAGE = 500
 """Jobs fetched per page by the bulk ``cancel`` and ``retry``."""
+LIST_LIMIT = 100
+"""Jobs ``jobrun list`` shows unless told ``--limit``."""
 ERROR_WIDTH = 60
 """last_error is cut to this many characters in job tables."""
 
@@ -203,6 +223,50 @@ def _fail(message: str, code: int) -> int:
 
 # -- the parser ---------------------------------------------------------------------------
 
+ENV_VARS: dict[str, str] = {field: var for var, (field, _parse) in _SETTINGS_ENV.items()}
+"""The environment variable of each Settings field (jobrun.config's table)."""
+
+
+def version() -> str:
+    """The installed distribution's version, or ``jobrun.__version__`` in a source tree."""
+    try:
+        return importlib.metadata.version("jobrun")
+    except importlib.metadata.PackageNotFoundError:
+        import jobrun  # noqa: PLC0415 - already imported (this module lives in it)
+
+        return jobrun.__version__
+
+
+def _shown(value: object) -> str:
+    """A Settings default as a user types it: 30s, 7d, off, emails=4,default."""
+    if value is None or value is False:
+        return "off"
+    if value is True:
+        return "on"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, dt.timedelta):
+        ms = round(value.total_seconds() * 1000)
+        for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+            if ms % size == 0:
+                return f"{ms // size}{unit}"
+        return f"{ms}ms"
+    if isinstance(value, dict):
+        return ",".join(k if v is None else f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+@functools.cache
+def _defaults() -> Settings:
+    return Settings()
+
+
+def _setting_help(text: str, field: str, default: str | None = None) -> str:
+    """Help for a flag that overrides a setting: its default and its environment variable."""
+    if default is None:
+        default = _shown(getattr(_defaults(), field))
+    return f"{text} (default: {default}; env {ENV_VARS[field]})"
+
 
 def _global_options() -> _Parser:
     """Options valid before or after any subcommand (SUPPRESS: absent unless given)."""
@@ -212,20 +276,20 @@ def _global_options() -> _Parser:
         "--database-url",
         metavar="URL",
         default=argparse.SUPPRESS,
-        help="PostgreSQL URL (default: $DATABASE_URL, else the embedded PostgreSQL)",
+        help=_setting_help("PostgreSQL URL", "database_url", "the embedded PostgreSQL"),
     )
     g.add_argument(
         "--job-events",
         choices=("all", "terminal"),
         type=str.lower,
         default=argparse.SUPPRESS,
-        help="which job events to record (default: $JOB_EVENTS or all)",
+        help=_setting_help("which job events to record: all, or terminal only", "job_events"),
     )
     g.add_argument(
         "--notify-channel",
         metavar="NAME",
         default=argparse.SUPPRESS,
-        help="LISTEN/NOTIFY channel (default: $JOBRUN_NOTIFY_CHANNEL or jobrun_jobs)",
+        help=_setting_help("LISTEN/NOTIFY channel", "notify_channel"),
     )
     return p
 
@@ -247,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 conflict, "
         "5 invalid state, 6 database unavailable, 7 validation",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def command(
@@ -262,15 +329,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "migrate", cmd_migrate, "apply pending schema migrations", json=True)
 
     p = command(sub, "worker", cmd_worker, "run a worker (and a scheduler candidate)", json=False)
-    p.add_argument("--app", required=True, metavar="MODULE:REGISTRY", help="the handlers")
-    p.add_argument("--queues", metavar="SPEC", help="a,b or emails=4,default (per-queue limits)")
-    p.add_argument("--concurrency", type=int, metavar="N", help="handler threads")
+    p.add_argument(
+        "--app",
+        required=True,
+        metavar="MODULE:REGISTRY",
+        help="the handlers, like myapp.jobs:registry (required)",
+    )
+    p.add_argument(
+        "--queues",
+        metavar="SPEC",
+        help=_setting_help("the queues to work: a,b, or emails=4,default for limits", "queues"),
+    )
+    p.add_argument(
+        "--concurrency", type=int, metavar="N", help=_setting_help("handler threads", "concurrency")
+    )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler")
-    for flag in ("lease-ttl", "heartbeat-interval", "poll-interval", "shutdown-grace"):
-        p.add_argument(f"--{flag}", metavar="DURATION")
-    p.add_argument("--commit-timeout", metavar="DURATION", help="or 'off'")
-    p.add_argument("--call-timeout", metavar="DURATION", help="client-side bound, or 'off'")
-    p.add_argument("--no-notifications", action="store_true", help="poll only (no LISTEN/NOTIFY)")
+    for flag, what in (
+        ("lease-ttl", "how long a claim lasts without a heartbeat"),
+        ("heartbeat-interval", "how often running jobs' leases are extended"),
+        ("poll-interval", "how often to look for jobs when no notification comes"),
+        ("shutdown-grace", "on SIGTERM, how long running jobs may finish before cancel"),
+    ):
+        p.add_argument(
+            f"--{flag}", metavar="DURATION", help=_setting_help(what, flag.replace("-", "_"))
+        )
+    p.add_argument(
+        "--commit-timeout",
+        metavar="DURATION",
+        help=_setting_help("statement timeout when completing a job, or off", "commit_timeout"),
+    )
+    p.add_argument(
+        "--call-timeout",
+        metavar="DURATION",
+        help=_setting_help("client-side bound of a database call, or off", "call_timeout"),
+    )
+    p.add_argument(
+        "--no-notifications",
+        action="store_true",
+        help=_setting_help("poll only, no LISTEN/NOTIFY", "notifications", "notifications on"),
+    )
     _retention_options(p)
     _log_option(p)
 
@@ -282,24 +379,34 @@ def build_parser() -> argparse.ArgumentParser:
     _log_option(p)
 
     p = command(sub, "enqueue", cmd_enqueue, "enqueue a job; prints its id", json=True)
-    p.add_argument("type", metavar="TYPE")
+    p.add_argument("type", metavar="TYPE", help="the job type (a handler's name)")
     _payload_options(p)
-    p.add_argument("--queue", default=DEFAULT_QUEUE)
-    p.add_argument("--priority", type=int, default=DEFAULT_PRIORITY, help="lower runs first")
-    p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, metavar="N")
-    p.add_argument("--delay", metavar="DURATION", help="run later: seconds, or 30s, 5m, 2h, 1d")
+    _job_options(p)
+    p.add_argument(
+        "--delay",
+        metavar="DURATION",
+        help="run later: 30s, 5m, 2h, 1d or plain seconds like 300 (default: now)",
+    )
     p.add_argument("--key", metavar="KEY", help="idempotency key (unique per queue)")
 
     p = command(sub, "get", cmd_get, "show one job", json=True)
-    p.add_argument("id", metavar="ID")
+    p.add_argument("id", metavar="ID", help="the job id (as enqueue and list print it)")
 
-    p = command(sub, "list", cmd_list, "list jobs, oldest first", json=True)
+    p = command(sub, "list", cmd_list, "list jobs, newest first", json=True)
     _filters(p)
-    p.add_argument("--limit", type=int, default=100, metavar="N")
-    p.add_argument("--after", metavar="ID", help="the next page: jobs after this id")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=LIST_LIMIT,
+        metavar="N",
+        help=f"how many jobs to show (default: {LIST_LIMIT})",
+    )
+    p.add_argument("--before", metavar="ID", help="the next page: jobs older than this id")
+    p.add_argument("--oldest", action="store_true", help="oldest first (pages with --after)")
+    p.add_argument("--after", metavar="ID", help="jobs newer than this id, oldest first")
 
     p = command(sub, "events", cmd_events, "a job's audit trail", json=True)
-    p.add_argument("id", metavar="ID")
+    p.add_argument("id", metavar="ID", help="the job id")
 
     command(sub, "depth", cmd_depth, "jobs per queue and state; paused queues", json=True)
 
@@ -308,7 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("retry", cmd_retry, "run a job again now, or every job matching --state"),
     ):
         p = command(sub, name, func, what, json=True)
-        p.add_argument("id", metavar="ID", nargs="?")
+        p.add_argument(
+            "id", metavar="ID", nargs="?", help="the job id (or none, and --state for many)"
+        )
         _filters(p)
 
     queues = sub.add_parser(
@@ -320,26 +429,44 @@ def build_parser() -> argparse.ArgumentParser:
         ("resume", cmd_queue_resume, "let workers claim from a queue again"),
     ):
         p = command(qsub, name, func, what, json=True)
-        p.add_argument("queue", metavar="QUEUE")
+        p.add_argument("queue", metavar="QUEUE", help="the queue's name")
     command(qsub, "list", cmd_queue_list, "known queues and whether paused", json=True)
 
     p = command(sub, "purge", cmd_purge, "delete finished jobs; prints the count", json=True)
-    p.add_argument("--older-than", required=True, metavar="DURATION", help="like 7d")
+    p.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="delete jobs finished longer ago than this, like 7d (required)",
+    )
 
     schedules = sub.add_parser(
         "schedules", help="cron schedules", parents=[common], allow_abbrev=False
     )
     ssub = schedules.add_subparsers(dest="schedules_command", metavar="ACTION", required=True)
     p = command(ssub, "add", cmd_schedule_add, "create a schedule", json=True)
-    p.add_argument("id", metavar="ID")
-    p.add_argument("cron", metavar="CRON", help="5 fields, or 6 with leading seconds")
-    p.add_argument("type", metavar="TYPE")
+    p.add_argument("id", metavar="ID", help="the schedule's id, like nightly-report")
+    p.add_argument(
+        "cron",
+        metavar="CRON",
+        help="'minute hour day month weekday' (6 fields: seconds first), "
+        "or @hourly, @daily, @weekly, @monthly, @yearly",
+    )
+    p.add_argument("type", metavar="TYPE", help="the job type each run enqueues")
     _payload_options(p)
-    p.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA time zone (default UTC)")
-    p.add_argument("--queue", default=DEFAULT_QUEUE)
-    p.add_argument("--priority", type=int, default=DEFAULT_PRIORITY)
-    p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, metavar="N")
-    p.add_argument("--replace", action="store_true", help="replace a schedule with this id")
+    p.add_argument(
+        "--tz",
+        default="UTC",
+        metavar="ZONE",
+        help="IANA time zone, like Europe/Paris (default: UTC)",
+    )
+    _job_options(p)
+    p.add_argument("--replace", action="store_true", help="replace the schedule if the id exists")
+    p.add_argument(
+        "--app",
+        metavar="MODULE:REGISTRY",
+        help="the handlers: warn when none of them handles TYPE",
+    )
     command(ssub, "list", cmd_schedule_list, "list schedules", json=True)
     for name, func, what in (
         ("remove", cmd_schedule_remove, "delete a schedule"),
@@ -347,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("resume", cmd_schedule_resume, "resume a schedule from its next occurrence"),
     ):
         p = command(ssub, name, func, what, json=True)
-        p.add_argument("id", metavar="ID")
+        p.add_argument("id", metavar="ID", help="the schedule's id")
 
     # The demo's own options are added by jobrun.demo, imported only when run.
     p = sub.add_parser(
@@ -370,7 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _payload_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("payload", metavar="PAYLOAD_JSON", nargs="?", help="default {}")
+    p.add_argument(
+        "payload", metavar="PAYLOAD_JSON", nargs="?", help="the payload as JSON (default: {})"
+    )
     p.add_argument(
         "--payload-file",
         metavar="PATH",
@@ -378,15 +507,47 @@ def _payload_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--queue", default=DEFAULT_QUEUE, metavar="Q", help=f"the queue (default: {DEFAULT_QUEUE})"
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=DEFAULT_PRIORITY,
+        metavar="N",
+        help=f"lower runs first (default: {DEFAULT_PRIORITY})",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        metavar="N",
+        help=f"attempts before the job is dead (default: {DEFAULT_MAX_ATTEMPTS})",
+    )
+
+
 def _filters(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--queue", metavar="Q")
-    p.add_argument("--state", metavar="S", help="queued, leased, succeeded, dead or cancelled")
-    p.add_argument("--type", metavar="T")
+    p.add_argument("--queue", metavar="Q", help="only jobs in this queue")
+    p.add_argument(
+        "--state",
+        metavar="S",
+        help="only jobs in this state: queued, leased, succeeded, dead, cancelled",
+    )
+    p.add_argument("--type", metavar="T", help="only jobs of this type")
 
 
 def _retention_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--retention", metavar="DURATION", help="keep finished jobs this long, or off")
-    p.add_argument("--events-retention", metavar="DURATION", help="keep events this long, or off")
+    p.add_argument(
+        "--retention",
+        metavar="DURATION",
+        help=_setting_help("keep finished jobs this long, or off", "retention"),
+    )
+    p.add_argument(
+        "--events-retention",
+        metavar="DURATION",
+        help=_setting_help("keep job events this long, or off", "events_retention"),
+    )
 
 
 def _log_option(p: argparse.ArgumentParser) -> None:
@@ -395,7 +556,7 @@ def _log_option(p: argparse.ArgumentParser) -> None:
         default="info",
         type=str.lower,
         choices=("debug", "info", "warning", "error"),
-        help="stderr log level (default info)",
+        help="stderr log level (default: info)",
     )
 
 
@@ -494,6 +655,21 @@ def _say(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
+PIPE_WIDTH = 1000
+"""Columns of a table when stdout is not a terminal and COLUMNS is not set: no wrapping."""
+
+
+def output_width() -> int:
+    """The columns tables fit in: the terminal's (COLUMNS first, as rich reads it).
+
+    When stdout is not a terminal: COLUMNS when set, else :data:`PIPE_WIDTH`.
+    """
+    if sys.stdout.isatty():
+        return console().width
+    columns = os.environ.get("COLUMNS", "").strip()
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+
+
 def console() -> Console:
     """Rich on stdout; plain text (no colour, no wrapping at 80 columns) when not a terminal."""
     out = sys.stdout
@@ -502,7 +678,7 @@ def console() -> Console:
         file=out,
         color_system="auto" if tty else None,
         force_terminal=tty,
-        width=None if tty else 1000,
+        width=None if tty else output_width(),
         highlight=False,
         markup=False,
         emoji=False,
@@ -519,7 +695,7 @@ def _print_table(table: Table) -> None:
         file=buffer,
         color_system=None,
         force_terminal=False,
-        width=1000,
+        width=output_width(),
         highlight=False,
         markup=False,
         emoji=False,
@@ -567,22 +743,64 @@ def _row(table: Table, *cells: object) -> None:
     table.add_row(*(Text("" if c is None else str(c)) for c in cells))
 
 
-def _jobs_table(jobs: Sequence[Job], caption: str | None = None) -> Table:
-    table = _table(
-        "id", "queue", "type", "state", "attempts", "run_at", "last_error", caption=caption
-    )
-    for job in jobs:
-        state = str(job.state) + (" (cancel requested)" if job.cancel_requested else "")
-        _row(
-            table,
-            job.id,
+JOB_COLUMNS = ("id", "queue", "type", "state", "attempts", "run_at", "last_error")
+_REQUIRED_JOB_COLUMNS = 5
+"""id, queue, type, state and attempts are always shown; run_at and last_error when they fit."""
+_MIN_NAME_WIDTH = 8
+"""queue and type are cut (with an ellipsis) to no fewer columns than this."""
+_MIN_ERROR_WIDTH = 12
+
+
+def _jobs_table(jobs: Sequence[Job], width: int) -> Table:
+    """One line per job within ``width`` columns, the full id first (for ``jobrun get``).
+
+    queue, type, state and attempts always come next (queue and type cut with an
+    ellipsis when the names are long); run_at and then last_error when room is left.
+    """
+    rows = [
+        (
+            str(job.id),
             job.queue,
             job.type,
-            state,
+            "cancelling" if job.cancel_requested and job.state == State.LEASED else str(job.state),
             f"{job.attempts}/{job.max_attempts}",
             _when(job.run_at),
             _cut(job.last_error),
         )
+        for job in jobs
+    ]
+    gap = 2
+    headers = list(JOB_COLUMNS)
+    widths = [max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(headers)]
+    shown = list(range(_REQUIRED_JOB_COLUMNS))
+
+    def used() -> int:
+        return sum(widths[i] for i in shown) + gap * (len(shown) - 1)
+
+    queue, type_, attempts = 1, 2, 4
+    if used() > width:  # first a shorter header: the counts are narrower than "attempts"
+        headers[attempts] = "tries"
+        widths[attempts] = max([len("tries"), *(len(row[attempts]) for row in rows)])
+    while used() > width:  # cut the longer of queue and type, one column at a time
+        longer = queue if widths[queue] >= widths[type_] else type_
+        if widths[longer] <= _MIN_NAME_WIDTH:
+            break  # a terminal this narrow wraps whatever is shown
+        widths[longer] -= 1
+    run_at, last_error = 5, 6
+    if used() + gap + widths[run_at] <= width:
+        shown.append(run_at)
+    room = width - used() - gap
+    if any(row[last_error] for row in rows) and room >= _MIN_ERROR_WIDTH:
+        widths[last_error] = min(widths[last_error], room)
+        shown.append(last_error)
+
+    table = Table(
+        box=None, show_edge=False, pad_edge=False, padding=(0, gap // 2), header_style="bold"
+    )
+    for i in shown:
+        table.add_column(headers[i], width=widths[i], no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        table.add_row(*(Text(row[i]) for i in shown))
     return table
 
 
@@ -803,21 +1021,107 @@ def cmd_get(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _forward(
+    client: Client,
+    filters: dict[str, Any],
+    after: uuid.UUID | None,
+    before: uuid.UUID | None,
+    size: int,
+) -> Iterator[Job]:
+    """Matching jobs with ids after ``after`` and before ``before``, oldest first, paged."""
+    size = min(size, MAX_LIST_LIMIT)
+    while True:
+        page = client.list(**filters, after=after, limit=size)
+        for job in page:
+            if before is not None and job.id >= before:
+                return
+            yield job
+        if len(page) < size:
+            return
+        after = page[-1].id
+
+
+def newest_jobs(
+    client: Client, filters: dict[str, Any], count: int, before: uuid.UUID | None = None
+) -> list[Job]:
+    """The ``count`` matching jobs with the highest ids (below ``before``), newest first.
+
+    The Store lists oldest first from an id. Job ids are UUIDv7, whose first 48
+    bits are the Unix time in milliseconds, so the newest jobs lie after a bound
+    a little before them: the bound moves back in time, doubling the window,
+    until the window holds at least ``count`` jobs, and narrows by bisection
+    when it holds far more. Whatever the bound, reading forwards from it and
+    keeping the last ``count`` jobs is the right answer (ids of other versions
+    included); the search only keeps the reading short.
+    """
+    enough = count * 4  # a window of up to this many is read whole
+
+    def bound(ms: int) -> uuid.UUID | None:
+        return None if ms <= 0 else uuid.UUID(int=ms << 80)
+
+    def read(ms: int) -> list[Job]:
+        return list(itertools.islice(_forward(client, filters, bound(ms), before, enough), enough))
+
+    jobs = read(0)  # a small table is read in one call
+    if len(jobs) < enough:
+        return jobs[: -count - 1 : -1]
+    top = time.time_ns() // 1_000_000 if before is None else before.int >> 80
+    short, span = top, 1000  # short: a bound known to hold fewer than count jobs
+    while True:
+        lo = top - span
+        jobs = read(lo)
+        if len(jobs) >= enough:
+            break
+        if len(jobs) >= count or lo <= 0:
+            return jobs[: -count - 1 : -1]
+        short, span = lo, span * 2
+    while short - lo > 1:  # lo holds too many, short too few
+        mid = (short + lo) // 2
+        jobs = read(mid)
+        if len(jobs) < count:
+            short = mid
+        elif len(jobs) < enough:
+            return jobs[: -count - 1 : -1]
+        else:
+            lo = mid
+    last = collections.deque(_forward(client, filters, bound(lo), before, enough), maxlen=count)
+    return list(reversed(last))
+
+
+def _job_id(text: str, flag: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text.strip())
+    except ValueError:
+        raise ValidationError(flag, f"{text!r} is not a job id (a UUID)") from None
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     state = None if args.state is None else _parse_state(args.state)
+    oldest_first = args.oldest or args.after is not None
+    if oldest_first and args.before is not None:
+        raise _UsageError("list: --before pages newest first, --after and --oldest oldest first")
+    validate.batch_limit(args.limit, MAX_LIST_LIMIT)
+    filters: dict[str, Any] = {"queue": args.queue, "state": state, "type": args.type}
     with open_client(args) as client:
-        jobs = client.list(
-            queue=args.queue, state=state, type=args.type, after=args.after, limit=args.limit
-        )
+        if oldest_first:
+            jobs = client.list(**filters, after=args.after, limit=args.limit)
+            more = len(jobs) == args.limit
+        else:
+            before = None if args.before is None else _job_id(args.before, "--before")
+            jobs = newest_jobs(client, filters, args.limit + 1, before)
+            more = len(jobs) > args.limit
+            jobs = jobs[: args.limit]
     if args.json:
         _print_json(jobs)
     elif not jobs:
         _say("no jobs")
     else:
-        caption = _jobs(len(jobs))
-        if len(jobs) == args.limit:
-            caption += f"; more may follow: --after {jobs[-1].id}"
-        _print_table(_jobs_table(jobs, caption))
+        _print_table(_jobs_table(jobs, output_width()))
+        if oldest_first:
+            _say(_jobs(len(jobs)) + (f"; more may follow: --after {jobs[-1].id}" if more else ""))
+        else:
+            older = f"; older: --before {jobs[-1].id}" if more else ""
+            _say(f"{_jobs(len(jobs))}, newest first{older}")
     return EXIT_OK
 
 
@@ -830,12 +1134,42 @@ def cmd_events(args: argparse.Namespace) -> int:
     elif not events:
         _say("no events")
     else:
-        table = _table("at", "event", "attempt", "detail")
-        for e in events:
-            detail = "" if e.detail in (None, {}) else _compact(e.detail)
-            _row(table, _when(e.at), e.kind, e.attempt, detail)
-        _print_table(table)
+        for line in event_lines(events, output_width()):
+            _say(line)
     return EXIT_OK
+
+
+def event_lines(events: Sequence[Event], width: int) -> list[str]:
+    """One line per event: time, kind, attempt, and the detail in words, cut to ``width``."""
+    kinds = max(len(str(e.kind)) for e in events)
+    attempts = max(len(f"attempt {e.attempt}") for e in events)
+    lines = []
+    for e in events:
+        attempt = f"attempt {e.attempt}" if e.attempt else ""
+        line = f"{_when(e.at)}  {e.kind!s:<{kinds}}  {attempt:<{attempts}}  {_summary(e.detail)}"
+        line = line.rstrip()
+        lines.append(line if len(line) <= width else line[: width - 1] + "…")
+    return lines
+
+
+def _summary(detail: JSONValue) -> str:
+    """An event's detail in words: ``effect=applied``, ``permanent error: boom``."""
+    if detail in (None, {}, []):
+        return ""
+    if not isinstance(detail, dict):
+        return _compact(detail)
+    words = []
+    for key, value in sorted(detail.items()):
+        if key == "error" or value is False or value is None:
+            continue
+        words.append(key if value is True else f"{key}={_word(value)}")
+    if detail.get("error"):
+        words.append(f"error: {_word(detail['error'])}")
+    return " ".join(words)
+
+
+def _word(value: JSONValue) -> str:
+    return " ".join(value.split()) if isinstance(value, str) else _compact(value)
 
 
 def _depth_rows(client: Client) -> list[dict[str, Any]]:
@@ -1047,11 +1381,33 @@ def cmd_schedule_add(args: argparse.Namespace) -> int:
         priority=args.priority,
         max_attempts=args.max_attempts,
     )
+    registry: Registry | None = None if args.app is None else load_app(args.app)
     with open_client(args) as client:
-        save = client.upsert_schedule if args.replace else client.create_schedule
-        schedule = save(spec)
+        if args.replace:
+            schedule = client.upsert_schedule(spec)
+        else:
+            try:
+                schedule = client.create_schedule(spec)
+            except AlreadyExists:
+                raise CommandError(
+                    f"schedule {spec.id!r} already exists: add --replace to replace it "
+                    f"(or remove it first: jobrun schedules remove {spec.id})",
+                    EXIT_CONFLICT,
+                ) from None
     _schedule_out(args, schedule, "saved" if args.replace else "created")
+    if registry is not None and spec.type not in registry:
+        known = ", ".join(registry.types[:10]) or "none"
+        _warn(
+            f"no handler in {args.app} handles type {spec.type!r} (it handles: {known}); "
+            "its jobs will wait for a worker that does"
+        )
     return EXIT_OK
+
+
+def _warn(message: str) -> None:
+    """A warning on stderr: the command goes on (and exits 0)."""
+    sys.stderr.write(f"{PROG}: warning: {' '.join(redact(message).split())}\n")
+    sys.stderr.flush()
 
 
 def cmd_schedule_list(args: argparse.Namespace) -> int:

@@ -52,6 +52,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """No ambient configuration, and never the real embedded PostgreSQL."""
     for var in ("DATABASE_URL", "JOB_EVENTS", "JOBRUN_NOTIFY_CHANNEL", "WORKER_CONCURRENCY"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)  # tables in a pipe are as wide as COLUMNS
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a test tried to start the embedded PostgreSQL")
@@ -437,7 +438,7 @@ def test_list_json_filters_by_queue_state_and_type(
     client.enqueue("t.a", queue="q2")
     gone = dead(client, type="t.a", queue="q1")
 
-    everything = jobrun("list", "--json").json()
+    everything = jobrun("list", "--oldest", "--json").json()
     assert len(everything) == 4
     assert [j["id"] for j in everything] == sorted(j["id"] for j in everything)  # oldest first
 
@@ -448,7 +449,7 @@ def test_list_json_filters_by_queue_state_and_type(
 
 def test_list_pages_with_limit_and_after(jobrun: Callable[..., Result], client: Client) -> None:
     ids = [str(client.enqueue("t.a").id) for _ in range(5)]
-    page1 = jobrun("list", "--limit", "2", "--json").json()
+    page1 = jobrun("list", "--oldest", "--limit", "2", "--json").json()
     page2 = jobrun("list", "--limit", "2", "--after", page1[-1]["id"], "--json").json()
     page3 = jobrun("list", "--limit", "2", "--after", page2[-1]["id"], "--json").json()
     assert [j["id"] for j in page1 + page2 + page3] == ids
@@ -475,7 +476,7 @@ def test_list_table_says_when_more_pages_follow(
     jobrun: Callable[..., Result], client: Client
 ) -> None:
     ids = [client.enqueue("t.a").id for _ in range(3)]
-    assert f"--after {ids[1]}" in jobrun("list", "--limit", "2").out
+    assert f"--after {ids[1]}" in jobrun("list", "--oldest", "--limit", "2").out
 
 
 def test_list_empty_says_so(jobrun: Callable[..., Result]) -> None:
