@@ -28,12 +28,14 @@ import importlib.util
 import os
 import pwd
 import random
+import secrets
 import shutil
 import socket
 import stat
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -127,6 +129,9 @@ class LocalCluster:
     port: int
     bindir: Path
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    passfile: Path | None = None
+    """A libpq password file named in :meth:`dsn` and :meth:`url` (None: trust on loopback).
+    With one, the cluster itself is administered through its Unix socket."""
     _user: pwd.struct_passwd | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,7 +236,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                with psycopg.connect(self.dsn(), connect_timeout=2):
+                with psycopg.connect(self.admin_dsn(), connect_timeout=2):
                     return
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
@@ -252,13 +257,30 @@ class LocalCluster:
     # -- connecting ----------------------------------------------------------
 
     def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
-        return f"host=127.0.0.1 port={self.port} dbname={dbname} user={user}"
+        if self.passfile is None:
+            return f"host=127.0.0.1 port={self.port} dbname={dbname} user={user}"
+        return psycopg.conninfo.make_conninfo(
+            host="127.0.0.1", port=self.port, dbname=dbname, user=user, passfile=str(self.passfile)
+        )
 
     def url(self, dbname: str = "postgres", user: str = "postgres") -> str:
-        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+        url = f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+        if self.passfile is not None:
+            url += "?passfile=" + urllib.parse.quote(str(self.passfile), safe="/")
+        return url
+
+    def admin_dsn(self, dbname: str = "postgres") -> str:
+        """The superuser's connection for administration: over TCP, or with a
+        password file, through the Unix socket in the data directory (trusted:
+        only the server's user, and root, can enter that directory)."""
+        if self.passfile is None:
+            return self.dsn(dbname)
+        return psycopg.conninfo.make_conninfo(
+            host=str(self.datadir), port=self.port, dbname=dbname, user="postgres"
+        )
 
     def ensure_database(self, name: str) -> None:
-        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+        with psycopg.connect(self.admin_dsn(), autocommit=True) as conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
             if not exists:
                 conn.execute(
@@ -295,8 +317,14 @@ EMBEDDED_DIR_ENV = "JOBRUN_EMBEDDED_DIR"
 PORT_FILE = "port"
 """The file in the embedded home holding the cluster's port, chosen once at creation."""
 
+PASSFILE = "pgpass"
+"""The libpq password file of the cluster's superuser (0600, ours), named in its URL."""
+
 _PORT_STAGING = f".{PORT_FILE}.new"
-_HOME_ENTRIES = frozenset({"data", PORT_FILE, _PORT_STAGING, ".lock"})
+_HOME_ENTRIES = frozenset({"data", PORT_FILE, _PORT_STAGING, PASSFILE, ".lock"})
+_TRUSTED_LOOPBACK = frozenset(
+    {"host all postgres 127.0.0.1/32 trust", "host all postgres ::1/128 trust"}
+)
 """What a jobrun embedded directory holds; anything else means it is someone else's directory."""
 
 PORT_RANGE = (20000, 32767)
@@ -424,9 +452,47 @@ def _running_port(datadir: Path) -> int | None:
     return port
 
 
-def embedded_url(port: int, dbname: str = EMBEDDED_DATABASE) -> str:
-    """The URL of the embedded cluster on ``port`` (no password: trusted on loopback)."""
-    return f"postgresql://postgres@127.0.0.1:{port}/{dbname}"
+def embedded_url(home: Path, port: int, dbname: str = EMBEDDED_DATABASE) -> str:
+    """The URL of the embedded cluster in ``home``: no password in it, only the
+    password file that the invoking user alone can read (as :meth:`LocalCluster.url`)."""
+    passfile = urllib.parse.quote(str(home / PASSFILE), safe="/")
+    return f"postgresql://postgres@127.0.0.1:{port}/{dbname}?passfile={passfile}"
+
+
+def _embedded_cluster(home: Path, port: int) -> LocalCluster:
+    return LocalCluster(
+        datadir=home / "data",
+        port=port,
+        bindir=embedded_bindir(),
+        settings=EMBEDDED_SETTINGS,
+        passfile=home / PASSFILE,
+    )
+
+
+def _password(home: Path) -> tuple[str, bool]:
+    """The superuser's password from ``home/pgpass``, made now if missing; and whether it was."""
+    path = home / PASSFILE
+    with contextlib.suppress(FileNotFoundError):
+        fields = path.read_text().strip().split(":", 4)
+        if len(fields) == 5 and fields[3] == "postgres" and fields[4]:
+            os.chmod(path, 0o600)  # libpq ignores a password file others may read
+            return fields[4], False
+    password = secrets.token_urlsafe(32)  # no colon or backslash to escape
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"*:*:*:postgres:{password}\n")
+    return password, True
+
+
+def _close_loopback_trust(cluster: LocalCluster) -> bool:
+    """Make the superuser authenticate over TCP like every other role; True if it did not."""
+    hba = cluster.datadir / "pg_hba.conf"
+    lines = hba.read_text().splitlines()
+    kept = [line for line in lines if line.strip() not in _TRUSTED_LOOPBACK]
+    if kept == lines:
+        return False
+    cluster._write_as_server(hba, "\n".join(kept) + "\n")
+    return True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -442,7 +508,7 @@ class EmbeddedStatus:
 
     @property
     def url(self) -> str | None:
-        return None if self.port is None else embedded_url(self.port)
+        return None if self.port is None else embedded_url(self.home, self.port)
 
 
 def embedded_status(home: Path | None = None) -> EmbeddedStatus:
@@ -478,8 +544,14 @@ def ensure_embedded(home: Path | None = None) -> tuple[LocalCluster, bool]:
     ``home/port``: every later start listens on it again, so a copied URL
     and a running worker's reconnects keep working across
     ``jobrun embedded stop``. A port taken by another program is an error,
-    never a silent move. Serialised by a file lock, so two commands starting
-    at once share one server.
+    never a silent move.
+
+    Private: over TCP the superuser authenticates with a random password
+    kept in ``home/pgpass`` (0600), which the URL names (``passfile=``), so
+    another local user can neither read the files nor log in. jobrun itself
+    administers the cluster through its Unix socket, in the data directory.
+
+    Serialised by a file lock, so two commands starting at once share one server.
     """
     import fcntl  # noqa: PLC0415 - POSIX only, and only needed here
 
@@ -489,20 +561,15 @@ def ensure_embedded(home: Path | None = None) -> tuple[LocalCluster, bool]:
     fd = os.open(home / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        datadir = home / "data"
-        running = _running_port(datadir)
+        running = _running_port(home / "data")
         port = saved_port(home)
         if port is None:
             # A new cluster, or one made before ports were saved: keep the one it runs on.
             port = running or pick_port()
             _save_port(home, port)
-        cluster = LocalCluster(
-            datadir=datadir,
-            port=running or port,
-            bindir=embedded_bindir(),
-            settings=EMBEDDED_SETTINGS,
-        )
-        started = False
+        cluster = _embedded_cluster(home, running or port)
+        password, new_password = _password(home)
+        started = reload = False
         if running is None:
             if not _port_free(port):
                 raise ClusterError(
@@ -510,7 +577,23 @@ def ensure_embedded(home: Path | None = None) -> tuple[LocalCluster, bool]:
                     f"program; stop that program, or write a free port number into "
                     f"{home / PORT_FILE} (the URL changes with it)"
                 )
+            cluster.init()
+            _close_loopback_trust(cluster)  # before it listens
             cluster.start()
             started = True
+        else:
+            reload = _close_loopback_trust(cluster)  # a cluster of an older jobrun
+        with psycopg.connect(cluster.admin_dsn(), autocommit=True) as conn:
+            if started or new_password or reload:
+                verifier = conn.pgconn.encrypt_password(
+                    password.encode(), b"postgres", b"scram-sha-256"
+                )
+                conn.execute(
+                    psycopg.sql.SQL("ALTER ROLE postgres PASSWORD {}").format(
+                        psycopg.sql.Literal(verifier.decode())
+                    )
+                )
+            if reload:
+                conn.execute("SELECT pg_reload_conf()")
         cluster.ensure_database(EMBEDDED_DATABASE)
         return cluster, started

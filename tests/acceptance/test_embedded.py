@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import socket
 import stat
 import subprocess
@@ -137,6 +138,39 @@ def test_the_embedded_dir_and_its_data_are_closed_to_other_users(home: EmbeddedH
             check=False,
         )
         assert listing.returncode != 0, f"{path} is readable by nobody"
+
+
+def test_other_users_can_neither_read_the_password_nor_log_in(home: EmbeddedHome) -> None:
+    url = home.start()
+    assert "password" not in url
+    passfile = home.path / "pgpass"
+    assert f"passfile={passfile}" in url
+    assert stat.S_IMODE(passfile.stat().st_mode) == 0o600
+    assert passfile.stat().st_uid == os.geteuid()
+
+    without_passfile = url.split("?")[0]  # what anyone on this machine could try
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(without_passfile).close()
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+
+    psql = shutil.which("psql")
+    if os.geteuid() != 0 or psql is None:
+        return
+    nobody = pwd.getpwnam("nobody")
+    for who, attempt in (("root", url), ("nobody", url), ("nobody", without_passfile)):
+        user = nobody if who == "nobody" else None
+        proc = subprocess.run(
+            [psql, attempt, "-XAtc", "SELECT 1"],
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
+            env={"HOME": "/", "PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "5"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert (proc.returncode == 0) == (who == "root"), (who, attempt, proc)
 
 
 # -- where the directory is (unit level) ----------------------------------------------------
