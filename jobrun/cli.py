@@ -25,7 +25,10 @@
 Global options (``--database-url``, ``--job-events``, ``--notify-channel``) may
 be given before or after the subcommand. Without ``--database-url`` the
 command reads ``DATABASE_URL``, and without that it starts (or reuses) the
-embedded PostgreSQL, saying so on stderr. Every other setting comes from the
+embedded PostgreSQL, saying so on stderr (one line: its URL and where its data
+lives). That cluster belongs to the invoking user (``$JOBRUN_EMBEDDED_DIR``, or
+a per-user default, see :func:`jobrun.postgres.embedded.default_home`) and
+keeps its URL across ``jobrun embedded stop``. Every other setting comes from the
 environment (see :mod:`jobrun.config`), overridden by the flags given.
 
 Output: tables for people (plain text, no colour codes, when stdout is not a

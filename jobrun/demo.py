@@ -23,6 +23,7 @@ import datetime as dt
 import random
 import signal
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace, database_url: str) -> int:
             )
             return _run(console, args, database.conninfo)
     except demo_sql.DemoDatabaseError as exc:
-        Console(stderr=True).print(f"jobrun demo: {exc}", highlight=False, soft_wrap=True)
+        sys.stderr.write(f"jobrun: {exc}\n")  # one line, as every error of the command
         return 1
 
 

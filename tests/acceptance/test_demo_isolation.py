@@ -11,11 +11,13 @@ import re
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.acceptance.embedded_home import EmbeddedHome, embedded_home
 
@@ -166,3 +168,41 @@ def test_the_next_demo_never_drops_a_running_demos_database(home: EmbeddedHome, 
         running.send_signal(signal.SIGINT)
         running.communicate(timeout=60)
     assert demo_databases(url) == []
+
+
+def test_a_demo_that_cannot_create_its_database_says_so_and_touches_nothing(
+    admin_dsn: str,
+) -> None:
+    """On a server of the user's (DATABASE_URL), as a role with every right on the
+    user's tables but no CREATEDB: the demo refuses instead of using those tables."""
+    role, password = f"no_createdb_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    ident = sql.Identifier(role)
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN NOCREATEDB PASSWORD {}").format(
+                ident, sql.Literal(password)
+            )
+        )
+        for grant in (
+            "GRANT ALL ON SCHEMA public TO {}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA public TO {}",
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {}",
+        ):
+            conn.execute(sql.SQL(grant).format(ident))
+    before = user_tables(admin_dsn)
+    try:
+        url = psycopg.conninfo.make_conninfo(admin_dsn, user=role, password=password)
+        with embedded_home() as nowhere:  # never started: the URL is given
+            result = nowhere.jobrun("demo", *SMALL, "--database-url", url)
+        assert result.code == 1, result
+        (line,) = [x for x in result.err.splitlines() if "CREATEDB" in x]
+        assert line.startswith("jobrun: the demo runs in a throwaway database"), line
+        assert "its role needs CREATEDB" in line
+        assert password not in result.err + result.out
+        assert user_tables(admin_dsn) == before
+        with psycopg.connect(admin_dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+            conn.execute(sql.SQL("DROP ROLE {}").format(ident))
