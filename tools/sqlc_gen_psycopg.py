@@ -372,9 +372,10 @@ class Query:
 class Context:
     """The catalog of one request: enums and tables by name."""
 
-    def __init__(self, request: dict[str, Any]) -> None:
+    def __init__(self, request: dict[str, Any], schema: str | None = None) -> None:
         catalog = request.get("catalog") or {}
-        self.default_schema: str = catalog.get("default_schema") or "public"
+        # Names of the schema the project lives in carry no schema prefix.
+        self.default_schema: str = schema or catalog.get("default_schema") or "public"
         self.enums: dict[tuple[str, str], Enum] = {}
         self.tables: dict[tuple[str, str], Table] = {}
         self.needs_enum_array_parser = False
@@ -513,9 +514,11 @@ def parse_options(raw: str | None) -> dict[str, Any]:
         raise PluginError(f"plugin_options is not base64-encoded JSON: {exc}") from exc
     if not isinstance(options, dict):
         raise PluginError("plugin options must be a mapping")
-    unknown = sorted(set(options) - {"package"})
+    unknown = sorted(set(options) - {"package", "schema"})
     if unknown:
-        raise PluginError(f"unknown plugin option(s): {', '.join(unknown)} (known: package)")
+        raise PluginError(
+            f"unknown plugin option(s): {', '.join(unknown)} (known: package, schema)"
+        )
     return options
 
 
@@ -1114,7 +1117,10 @@ def generate(request: dict[str, Any]) -> dict[str, str]:
             "plugin option 'package' (the dotted import name of the out directory) is "
             "required, e.g. options: {package: jobrun.postgres.sqlc}"
         )
-    ctx = Context(request)
+    schema = options.get("schema")
+    if schema is not None and not (isinstance(schema, str) and re.fullmatch(r"[a-z_]\w*", schema)):
+        raise PluginError("plugin option 'schema' must be a lower-case schema name")
+    ctx = Context(request, schema)
     queries, errors = build_queries(request, ctx)
 
     by_file: dict[str, list[Query]] = {}

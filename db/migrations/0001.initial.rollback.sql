@@ -1,5 +1,5 @@
-DROP TABLE schedules;
-DROP TABLE processed_effects;
-DROP TABLE job_events;
-DROP TABLE jobs;
-DROP TYPE job_state;
+DROP TABLE jobrun.schedules;
+DROP TABLE jobrun.processed_effects;
+DROP TABLE jobrun.job_events;
+DROP TABLE jobrun.jobs;
+DROP TYPE jobrun.job_state;

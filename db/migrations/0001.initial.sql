@@ -5,19 +5,27 @@
 --
 -- Supported PostgreSQL: 14 and newer. Nothing here needs 16+ (no uuidv7(),
 -- no MERGE ... RETURNING); gen_random_uuid() is core since 13.
+--
+-- Every object lives in the schema jobrun (its migration bookkeeping too), so
+-- an application's own "jobs" table never collides, and every query names
+-- the schema, so a caller's search_path never matters. "jobrun." is the
+-- default name: jobrun.postgres.migrate writes the schema chosen at run time
+-- in its place (JOBRUN_SCHEMA).
 
-CREATE TYPE job_state AS ENUM ('queued', 'leased', 'succeeded', 'dead', 'cancelled');
+CREATE SCHEMA IF NOT EXISTS jobrun;
+
+CREATE TYPE jobrun.job_state AS ENUM ('queued', 'leased', 'succeeded', 'dead', 'cancelled');
 
 -- fillfactor 85 leaves room on each heap page so that the frequent
 -- lease-extending UPDATEs (heartbeats) can stay HOT: a HOT update writes no
 -- index entries at all.
-CREATE TABLE jobs (
+CREATE TABLE jobrun.jobs (
     id               uuid        PRIMARY KEY,          -- assigned by the client, UUIDv7 (time-ordered)
     queue            text        NOT NULL,
     type             text        NOT NULL,
     payload          jsonb       NOT NULL,
     priority         integer     NOT NULL DEFAULT 0,   -- lower runs first
-    state            job_state   NOT NULL DEFAULT 'queued',
+    state            jobrun.job_state NOT NULL DEFAULT 'queued',
     attempts         integer     NOT NULL DEFAULT 0,   -- claims so far; a claim burns one
     max_attempts     integer     NOT NULL DEFAULT 25,
     backoff          jsonb       NOT NULL,             -- the retry policy, see jobrun.job.Backoff
@@ -48,12 +56,12 @@ CREATE TABLE jobs (
 ) WITH (fillfactor = 85);
 
 -- Idempotent enqueue: the ON CONFLICT target of InsertJob.
-CREATE UNIQUE INDEX jobs_idem_uniq ON jobs (queue, idempotency_key)
+CREATE UNIQUE INDEX jobs_idem_uniq ON jobrun.jobs (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 
 -- The claim: queued jobs of a queue in priority, run_at order. Only queued
 -- rows are in it, so it stays small however many finished rows the table holds.
-CREATE INDEX jobs_claim_idx ON jobs (queue, priority, run_at, id)
+CREATE INDEX jobs_claim_idx ON jobrun.jobs (queue, priority, run_at, id)
     WHERE state = 'queued';
 
 -- The expired-lease scan (ReapExpired). Deliberately NOT an index on
@@ -71,15 +79,15 @@ CREATE INDEX jobs_claim_idx ON jobs (queue, priority, run_at, id)
 -- The price is the reaper's scan: 0.28 ms instead of 0.06 ms over 2,000 leased
 -- rows, once every few seconds. tests/postgres/test_store_leases.py
 -- (test_heartbeats_are_hot_updates) keeps the HOT half true.
-CREATE INDEX jobs_leased_idx ON jobs (id) WHERE state = 'leased';
+CREATE INDEX jobs_leased_idx ON jobrun.jobs (id) WHERE state = 'leased';
 
 -- Purge of finished jobs by age.
-CREATE INDEX jobs_finished_at_idx ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX jobs_finished_at_idx ON jobrun.jobs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- The audit trail. No foreign key to jobs: purge and prune run on their own
 -- schedules, and an FK would make every event insert take a KEY SHARE lock on
 -- the job row (a classic deadlock source between batch updates and inserts).
-CREATE TABLE job_events (
+CREATE TABLE jobrun.job_events (
     id      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     job_id  uuid        NOT NULL,
     kind    text        NOT NULL,
@@ -87,12 +95,12 @@ CREATE TABLE job_events (
     at      timestamptz NOT NULL DEFAULT now(),
     detail  jsonb
 );
-CREATE INDEX job_events_job_idx ON job_events (job_id, id);
-CREATE INDEX job_events_at_idx ON job_events (at);
+CREATE INDEX job_events_job_idx ON jobrun.job_events (job_id, id);
+CREATE INDEX job_events_at_idx ON jobrun.job_events (at);
 
 -- The effect ledger of the transactional path: a row here means the handler's
 -- commit callable for (scope, key) has committed, exactly once.
-CREATE TABLE processed_effects (
+CREATE TABLE jobrun.processed_effects (
     scope      text        NOT NULL,
     key        text        NOT NULL,
     job_id     uuid        NOT NULL,
@@ -101,7 +109,7 @@ CREATE TABLE processed_effects (
 );
 
 -- Cron schedules and the template of the job each occurrence enqueues.
-CREATE TABLE schedules (
+CREATE TABLE jobrun.schedules (
     id           text        PRIMARY KEY,
     cron         text        NOT NULL,
     timezone     text        NOT NULL DEFAULT 'UTC',
@@ -116,4 +124,4 @@ CREATE TABLE schedules (
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX schedules_due_idx ON schedules (next_run_at) WHERE NOT paused;
+CREATE INDEX schedules_due_idx ON jobrun.schedules (next_run_at) WHERE NOT paused;

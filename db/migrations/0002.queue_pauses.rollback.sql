@@ -1,1 +1,1 @@
-DROP TABLE queue_pauses;
+DROP TABLE jobrun.queue_pauses;

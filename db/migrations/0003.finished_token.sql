@@ -9,8 +9,8 @@
 -- LeaseLost there, never success). Retry clears it with the rest of the
 -- finished job's state. Only Complete sets it: reaped and failed jobs carry
 -- none.
-ALTER TABLE jobs ADD COLUMN finished_token uuid;
+ALTER TABLE jobrun.jobs ADD COLUMN finished_token uuid;
 
-ALTER TABLE jobs ADD CONSTRAINT jobs_finished_token_matches_state CHECK (
+ALTER TABLE jobrun.jobs ADD CONSTRAINT jobs_finished_token_matches_state CHECK (
     finished_token IS NULL OR state IN ('succeeded', 'cancelled')
 );

@@ -2,5 +2,5 @@
 
 -- name: EffectDone :one
 SELECT EXISTS (
-    SELECT 1 FROM processed_effects WHERE scope = sqlc.arg(scope) AND key = sqlc.arg(key)
+    SELECT 1 FROM jobrun.processed_effects WHERE scope = sqlc.arg(scope) AND key = sqlc.arg(key)
 ) AS done;

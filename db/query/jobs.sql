@@ -17,7 +17,7 @@
 -- find the job by polling. notify_queue_usage tells the caller the queue's
 -- usage (0 when no wake-up was due).
 WITH ins AS (
-    INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+    INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                       idempotency_key)
     VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(type), sqlc.arg(payload),
             sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
@@ -27,7 +27,7 @@ WITH ins AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING *
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE sqlc.arg(write_event)::boolean
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
@@ -44,7 +44,7 @@ FROM ins WHERE (SELECT count(*) FROM wake) >= 0;
 -- included) inserts nothing. The client's id taken by another job is a
 -- unique violation of jobs_pkey, which the store reports as AlreadyExists.
 WITH ins AS (
-    INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+    INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                       idempotency_key)
     VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(type), sqlc.arg(payload),
             sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
@@ -54,7 +54,7 @@ WITH ins AS (
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE sqlc.arg(write_event)::boolean
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
@@ -70,17 +70,17 @@ FROM ins WHERE (SELECT count(*) FROM wake) >= 0;
 -- as jsonb (the way PostgreSQL compares them: 1 and 1.0 are one number, key
 -- order does not matter). An idempotent replay compares here, never in
 -- Python: a float like 1e20 comes back from jsonb as an int, and -0.0 as 0.
-SELECT jobs.id FROM jobs
+SELECT jobs.id FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id,
              unnest(sqlc.arg(payloads)::jsonb[]) AS payload) AS sent
   ON jobs.id = sent.id
 WHERE jobs.payload = sent.payload;
 
 -- name: GetJobByKey :one
-SELECT * FROM jobs WHERE queue = sqlc.arg(queue) AND idempotency_key = sqlc.arg(idempotency_key);
+SELECT * FROM jobrun.jobs AS jobs WHERE queue = sqlc.arg(queue) AND idempotency_key = sqlc.arg(idempotency_key);
 
 -- name: GetJobsByKeys :many
-SELECT jobs.* FROM jobs
+SELECT jobs.* FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest(sqlc.arg(queues)::text[]) AS queue,
              unnest(sqlc.arg(idempotency_keys)::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key;
@@ -93,7 +93,7 @@ JOIN (SELECT unnest(sqlc.arg(queues)::text[]) AS queue,
 -- target is jobs_idem_uniq only: an id taken by another job is a unique
 -- violation of jobs_pkey (AlreadyExists), and any other unique index a
 -- future migration adds can never be swallowed as a replay.
-INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                   idempotency_key)
 SELECT unnest(sqlc.arg(ids)::uuid[]), unnest(sqlc.arg(queues)::text[]),
        unnest(sqlc.arg(types)::text[]), unnest(sqlc.arg(payloads)::jsonb[]),
@@ -104,10 +104,10 @@ ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHIN
 RETURNING id;
 
 -- name: GetJobsByIds :many
-SELECT * FROM jobs WHERE id = ANY(sqlc.arg(ids)::uuid[]);
+SELECT * FROM jobrun.jobs AS jobs WHERE id = ANY(sqlc.arg(ids)::uuid[]);
 
 -- name: CopyJobs :copyfrom
-INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at)
+INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: ClaimJobs :many
@@ -130,18 +130,18 @@ WITH next AS (
     SELECT c.id
     FROM unnest(sqlc.arg(queues)::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobs
+        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
         ORDER BY jobs.priority, jobs.run_at, jobs.id
         LIMIT sqlc.arg(max_jobs)
         FOR UPDATE SKIP LOCKED
     ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = q.name)
+    WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY c.priority, c.run_at, c.id
     LIMIT sqlc.arg(max_jobs)
 ), claimed AS (
-    UPDATE jobs
+    UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
         attempts = jobs.attempts + 1,
         lease_owner = sqlc.arg(owner)::text,
@@ -152,7 +152,7 @@ WITH next AS (
     WHERE jobs.id = next.id
     RETURNING jobs.*
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT claimed.id, 'claimed', claimed.attempts FROM claimed
     WHERE sqlc.arg(write_events)::boolean
 )
@@ -173,17 +173,17 @@ SELECT * FROM claimed;
 WITH lease AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token
 ), valid AS (
-    SELECT jobs.id, lease.token FROM jobs JOIN lease ON jobs.id = lease.id
+    SELECT jobs.id, lease.token FROM jobrun.jobs AS jobs JOIN lease ON jobs.id = lease.id
     WHERE jobs.lease_token = lease.token AND jobs.state = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 ), live AS (
-    SELECT jobs.id, valid.token FROM jobs JOIN valid ON jobs.id = valid.id
+    SELECT jobs.id, valid.token FROM jobrun.jobs AS jobs JOIN valid ON jobs.id = valid.id
     ORDER BY jobs.id
     FOR UPDATE OF jobs SKIP LOCKED
 ), extended AS (
-    UPDATE jobs
+    UPDATE jobrun.jobs AS jobs
     SET lease_expires_at = GREATEST(jobs.lease_expires_at, sqlc.arg(until)::timestamptz),
         updated_at = now()
     FROM live
@@ -195,7 +195,7 @@ WITH lease AS (
 SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0;
 
 -- name: LockJob :one
-SELECT * FROM jobs WHERE id = sqlc.arg(id) FOR UPDATE;
+SELECT * FROM jobrun.jobs AS jobs WHERE id = sqlc.arg(id) FOR UPDATE;
 
 -- name: CompleteBegin :one
 -- The first statement of Complete, after BEGIN and the transaction's
@@ -212,10 +212,10 @@ WITH j AS (
                     AND jobs.lease_token = sqlc.arg(token)::uuid, false)::boolean AS owned,
            COALESCE(jobs.finished_token = sqlc.arg(token)::uuid, false)::boolean
                AS finished_by_claim
-    FROM jobs WHERE jobs.id = sqlc.arg(id)::uuid
+    FROM jobrun.jobs AS jobs WHERE jobs.id = sqlc.arg(id)::uuid
     FOR UPDATE
 ), eff AS (
-    INSERT INTO processed_effects (scope, key, job_id)
+    INSERT INTO jobrun.processed_effects (scope, key, job_id)
     SELECT sqlc.arg(scope)::text, sqlc.arg(key)::text, j.id FROM j
     WHERE j.owned AND NOT j.cancel_requested
     ON CONFLICT (scope, key) DO NOTHING
@@ -235,16 +235,16 @@ FROM j;
 -- returned: nothing needs to come back. The claim's token stays on the row as
 -- finished_token (SET reads the row as it was).
 WITH done AS (
-    UPDATE jobs
-    SET state = sqlc.arg(state)::job_state, finished_at = now(),
-        finished_token = jobs.lease_token,
+    UPDATE jobrun.jobs AS jobs
+    SET state = sqlc.arg(state)::jobrun.job_state, finished_at = now(),
+        finished_token = lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
     RETURNING jobs.id, jobs.state, jobs.attempts
 )
-INSERT INTO job_events (job_id, kind, attempt, detail)
+INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
 SELECT done.id, done.state::text, done.attempts, sqlc.narg(detail)::jsonb FROM done;
 
 -- name: CompleteBeginMany :many
@@ -260,11 +260,11 @@ WITH input AS (
            COALESCE(jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
                     AND jobs.lease_token = input.token, false)::boolean AS owned,
            COALESCE(jobs.finished_token = input.token, false)::boolean AS finished_by_claim
-    FROM jobs JOIN input ON input.id = jobs.id
+    FROM jobrun.jobs AS jobs JOIN input ON input.id = jobs.id
     ORDER BY jobs.id
     FOR UPDATE OF jobs
 ), eff AS (
-    INSERT INTO processed_effects (scope, key, job_id)
+    INSERT INTO jobrun.processed_effects (scope, key, job_id)
     SELECT input.scope, input.key, j.id FROM j JOIN input ON input.id = j.id
     WHERE j.owned AND NOT j.cancel_requested
     ORDER BY j.id
@@ -280,11 +280,11 @@ FROM j;
 -- The last statement of a batched transactional Complete, pipelined with
 -- COMMIT: each job's guarded end of lease with its terminal event.
 WITH input AS (
-    SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(states)::job_state[]) AS state,
+    SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(states)::jobrun.job_state[]) AS state,
            unnest(sqlc.arg(details)::jsonb[]) AS detail
 ), done AS (
-    UPDATE jobs
-    SET state = input.state, finished_at = now(), finished_token = jobs.lease_token,
+    UPDATE jobrun.jobs AS jobs
+    SET state = input.state, finished_at = now(), finished_token = lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM input
@@ -292,7 +292,7 @@ WITH input AS (
       AND jobs.lease_owner = sqlc.arg(owner)::text
     RETURNING jobs.id, jobs.state, jobs.attempts, input.detail
 )
-INSERT INTO job_events (job_id, kind, attempt, detail)
+INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
 SELECT done.id, done.state::text, done.attempts, done.detail FROM done;
 
 -- name: FailJob :one
@@ -302,11 +302,11 @@ SELECT done.id, done.state::text, done.attempts, done.detail FROM done;
 -- SET expressions read the row as it was before the update. Its event is
 -- written in the same statement ("retrying" only when write_all).
 WITH failed AS (
-    UPDATE jobs
+    UPDATE jobrun.jobs AS jobs
     SET state = CASE
             WHEN cancel_requested THEN 'cancelled'
             WHEN sqlc.arg(permanent)::boolean OR attempts >= max_attempts THEN 'dead'
-            ELSE 'queued' END::job_state,
+            ELSE 'queued' END::jobrun.job_state,
         run_at = CASE
             WHEN cancel_requested OR sqlc.arg(permanent)::boolean OR attempts >= max_attempts
             THEN run_at
@@ -322,7 +322,7 @@ WITH failed AS (
       AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
     RETURNING *
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt, detail)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
            CASE failed.state WHEN 'queued' THEN 'retrying' ELSE failed.state::text END,
            failed.attempts,
@@ -344,32 +344,32 @@ WITH input AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
            unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key
 ), owned AS (
-    SELECT jobs.id, jobs.cancel_requested FROM jobs
+    SELECT jobs.id, jobs.cancel_requested FROM jobrun.jobs AS jobs
     JOIN input ON jobs.id = input.id AND jobs.lease_token = input.token
     WHERE jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
     ORDER BY jobs.id
     FOR UPDATE OF jobs
 ), effects AS (
-    INSERT INTO processed_effects (scope, key, job_id)
+    INSERT INTO jobrun.processed_effects (scope, key, job_id)
     SELECT input.scope, input.key, input.id FROM input JOIN owned ON owned.id = input.id
     WHERE NOT owned.cancel_requested
     ON CONFLICT (scope, key) DO NOTHING
 ), done AS (
-    UPDATE jobs
-    SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::job_state,
-        finished_at = now(), finished_token = jobs.lease_token,
+    UPDATE jobrun.jobs AS jobs
+    SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::jobrun.job_state,
+        finished_at = now(), finished_token = lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM owned WHERE jobs.id = owned.id
     RETURNING jobs.id, jobs.state, jobs.attempts
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt, detail)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT done.id, done.state::text, done.attempts,
            CASE WHEN done.state = 'cancelled'
                 THEN '{"via": "complete"}'::jsonb END
     FROM done
 ), before AS (
-    SELECT jobs.id, jobs.state FROM jobs
+    SELECT jobs.id, jobs.state FROM jobrun.jobs AS jobs
     JOIN input ON jobs.id = input.id AND jobs.finished_token = input.token
 )
 SELECT done.id, done.state FROM done
@@ -379,7 +379,7 @@ SELECT before.id, before.state FROM before;
 -- name: SelectExpiredLeases :many
 -- The reaper's first step: expired leases, locked, skipping rows another
 -- transaction holds (a Complete in flight wins the race).
-SELECT * FROM jobs
+SELECT * FROM jobrun.jobs AS jobs
 WHERE state = 'leased' AND lease_expires_at < sqlc.arg(now)::timestamptz
 ORDER BY id
 LIMIT sqlc.arg(max_jobs)
@@ -389,10 +389,10 @@ FOR UPDATE SKIP LOCKED;
 -- One per expired lease, sent as one batch. It re-checks the lease it
 -- selected (state, token, expiry) in the same statement, so a row that
 -- finished in between is never rewritten.
-UPDATE jobs
-SET state = sqlc.arg(state)::job_state,
+UPDATE jobrun.jobs AS jobs
+SET state = sqlc.arg(state)::jobrun.job_state,
     run_at = COALESCE(sqlc.narg(run_at)::timestamptz, run_at),
-    finished_at = CASE WHEN sqlc.arg(state)::job_state = 'queued' THEN NULL ELSE now() END,
+    finished_at = CASE WHEN sqlc.arg(state)::jobrun.job_state = 'queued' THEN NULL ELSE now() END,
     last_error = sqlc.arg(last_error)::text,
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
     updated_at = now()
@@ -401,25 +401,25 @@ WHERE id = sqlc.arg(id) AND state = 'leased' AND lease_token = sqlc.arg(token)::
 RETURNING id;
 
 -- name: GetJob :one
-SELECT * FROM jobs WHERE id = sqlc.arg(id);
+SELECT * FROM jobrun.jobs AS jobs WHERE id = sqlc.arg(id);
 
 -- name: ListJobs :many
 -- Keyset pagination by id (time-ordered ids: oldest first).
-SELECT * FROM jobs
+SELECT * FROM jobrun.jobs AS jobs
 WHERE (sqlc.narg(queue)::text IS NULL OR queue = sqlc.narg(queue)::text)
-  AND (sqlc.narg(state)::job_state IS NULL OR state = sqlc.narg(state)::job_state)
+  AND (sqlc.narg(state)::jobrun.job_state IS NULL OR state = sqlc.narg(state)::jobrun.job_state)
   AND (sqlc.narg(type)::text IS NULL OR type = sqlc.narg(type)::text)
   AND (sqlc.narg(after)::uuid IS NULL OR id > sqlc.narg(after)::uuid)
 ORDER BY id
 LIMIT sqlc.arg(max_rows);
 
 -- name: CancelQueuedJob :one
-UPDATE jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
+UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
 WHERE id = sqlc.arg(id) AND state = 'queued'
 RETURNING *;
 
 -- name: RequestCancel :one
-UPDATE jobs SET cancel_requested = true, updated_at = now()
+UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
 WHERE id = sqlc.arg(id) AND state = 'leased'
 RETURNING *;
 
@@ -427,7 +427,7 @@ RETURNING *;
 -- Retry: make the job runnable now. From a terminal state the attempts start
 -- again from zero and the cancel flag is cleared; last_error is kept until
 -- the next attempt overwrites it.
-UPDATE jobs
+UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
     cancel_requested = false, finished_at = NULL, finished_token = NULL, updated_at = now()
 WHERE id = sqlc.arg(id) AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
@@ -436,8 +436,8 @@ RETURNING *;
 -- name: PurgeJobs :execrows
 -- Terminal jobs finished longer ago than the age, oldest first, at most
 -- max_jobs per call (short locks; the caller loops).
-DELETE FROM jobs WHERE id IN (
-    SELECT id FROM jobs
+DELETE FROM jobrun.jobs AS jobs WHERE id IN (
+    SELECT id FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => sqlc.arg(age_seconds)::float8)
     ORDER BY finished_at
@@ -451,20 +451,20 @@ SELECT queue,
        count(*) FILTER (WHERE state = 'queued' AND run_at > now())::int8 AS scheduled,
        count(*) FILTER (WHERE state = 'leased')::int8 AS leased,
        count(*) FILTER (WHERE state = 'dead')::int8 AS dead
-FROM jobs
+FROM jobrun.jobs AS jobs
 WHERE state IN ('queued', 'leased', 'dead')
 GROUP BY queue
 ORDER BY queue;
 
 -- name: PauseQueue :exec
-INSERT INTO queue_pauses (queue) VALUES (sqlc.arg(queue)) ON CONFLICT (queue) DO NOTHING;
+INSERT INTO jobrun.queue_pauses (queue) VALUES (sqlc.arg(queue)) ON CONFLICT (queue) DO NOTHING;
 
 -- name: ResumeQueue :one
 -- The pause lifted and the wake-up sent in one statement (one transaction:
 -- a notification always commits with the change it announces). No row back:
 -- the queue was not paused. notify_queue_usage as in EnqueueJob.
 WITH gone AS (
-    DELETE FROM queue_pauses WHERE queue = sqlc.arg(queue) RETURNING queue
+    DELETE FROM jobrun.queue_pauses WHERE queue = sqlc.arg(queue) RETURNING queue
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM gone
 ), wake AS (
@@ -475,7 +475,7 @@ SELECT COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
 FROM gone WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: PausedQueues :many
-SELECT queue FROM queue_pauses ORDER BY queue;
+SELECT queue FROM jobrun.queue_pauses ORDER BY queue;
 
 -- name: DbNow :one
 SELECT now()::timestamptz AS now;
@@ -508,7 +508,11 @@ LIMIT 5;
 -- name: CountByState :many
 -- Jobs and attempts per state, for one queue or all.
 SELECT state, count(*)::int8 AS jobs, COALESCE(sum(attempts), 0)::int8 AS attempts
-FROM jobs
+FROM jobrun.jobs AS jobs
 WHERE sqlc.narg(queue)::text IS NULL OR queue = sqlc.narg(queue)::text
 GROUP BY state
 ORDER BY state;
+
+-- name: SchemaVersion :one
+-- The version of the schema this database holds (see migration 0004).
+SELECT version FROM jobrun.schema_version;

@@ -2,7 +2,7 @@
 
 -- name: InsertSchedule :one
 -- Create; no row back means the id is taken.
-INSERT INTO schedules (id, cron, timezone, queue, type, payload, priority, max_attempts,
+INSERT INTO jobrun.schedules (id, cron, timezone, queue, type, payload, priority, max_attempts,
                        backoff, next_run_at)
 VALUES (sqlc.arg(id), sqlc.arg(cron), sqlc.arg(timezone), sqlc.arg(queue), sqlc.arg(type),
         sqlc.arg(payload), sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
@@ -14,7 +14,7 @@ RETURNING *;
 -- Create or replace. An unchanged cron and time zone keep the stored
 -- next_run_at, so an application that upserts its schedules at every start
 -- never skips an occurrence that was due but not yet materialised.
-INSERT INTO schedules AS s (id, cron, timezone, queue, type, payload, priority, max_attempts,
+INSERT INTO jobrun.schedules AS s (id, cron, timezone, queue, type, payload, priority, max_attempts,
                             backoff, next_run_at)
 VALUES (sqlc.arg(id), sqlc.arg(cron), sqlc.arg(timezone), sqlc.arg(queue), sqlc.arg(type),
         sqlc.arg(payload), sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
@@ -29,18 +29,18 @@ SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, queue = EXCLUDED.queue,
 RETURNING *;
 
 -- name: GetSchedule :one
-SELECT * FROM schedules WHERE id = sqlc.arg(id);
+SELECT * FROM jobrun.schedules WHERE id = sqlc.arg(id);
 
 -- name: ListSchedules :many
-SELECT * FROM schedules ORDER BY id;
+SELECT * FROM jobrun.schedules ORDER BY id;
 
 -- name: DeleteSchedule :execrows
-DELETE FROM schedules WHERE id = sqlc.arg(id);
+DELETE FROM jobrun.schedules WHERE id = sqlc.arg(id);
 
 -- name: SetSchedulePaused :one
 -- Pause, or resume from the next occurrence after now (occurrences missed
 -- while paused are not run).
-UPDATE schedules
+UPDATE jobrun.schedules
 SET paused = sqlc.arg(paused)::boolean,
     next_run_at = COALESCE(sqlc.narg(next_run_at)::timestamptz, next_run_at),
     updated_at = now()
@@ -50,7 +50,7 @@ RETURNING *;
 -- name: DueSchedules :many
 -- Defensive against two leaders: rows another leader holds are skipped. The
 -- durable guard is the sched:<id>:<occurrence> idempotency key of the job.
-SELECT * FROM schedules
+SELECT * FROM jobrun.schedules
 WHERE NOT paused AND next_run_at <= sqlc.arg(now)::timestamptz
 ORDER BY next_run_at, id
 LIMIT sqlc.arg(max_schedules)
@@ -59,5 +59,5 @@ FOR UPDATE SKIP LOCKED;
 -- name: AdvanceSchedule :execrows
 -- Compare-and-set: only the materialiser that saw next_run_at = previous
 -- moves it; a second leader that lost the race changes nothing.
-UPDATE schedules SET next_run_at = sqlc.arg(next_run_at)::timestamptz, updated_at = now()
+UPDATE jobrun.schedules SET next_run_at = sqlc.arg(next_run_at)::timestamptz, updated_at = now()
 WHERE id = sqlc.arg(id) AND next_run_at = sqlc.arg(previous)::timestamptz;

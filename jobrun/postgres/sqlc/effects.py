@@ -12,7 +12,7 @@ from psycopg.rows import tuple_row
 EFFECT_DONE: Final = """\
 
 SELECT EXISTS (
-    SELECT 1 FROM processed_effects WHERE scope = $1 AND key = $2
+    SELECT 1 FROM jobrun.processed_effects WHERE scope = $1 AND key = $2
 ) AS done"""
 
 

@@ -17,7 +17,7 @@ from jobrun.postgres.sqlc.models import JobEvent
 
 INSERT_EVENTS: Final = """\
 
-INSERT INTO job_events (job_id, kind, attempt, detail)
+INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
 SELECT unnest($1::uuid[]), unnest($2::text[]),
        unnest($3::int4[]), unnest($4::jsonb[])"""
 
@@ -45,7 +45,7 @@ def insert_events(
         )
 
 
-COPY_EVENTS: Final = "INSERT INTO job_events (job_id, kind, attempt) VALUES ($1, $2, $3)"
+COPY_EVENTS: Final = "INSERT INTO jobrun.job_events (job_id, kind, attempt) VALUES ($1, $2, $3)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,12 +57,14 @@ class CopyEventsParams:
     attempt: int
 
 
-COPY_EVENTS_COPY: Final = "COPY job_events (job_id, kind, attempt) FROM STDIN (FORMAT BINARY)"
+COPY_EVENTS_COPY: Final = (
+    "COPY jobrun.job_events (job_id, kind, attempt) FROM STDIN (FORMAT BINARY)"
+)
 COPY_EVENTS_COPY_TYPES: Final = ("uuid", "text", "int4")
 
 
 def copy_events(conn: psycopg.Connection[Any], rows: Iterable[CopyEventsParams]) -> int:
-    """COPY the rows into job_events; return how many were written."""
+    """COPY the rows into jobrun.job_events; return how many were written."""
     count = 0
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur, cur.copy(COPY_EVENTS_COPY) as copy:
         copy.set_types(COPY_EVENTS_COPY_TYPES)
@@ -72,9 +74,7 @@ def copy_events(conn: psycopg.Connection[Any], rows: Iterable[CopyEventsParams])
     return count
 
 
-LIST_EVENTS: Final = (
-    "SELECT id, job_id, kind, attempt, at, detail FROM job_events WHERE job_id = $1 ORDER BY id"
-)
+LIST_EVENTS: Final = "SELECT id, job_id, kind, attempt, at, detail FROM jobrun.job_events WHERE job_id = $1 ORDER BY id"
 
 
 def list_events(conn: psycopg.Connection[Any], *, job_id: uuid.UUID) -> list[JobEvent]:
@@ -87,8 +87,8 @@ def list_events(conn: psycopg.Connection[Any], *, job_id: uuid.UUID) -> list[Job
 
 
 PRUNE_EVENTS: Final = """\
-DELETE FROM job_events WHERE id IN (
-    SELECT id FROM job_events
+DELETE FROM jobrun.job_events WHERE id IN (
+    SELECT id FROM jobrun.job_events
     WHERE at < now() - make_interval(secs => $1::float8)
     ORDER BY at
     LIMIT $2

@@ -19,7 +19,7 @@ from jobrun.postgres.sqlc.models import Job, JobState
 ENQUEUE_JOB: Final = """\
 
 WITH ins AS (
-    INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+    INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                       idempotency_key)
     VALUES ($1, $2, $3, $4,
             $5, $6, $7,
@@ -29,7 +29,7 @@ WITH ins AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $10::boolean
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
@@ -147,7 +147,7 @@ def enqueue_job(
 
 ENQUEUE_KEYED_JOB: Final = """\
 WITH ins AS (
-    INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+    INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                       idempotency_key)
     VALUES ($1, $2, $3, $4,
             $5, $6, $7,
@@ -157,7 +157,7 @@ WITH ins AS (
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $11::boolean
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
@@ -264,7 +264,7 @@ def enqueue_keyed_job(
 
 
 SAME_PAYLOADS: Final = """\
-SELECT jobs.id FROM jobs
+SELECT jobs.id FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest($1::uuid[]) AS id,
              unnest($2::jsonb[]) AS payload) AS sent
   ON jobs.id = sent.id
@@ -290,7 +290,7 @@ def same_payloads(
         return [r[0] for r in cur.fetchall()]
 
 
-GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs WHERE queue = $1 AND idempotency_key = $2"
+GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
 
 
 def get_job_by_key(
@@ -329,7 +329,7 @@ def get_job_by_key(
 
 
 GET_JOBS_BY_KEYS: Final = """\
-SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token FROM jobs
+SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest($1::text[]) AS queue,
              unnest($2::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key"""
@@ -371,7 +371,7 @@ def get_jobs_by_keys(
 
 
 INSERT_KEYED_JOBS: Final = """\
-INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
                   idempotency_key)
 SELECT unnest($1::uuid[]), unnest($2::text[]),
        unnest($3::text[]), unnest($4::jsonb[]),
@@ -421,7 +421,7 @@ def insert_keyed_jobs(
         return [r[0] for r in cur.fetchall()]
 
 
-GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs WHERE id = ANY($1::uuid[])"
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
 
 
 def get_jobs_by_ids(conn: psycopg.Connection[Any], *, ids: list[uuid.UUID]) -> list[Job]:
@@ -455,7 +455,7 @@ def get_jobs_by_ids(conn: psycopg.Connection[Any], *, ids: list[uuid.UUID]) -> l
 
 
 COPY_JOBS: Final = """\
-INSERT INTO jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at)
+INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
 
 
@@ -473,7 +473,7 @@ class CopyJobsParams:
     run_at: datetime.datetime
 
 
-COPY_JOBS_COPY: Final = "COPY jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at) FROM STDIN (FORMAT BINARY)"
+COPY_JOBS_COPY: Final = "COPY jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at) FROM STDIN (FORMAT BINARY)"
 COPY_JOBS_COPY_TYPES: Final = (
     "uuid",
     "text",
@@ -487,7 +487,7 @@ COPY_JOBS_COPY_TYPES: Final = (
 
 
 def copy_jobs(conn: psycopg.Connection[Any], rows: Iterable[CopyJobsParams]) -> int:
-    """COPY the rows into jobs; return how many were written."""
+    """COPY the rows into jobrun.jobs; return how many were written."""
     count = 0
     with psycopg.RawCursor(conn, row_factory=tuple_row) as cur, cur.copy(COPY_JOBS_COPY) as copy:
         copy.set_types(COPY_JOBS_COPY_TYPES)
@@ -513,18 +513,18 @@ WITH next AS (
     SELECT c.id
     FROM unnest($1::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobs
+        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
         ORDER BY jobs.priority, jobs.run_at, jobs.id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = q.name)
+    WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY c.priority, c.run_at, c.id
     LIMIT $2
 ), claimed AS (
-    UPDATE jobs
+    UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
         attempts = jobs.attempts + 1,
         lease_owner = $3::text,
@@ -535,7 +535,7 @@ WITH next AS (
     WHERE jobs.id = next.id
     RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT claimed.id, 'claimed', claimed.attempts FROM claimed
     WHERE $5::boolean
 )
@@ -600,17 +600,17 @@ HEARTBEAT_JOBS: Final = """\
 WITH lease AS (
     SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token
 ), valid AS (
-    SELECT jobs.id, lease.token FROM jobs JOIN lease ON jobs.id = lease.id
+    SELECT jobs.id, lease.token FROM jobrun.jobs AS jobs JOIN lease ON jobs.id = lease.id
     WHERE jobs.lease_token = lease.token AND jobs.state = 'leased'
       AND jobs.lease_owner = $3::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 ), live AS (
-    SELECT jobs.id, valid.token FROM jobs JOIN valid ON jobs.id = valid.id
+    SELECT jobs.id, valid.token FROM jobrun.jobs AS jobs JOIN valid ON jobs.id = valid.id
     ORDER BY jobs.id
     FOR UPDATE OF jobs SKIP LOCKED
 ), extended AS (
-    UPDATE jobs
+    UPDATE jobrun.jobs AS jobs
     SET lease_expires_at = GREATEST(jobs.lease_expires_at, $4::timestamptz),
         updated_at = now()
     FROM live
@@ -647,7 +647,7 @@ def heartbeat_jobs(
         return [r[0] for r in cur.fetchall()]
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs WHERE id = $1 FOR UPDATE"
+LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
 
 
 def lock_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -687,10 +687,10 @@ WITH j AS (
                     AND jobs.lease_token = $2::uuid, false)::boolean AS owned,
            COALESCE(jobs.finished_token = $2::uuid, false)::boolean
                AS finished_by_claim
-    FROM jobs WHERE jobs.id = $3::uuid
+    FROM jobrun.jobs AS jobs WHERE jobs.id = $3::uuid
     FOR UPDATE
 ), eff AS (
-    INSERT INTO processed_effects (scope, key, job_id)
+    INSERT INTO jobrun.processed_effects (scope, key, job_id)
     SELECT $4::text, $5::text, j.id FROM j
     WHERE j.owned AND NOT j.cancel_requested
     ON CONFLICT (scope, key) DO NOTHING
@@ -749,16 +749,16 @@ def complete_begin(
 
 COMPLETE_FINISH: Final = """\
 WITH done AS (
-    UPDATE jobs
-    SET state = $2::job_state, finished_at = now(),
-        finished_token = jobs.lease_token,
+    UPDATE jobrun.jobs AS jobs
+    SET state = $2::jobrun.job_state, finished_at = now(),
+        finished_token = lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $4::text AND jobs.lease_token = $5::uuid
     RETURNING jobs.id, jobs.state, jobs.attempts
 )
-INSERT INTO job_events (job_id, kind, attempt, detail)
+INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
 SELECT done.id, done.state::text, done.attempts, $1::jsonb FROM done"""
 
 
@@ -801,11 +801,11 @@ WITH input AS (
            COALESCE(jobs.state = 'leased' AND jobs.lease_owner = $5::text
                     AND jobs.lease_token = input.token, false)::boolean AS owned,
            COALESCE(jobs.finished_token = input.token, false)::boolean AS finished_by_claim
-    FROM jobs JOIN input ON input.id = jobs.id
+    FROM jobrun.jobs AS jobs JOIN input ON input.id = jobs.id
     ORDER BY jobs.id
     FOR UPDATE OF jobs
 ), eff AS (
-    INSERT INTO processed_effects (scope, key, job_id)
+    INSERT INTO jobrun.processed_effects (scope, key, job_id)
     SELECT input.scope, input.key, j.id FROM j JOIN input ON input.id = j.id
     WHERE j.owned AND NOT j.cancel_requested
     ORDER BY j.id
@@ -863,11 +863,11 @@ def complete_begin_many(
 
 COMPLETE_FINISH_MANY: Final = """\
 WITH input AS (
-    SELECT unnest($1::uuid[]) AS id, unnest($2::job_state[]) AS state,
+    SELECT unnest($1::uuid[]) AS id, unnest($2::jobrun.job_state[]) AS state,
            unnest($3::jsonb[]) AS detail
 ), done AS (
-    UPDATE jobs
-    SET state = input.state, finished_at = now(), finished_token = jobs.lease_token,
+    UPDATE jobrun.jobs AS jobs
+    SET state = input.state, finished_at = now(), finished_token = lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM input
@@ -875,7 +875,7 @@ WITH input AS (
       AND jobs.lease_owner = $4::text
     RETURNING jobs.id, jobs.state, jobs.attempts, input.detail
 )
-INSERT INTO job_events (job_id, kind, attempt, detail)
+INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
 SELECT done.id, done.state::text, done.attempts, done.detail FROM done"""
 
 
@@ -904,11 +904,11 @@ def complete_finish_many(
 
 FAIL_JOB: Final = """\
 WITH failed AS (
-    UPDATE jobs
+    UPDATE jobrun.jobs AS jobs
     SET state = CASE
             WHEN cancel_requested THEN 'cancelled'
             WHEN $1::boolean OR attempts >= max_attempts THEN 'dead'
-            ELSE 'queued' END::job_state,
+            ELSE 'queued' END::jobrun.job_state,
         run_at = CASE
             WHEN cancel_requested OR $1::boolean OR attempts >= max_attempts
             THEN run_at
@@ -924,7 +924,7 @@ WITH failed AS (
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
     RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt, detail)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
            CASE failed.state WHEN 'queued' THEN 'retrying' ELSE failed.state::text END,
            failed.attempts,
@@ -987,32 +987,32 @@ WITH input AS (
     SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token,
            unnest($3::text[]) AS scope, unnest($4::text[]) AS key
 ), owned AS (
-    SELECT jobs.id, jobs.cancel_requested FROM jobs
+    SELECT jobs.id, jobs.cancel_requested FROM jobrun.jobs AS jobs
     JOIN input ON jobs.id = input.id AND jobs.lease_token = input.token
     WHERE jobs.state = 'leased' AND jobs.lease_owner = $5::text
     ORDER BY jobs.id
     FOR UPDATE OF jobs
 ), effects AS (
-    INSERT INTO processed_effects (scope, key, job_id)
+    INSERT INTO jobrun.processed_effects (scope, key, job_id)
     SELECT input.scope, input.key, input.id FROM input JOIN owned ON owned.id = input.id
     WHERE NOT owned.cancel_requested
     ON CONFLICT (scope, key) DO NOTHING
 ), done AS (
-    UPDATE jobs
-    SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::job_state,
-        finished_at = now(), finished_token = jobs.lease_token,
+    UPDATE jobrun.jobs AS jobs
+    SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::jobrun.job_state,
+        finished_at = now(), finished_token = lease_token,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM owned WHERE jobs.id = owned.id
     RETURNING jobs.id, jobs.state, jobs.attempts
 ), ev AS (
-    INSERT INTO job_events (job_id, kind, attempt, detail)
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT done.id, done.state::text, done.attempts,
            CASE WHEN done.state = 'cancelled'
                 THEN '{"via": "complete"}'::jsonb END
     FROM done
 ), before AS (
-    SELECT jobs.id, jobs.state FROM jobs
+    SELECT jobs.id, jobs.state FROM jobrun.jobs AS jobs
     JOIN input ON jobs.id = input.id AND jobs.finished_token = input.token
 )
 SELECT done.id, done.state FROM done
@@ -1048,7 +1048,7 @@ def complete_jobs(
 
 
 SELECT_EXPIRED_LEASES: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs
 WHERE state = 'leased' AND lease_expires_at < $1::timestamptz
 ORDER BY id
 LIMIT $2
@@ -1094,10 +1094,10 @@ def select_expired_leases(
 
 
 REAP_JOB: Final = """\
-UPDATE jobs
-SET state = $1::job_state,
+UPDATE jobrun.jobs AS jobs
+SET state = $1::jobrun.job_state,
     run_at = COALESCE($2::timestamptz, run_at),
-    finished_at = CASE WHEN $1::job_state = 'queued' THEN NULL ELSE now() END,
+    finished_at = CASE WHEN $1::jobrun.job_state = 'queued' THEN NULL ELSE now() END,
     last_error = $3::text,
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
     updated_at = now()
@@ -1146,7 +1146,7 @@ def reap_job(
     return result
 
 
-GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs WHERE id = $1"
+GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs WHERE id = $1"
 
 
 def get_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1180,9 +1180,9 @@ def get_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
 
 
 LIST_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs
 WHERE ($1::text IS NULL OR queue = $1::text)
-  AND ($2::job_state IS NULL OR state = $2::job_state)
+  AND ($2::jobrun.job_state IS NULL OR state = $2::jobrun.job_state)
   AND ($3::text IS NULL OR type = $3::text)
   AND ($4::uuid IS NULL OR id > $4::uuid)
 ORDER BY id
@@ -1229,7 +1229,7 @@ def list_jobs(
 
 
 CANCEL_QUEUED_JOB: Final = """\
-UPDATE jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
+UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
 WHERE id = $1 AND state = 'queued'
 RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token"""
 
@@ -1265,7 +1265,7 @@ def cancel_queued_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | 
 
 
 REQUEST_CANCEL: Final = """\
-UPDATE jobs SET cancel_requested = true, updated_at = now()
+UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
 WHERE id = $1 AND state = 'leased'
 RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token"""
 
@@ -1301,7 +1301,7 @@ def request_cancel(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | Non
 
 
 REQUEUE_JOB: Final = """\
-UPDATE jobs
+UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
     cancel_requested = false, finished_at = NULL, finished_token = NULL, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
@@ -1343,8 +1343,8 @@ def requeue_job(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
 
 
 PURGE_JOBS: Final = """\
-DELETE FROM jobs WHERE id IN (
-    SELECT id FROM jobs
+DELETE FROM jobrun.jobs AS jobs WHERE id IN (
+    SELECT id FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => $1::float8)
     ORDER BY finished_at
@@ -1368,7 +1368,7 @@ SELECT queue,
        count(*) FILTER (WHERE state = 'queued' AND run_at > now())::int8 AS scheduled,
        count(*) FILTER (WHERE state = 'leased')::int8 AS leased,
        count(*) FILTER (WHERE state = 'dead')::int8 AS dead
-FROM jobs
+FROM jobrun.jobs AS jobs
 WHERE state IN ('queued', 'leased', 'dead')
 GROUP BY queue
 ORDER BY queue"""
@@ -1392,7 +1392,9 @@ def queue_depth(conn: psycopg.Connection[Any]) -> list[QueueDepthRow]:
         ]
 
 
-PAUSE_QUEUE: Final = "INSERT INTO queue_pauses (queue) VALUES ($1) ON CONFLICT (queue) DO NOTHING"
+PAUSE_QUEUE: Final = (
+    "INSERT INTO jobrun.queue_pauses (queue) VALUES ($1) ON CONFLICT (queue) DO NOTHING"
+)
 
 
 def pause_queue(conn: psycopg.Connection[Any], *, queue: str) -> None:
@@ -1402,7 +1404,7 @@ def pause_queue(conn: psycopg.Connection[Any], *, queue: str) -> None:
 
 RESUME_QUEUE: Final = """\
 WITH gone AS (
-    DELETE FROM queue_pauses WHERE queue = $1 RETURNING queue
+    DELETE FROM jobrun.queue_pauses WHERE queue = $1 RETURNING queue
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM gone
 ), wake AS (
@@ -1433,7 +1435,7 @@ def resume_queue(
     return value
 
 
-PAUSED_QUEUES: Final = "SELECT queue FROM queue_pauses ORDER BY queue"
+PAUSED_QUEUES: Final = "SELECT queue FROM jobrun.queue_pauses ORDER BY queue"
 
 
 def paused_queues(conn: psycopg.Connection[Any]) -> list[str]:
@@ -1519,7 +1521,7 @@ def notify_queue_blockers(conn: psycopg.Connection[Any]) -> list[NotifyQueueBloc
 
 COUNT_BY_STATE: Final = """\
 SELECT state, count(*)::int8 AS jobs, COALESCE(sum(attempts), 0)::int8 AS attempts
-FROM jobs
+FROM jobrun.jobs AS jobs
 WHERE $1::text IS NULL OR queue = $1::text
 GROUP BY state
 ORDER BY state"""
@@ -1540,3 +1542,17 @@ def count_by_state(conn: psycopg.Connection[Any], *, queue: str | None) -> list[
             CountByStateRow(state=JobState(r[0]), jobs=r[1], attempts=r[2])
             for r in cur.fetchall()
         ]
+
+
+SCHEMA_VERSION: Final = "SELECT version FROM jobrun.schema_version"
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int | None:
+    """The version of the schema this database holds (see migration 0004)."""
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(SCHEMA_VERSION)
+        r = cur.fetchone()
+    if r is None:
+        return None
+    value: int = r[0]
+    return value

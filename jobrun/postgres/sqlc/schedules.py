@@ -15,7 +15,7 @@ from jobrun.postgres.sqlc.models import Schedule
 
 INSERT_SCHEDULE: Final = """\
 
-INSERT INTO schedules (id, cron, timezone, queue, type, payload, priority, max_attempts,
+INSERT INTO jobrun.schedules (id, cron, timezone, queue, type, payload, priority, max_attempts,
                        backoff, next_run_at)
 VALUES ($1, $2, $3, $4, $5,
         $6, $7, $8, $9,
@@ -78,7 +78,7 @@ def insert_schedule(
 
 
 UPSERT_SCHEDULE: Final = """\
-INSERT INTO schedules AS s (id, cron, timezone, queue, type, payload, priority, max_attempts,
+INSERT INTO jobrun.schedules AS s (id, cron, timezone, queue, type, payload, priority, max_attempts,
                             backoff, next_run_at)
 VALUES ($1, $2, $3, $4, $5,
         $6, $7, $8, $9,
@@ -147,7 +147,7 @@ def upsert_schedule(
     )
 
 
-GET_SCHEDULE: Final = "SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM schedules WHERE id = $1"
+GET_SCHEDULE: Final = "SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM jobrun.schedules WHERE id = $1"
 
 
 def get_schedule(conn: psycopg.Connection[Any], *, id: str) -> Schedule | None:
@@ -173,7 +173,7 @@ def get_schedule(conn: psycopg.Connection[Any], *, id: str) -> Schedule | None:
     )
 
 
-LIST_SCHEDULES: Final = "SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM schedules ORDER BY id"
+LIST_SCHEDULES: Final = "SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM jobrun.schedules ORDER BY id"
 
 
 def list_schedules(conn: psycopg.Connection[Any]) -> list[Schedule]:
@@ -199,7 +199,7 @@ def list_schedules(conn: psycopg.Connection[Any]) -> list[Schedule]:
         ]
 
 
-DELETE_SCHEDULE: Final = "DELETE FROM schedules WHERE id = $1"
+DELETE_SCHEDULE: Final = "DELETE FROM jobrun.schedules WHERE id = $1"
 
 
 def delete_schedule(conn: psycopg.Connection[Any], *, id: str) -> int:
@@ -209,7 +209,7 @@ def delete_schedule(conn: psycopg.Connection[Any], *, id: str) -> int:
 
 
 SET_SCHEDULE_PAUSED: Final = """\
-UPDATE schedules
+UPDATE jobrun.schedules
 SET paused = $1::boolean,
     next_run_at = COALESCE($2::timestamptz, next_run_at),
     updated_at = now()
@@ -250,7 +250,7 @@ def set_schedule_paused(
 
 
 DUE_SCHEDULES: Final = """\
-SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM schedules
+SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM jobrun.schedules
 WHERE NOT paused AND next_run_at <= $1::timestamptz
 ORDER BY next_run_at, id
 LIMIT $2
@@ -289,7 +289,7 @@ def due_schedules(
 
 
 ADVANCE_SCHEDULE: Final = """\
-UPDATE schedules SET next_run_at = $1::timestamptz, updated_at = now()
+UPDATE jobrun.schedules SET next_run_at = $1::timestamptz, updated_at = now()
 WHERE id = $2 AND next_run_at = $3::timestamptz"""
 
 
