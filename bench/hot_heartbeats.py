@@ -19,23 +19,23 @@ LEASED_ROWS = 2_000
 ROUNDS = 10  # 10 x 2,000 = 20,000 heartbeat updates, 100 ids per statement
 
 SEED_FINISHED = """
-INSERT INTO jobs (id, queue, type, payload, backoff, state, finished_at)
+INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, state, finished_at)
 SELECT gen_random_uuid(), 'default', 't', '{}', '{}', 'succeeded', now()
 FROM generate_series(1, %s)
 """
 SEED_LEASED = """
-INSERT INTO jobs (id, queue, type, payload, backoff, state, lease_owner, lease_token,
+INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, state, lease_owner, lease_token,
                   lease_expires_at, attempts)
 SELECT gen_random_uuid(), 'default', 't', '{}', '{}', 'leased', 'w', gen_random_uuid(),
        now() + interval '30 s', 1
 FROM generate_series(1, %s)
 """
 HEARTBEAT = """
-UPDATE jobs SET lease_expires_at = now() + interval '30 s', updated_at = now()
+UPDATE jobrun.jobs SET lease_expires_at = now() + interval '30 s', updated_at = now()
 WHERE id = ANY(%s)
 """
 REAPER_SCAN = """
-SELECT id FROM jobs WHERE state = 'leased' AND lease_expires_at < now() ORDER BY id LIMIT 100
+SELECT id FROM jobrun.jobs WHERE state = 'leased' AND lease_expires_at < now() ORDER BY id LIMIT 100
 """
 
 
@@ -49,9 +49,9 @@ def measure(dsn: str, column: str) -> tuple[int, int, float]:
         )
         conn.execute(SEED_FINISHED, [FINISHED_ROWS])
         conn.execute(SEED_LEASED, [LEASED_ROWS])
-        conn.execute("VACUUM ANALYZE jobs")
+        conn.execute("VACUUM ANALYZE jobrun.jobs")
         conn.execute("SELECT pg_stat_reset()")
-        ids = [r[0] for r in conn.execute("SELECT id FROM jobs WHERE state = 'leased'")]
+        ids = [r[0] for r in conn.execute("SELECT id FROM jobrun.jobs WHERE state = 'leased'")]
         for _ in range(ROUNDS):
             for k in range(0, len(ids), 100):
                 conn.execute(HEARTBEAT, [ids[k : k + 100]])

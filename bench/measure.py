@@ -253,9 +253,9 @@ def _connections(db: Database, application_name: str | None) -> int:
 
 
 DRAIN_POLL = """
-SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND queue = %s)
-    OR EXISTS (SELECT 1 FROM jobs WHERE state = 'leased'),
-       (SELECT max(finished_at) FROM jobs)
+SELECT EXISTS (SELECT 1 FROM jobrun.jobs WHERE state = 'queued' AND queue = %s)
+    OR EXISTS (SELECT 1 FROM jobrun.jobs WHERE state = 'leased'),
+       (SELECT max(finished_at) FROM jobrun.jobs)
 """
 
 
@@ -292,7 +292,9 @@ def _stall_report(ctx: Context, w: Workers) -> str:
         "jobs by state: "
         + ", ".join(
             f"{state} {n}"
-            for state, n in ctx.db.execute("SELECT state, count(*) FROM jobs GROUP BY 1 ORDER BY 1")
+            for state, n in ctx.db.execute(
+                "SELECT state, count(*) FROM jobrun.jobs GROUP BY 1 ORDER BY 1"
+            )
         )
     ]
     for row in ctx.db.execute(
@@ -503,7 +505,7 @@ def _drain_once(ctx: Context, job_type: str, jobs: int, concurrency: int, procs:
     queue = "drain"
     ctx.store.pause_queue(queue)
     ctx.store.enqueue_batch(NewJob(type=job_type, queue=queue) for _ in range(jobs))
-    ctx.db.execute("VACUUM ANALYZE jobs, job_events")
+    ctx.db.execute("VACUUM ANALYZE jobrun.jobs, jobrun.job_events")
     with workers(ctx, queue, concurrency, procs) as w:
         w.wait_ready()
         ctx.db.reset_statements()
@@ -516,11 +518,11 @@ def _drain_once(ctx: Context, job_type: str, jobs: int, concurrency: int, procs:
         rss = w.peak_rss_mb()
         statements = ctx.db.top_statements()
     first, last, done, claims, completions = ctx.db.execute(
-        "SELECT (SELECT min(at) FROM job_events WHERE kind = 'claimed'),"
-        " (SELECT max(finished_at) FROM jobs WHERE queue = %s),"
-        " (SELECT count(*) FROM jobs WHERE queue = %s AND state = 'succeeded'),"
-        " (SELECT count(DISTINCT at) FROM job_events WHERE kind = 'claimed'),"
-        " (SELECT count(DISTINCT finished_at) FROM jobs WHERE queue = %s)",
+        "SELECT (SELECT min(at) FROM jobrun.job_events WHERE kind = 'claimed'),"
+        " (SELECT max(finished_at) FROM jobrun.jobs WHERE queue = %s),"
+        " (SELECT count(*) FROM jobrun.jobs WHERE queue = %s AND state = 'succeeded'),"
+        " (SELECT count(DISTINCT at) FROM jobrun.job_events WHERE kind = 'claimed'),"
+        " (SELECT count(DISTINCT finished_at) FROM jobrun.jobs WHERE queue = %s)",
         [queue, queue, queue],
     )[0]
     if done != jobs:
@@ -706,7 +708,7 @@ def pickup(ctx: Context) -> list[Figure]:
 
 
 SEED_FINISHED = """
-INSERT INTO jobs (id, queue, type, payload, backoff, state, attempts, run_at,
+INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, state, attempts, run_at,
                   created_at, updated_at, finished_at)
 SELECT gen_random_uuid(), 'growth', 'bench.noop', '{}', %s, 'succeeded', 1,
        now() - interval '2 days', now() - interval '2 days', now() - interval '1 day',
@@ -714,7 +716,7 @@ SELECT gen_random_uuid(), 'growth', 'bench.noop', '{}', %s, 'succeeded', 1,
 FROM generate_series(1, %s) g
 """
 SEED_QUEUED = """
-INSERT INTO jobs (id, queue, type, payload, backoff, run_at)
+INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, run_at)
 SELECT gen_random_uuid(), 'growth', 'bench.noop', '{}', %s,
        now() - interval '1 hour' + g * interval '1 ms'
 FROM generate_series(1, %s) g
@@ -742,7 +744,7 @@ def _seed(ctx: Context, finished: int, queued: int) -> None:
     if finished:
         ctx.db.execute(SEED_FINISHED, [backoff, finished])
     ctx.db.execute(SEED_QUEUED, [backoff, queued])
-    ctx.db.execute("VACUUM ANALYZE jobs")
+    ctx.db.execute("VACUUM ANALYZE jobrun.jobs")
 
 
 def growth(ctx: Context) -> list[Figure]:

@@ -105,8 +105,9 @@ class Database:
         checkpoint of an earlier run's writes lands in the next run)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(
-                "TRUNCATE jobs, job_events, processed_effects, queue_pauses,"
-                " bench_sink, bench_pickup, bench_ceiling_jobs, bench_ceiling_log"
+                "TRUNCATE jobrun.jobs, jobrun.job_events, jobrun.processed_effects,"
+                " jobrun.queue_pauses, bench_sink, bench_pickup, bench_ceiling_jobs,"
+                " bench_ceiling_log"
             )
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 conn.execute("CHECKPOINT")

@@ -8,9 +8,9 @@
 --
 -- Every object lives in the schema jobrun (its migration bookkeeping too), so
 -- an application's own "jobs" table never collides, and every query names
--- the schema, so a caller's search_path never matters. "jobrun." is the
--- default name: jobrun.postgres.migrate writes the schema chosen at run time
--- in its place (JOBRUN_SCHEMA).
+-- the schema, so a caller's search_path never matters. The name written here
+-- is the default: migrate() writes the schema chosen at run time
+-- (JOBRUN_SCHEMA) in its place.
 
 CREATE SCHEMA IF NOT EXISTS jobrun;
 

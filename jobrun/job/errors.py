@@ -11,6 +11,8 @@ carries its context as attributes rather than only in the message::
     ├── IdempotencyConflict    the key is taken by a job with a different body
     ├── LeaseLost              the caller no longer holds the job's lease (the fence)
     ├── CommitRefused          a commit callable ended the transaction it was given
+    ├── SchemaMismatch         the database's jobrun schema is missing, older or newer than
+    │                          this code: run ``jobrun migrate`` (or upgrade jobrun)
     └── DatabaseError          the database could not do it
         ├── TransientError     connection lost, server shutting down, read-only, pool timeout:
         │                      retry later, nothing was decided
@@ -149,3 +151,31 @@ class InheritedPool(DatabaseError):
         )
         self.owner_pid = owner_pid
         self.pid = pid
+
+
+class SchemaMismatch(JobrunError):
+    """The jobrun schema in the database is missing or at another version than this code's.
+
+    ``found`` is the database's version (None: no jobrun schema at all),
+    ``needed`` this code's. Raised once at start by every entry point, so a
+    worker started before ``jobrun migrate`` says so in one line instead of
+    failing every query.
+    """
+
+    def __init__(self, schema: str, found: int | None, needed: int) -> None:
+        if found is None:
+            message = f"the jobrun schema {schema!r} is missing: run 'jobrun migrate'"
+        elif found < needed:
+            message = (
+                f"the jobrun schema {schema!r} is at version {found}, this jobrun needs "
+                f"{needed}: run 'jobrun migrate'"
+            )
+        else:
+            message = (
+                f"the jobrun schema {schema!r} is at version {found}, newer than this "
+                f"jobrun knows ({needed}): upgrade jobrun"
+            )
+        super().__init__(message)
+        self.schema = schema
+        self.found = found
+        self.needed = needed

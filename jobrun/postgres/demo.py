@@ -148,14 +148,14 @@ def check_effects(pool: ConnectionPool[Any], run: str, queue: str, job_type: str
         row = conn.execute(
             """
             SELECT
-              (SELECT count(*) FROM jobs WHERE queue = %(q)s AND type = %(t)s
+              (SELECT count(*) FROM jobrun.jobs WHERE queue = %(q)s AND type = %(t)s
                  AND state = 'succeeded'),
               (SELECT count(*) FROM jobrun_demo_effects WHERE run = %(r)s),
-              (SELECT count(*) FROM jobs j WHERE j.queue = %(q)s AND j.type = %(t)s
+              (SELECT count(*) FROM jobrun.jobs j WHERE j.queue = %(q)s AND j.type = %(t)s
                  AND j.state = 'succeeded'
                  AND (SELECT count(*) FROM jobrun_demo_effects e WHERE e.job_id = j.id) = 1),
               (SELECT count(*) FROM jobrun_demo_effects e WHERE e.run = %(r)s AND NOT EXISTS (
-                 SELECT 1 FROM jobs j WHERE j.id = e.job_id AND j.state = 'succeeded'))
+                 SELECT 1 FROM jobrun.jobs j WHERE j.id = e.job_id AND j.state = 'succeeded'))
             """,
             {"q": queue, "t": job_type, "r": run},
         ).fetchone()

@@ -51,7 +51,7 @@ from yoyo.connections import DatabaseURI
 
 from jobrun.postgres import dsn
 from jobrun.postgres.pool import conninfo_with
-from jobrun.postgres.schema import DEFAULT_SCHEMA, in_schema, schema_name
+from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, in_schema, schema_name
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,6 @@ LOCK_NAMESPACE = 0x6A6F62  # "job"
 LOCK_MIGRATE = 1
 
 MIGRATION_TABLE = "_yoyo_migration"
-SCHEMA_VERSION = 4
-"""The schema version this code needs: the number of the last migration."""
 
 # jobrun 0.1's objects in public, moved into the schema by adopt_legacy_layout.
 _LEGACY_TABLES = ("jobs", "job_events", "processed_effects", "schedules", "queue_pauses")

@@ -17,6 +17,9 @@ import re
 from jobrun.job.errors import ValidationError
 
 DEFAULT_SCHEMA = "jobrun"
+SCHEMA_VERSION = 4
+"""The schema version this code needs: the number of the last migration, which
+every migration from 0004 on writes into ``schema_version``."""
 SCHEMA_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """A plain, unquoted, lower-case identifier that is not PostgreSQL's own (pg_*)."""
 

@@ -114,6 +114,7 @@ from jobrun.job.errors import (
     LeaseLost,
     NotFound,
     OutcomeUnknown,
+    SchemaMismatch,
     TransientError,
     ValidationError,
 )
@@ -144,6 +145,7 @@ from jobrun.postgres.deadline import WATCHDOG
 from jobrun.postgres.events import EventMode, EventRow, record
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
 from jobrun.postgres.schedules import SchedulesMixin
+from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION
 from jobrun.postgres.sqlc import events as eq
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
@@ -361,6 +363,23 @@ class Store(SchedulesMixin):
         if self.commit_timeout is None or self.call_timeout is None:
             return None
         return self.call_timeout + self.commit_timeout.total_seconds()
+
+    def schema_version(self) -> int | None:
+        """The version of the jobrun schema in the database; None when there is none."""
+        try:
+            return self._on_pool_read(q.schema_version)
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            return None
+
+    def check_schema(self) -> None:
+        """Raise SchemaMismatch unless the database holds the schema version this code needs.
+
+        Every entry point calls it once at start: one clear line instead of a
+        traceback per query when ``jobrun migrate`` was not run.
+        """
+        found = self.schema_version()
+        if found != SCHEMA_VERSION:
+            raise SchemaMismatch(DEFAULT_SCHEMA, found, SCHEMA_VERSION)
 
     def now(self) -> dt.datetime:
         """The database's clock: the only "now" any decision may use."""

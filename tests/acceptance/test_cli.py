@@ -718,7 +718,7 @@ def test_purge_deletes_jobs_finished_longer_ago_and_prints_the_count(
     recent = client.cancel(client.enqueue("t.a").id).id
     queued = client.enqueue("t.a").id
     conn.execute(
-        "UPDATE jobs SET finished_at = now() - interval '10 days' WHERE id = ANY(%s)", [old]
+        "UPDATE jobrun.jobs SET finished_at = now() - interval '10 days' WHERE id = ANY(%s)", [old]
     )
     result = jobrun("purge", "--older-than", "7d")
     assert (result.code, result.out) == (0, "purged 2 jobs\n")

@@ -49,8 +49,8 @@ def jobrun(dsn: str, *args: str | bytes, stdin: bytes | None = None) -> Result:
 
 def row_counts(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
     row = conn.execute(
-        "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_events), "
-        "(SELECT count(*) FROM schedules)"
+        "SELECT (SELECT count(*) FROM jobrun.jobs), (SELECT count(*) FROM jobrun.job_events), "
+        "(SELECT count(*) FROM jobrun.schedules)"
     ).fetchone()
     assert row is not None
     return (row[0], row[1], row[2])
@@ -128,7 +128,9 @@ def test_a_1_mib_payload_from_stdin_is_enqueued(dsn: str, conn: psycopg.Connecti
     )
     assert result.code == 0, result.err
     job_id = result.json()["id"]
-    (stored,) = conn.execute("SELECT payload FROM jobs WHERE id = %s", [job_id]).fetchone() or ()
+    (stored,) = (
+        conn.execute("SELECT payload FROM jobrun.jobs WHERE id = %s", [job_id]).fetchone() or ()
+    )
     assert stored == payload
 
 
@@ -141,7 +143,9 @@ def test_a_1_mib_payload_from_a_file_is_enqueued_and_one_byte_more_is_refused(
     result = jobrun(dsn, "enqueue", "t.a", "--payload-file", str(path))
     assert result.code == 0, result.err
     (stored,) = (
-        conn.execute("SELECT payload FROM jobs WHERE id = %s", [result.out.strip()]).fetchone()
+        conn.execute(
+            "SELECT payload FROM jobrun.jobs WHERE id = %s", [result.out.strip()]
+        ).fetchone()
         or ()
     )
     assert stored == payload
@@ -166,7 +170,9 @@ def test_a_schedule_payload_from_stdin(dsn: str, conn: psycopg.Connection[Any]) 
         stdin=b'{"report": "daily"}',
     )
     assert result.code == 0, result.err
-    assert conn.execute("SELECT payload FROM schedules").fetchall() == [({"report": "daily"},)]
+    assert conn.execute("SELECT payload FROM jobrun.schedules").fetchall() == [
+        ({"report": "daily"},)
+    ]
 
 
 @pytest.mark.parametrize(

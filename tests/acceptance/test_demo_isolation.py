@@ -65,7 +65,7 @@ def snapshot(home: EmbeddedHome, url: str, job_id: str) -> dict[str, Any]:
     assert job.code == 0, job
     assert depth.code == 0, depth
     with psycopg.connect(url) as conn:
-        jobs = conn.execute("SELECT id, queue, state FROM jobs ORDER BY id").fetchall()
+        jobs = conn.execute("SELECT id, queue, state FROM jobrun.jobs ORDER BY id").fetchall()
     return {"job": job.json(), "depth": depth.json(), "tables": user_tables(url), "jobs": jobs}
 
 
@@ -201,7 +201,7 @@ def test_a_demo_that_cannot_create_its_database_says_so_and_touches_nothing(
         assert password not in result.err + result.out
         assert user_tables(admin_dsn) == before
         with psycopg.connect(admin_dsn) as conn:
-            assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (0,)
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))

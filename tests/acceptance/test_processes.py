@@ -40,7 +40,7 @@ def test_a_worker_killed_mid_job_is_reaped_and_another_finishes_with_one_effect(
     first.signal(signal.SIGKILL)
     first.wait(10)
     assert store.get(job.id).state is State.LEASED  # nobody finished it
-    conn.execute("UPDATE jobs SET payload = '{\"sleep\": 0}' WHERE id = %s", [job.id])
+    conn.execute("UPDATE jobrun.jobs SET payload = '{\"sleep\": 0}' WHERE id = %s", [job.id])
     second = start_worker()  # its scheduler reaps the expired lease
     wait_for(lambda: store.get(job.id).state is State.SUCCEEDED, timeout=60)
     stored = store.get(job.id)
@@ -61,7 +61,9 @@ def test_sigterm_lets_running_jobs_finish_and_leaves_nothing_leased(
     assert worker.wait(60) == 0, worker.output()
     assert [store.get(j.id).state for j in jobs] == [State.SUCCEEDED] * 3
     assert len(observed(conn, "finished")) == 3
-    assert conn.execute("SELECT count(*) FROM jobs WHERE state = 'leased'").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'leased'").fetchone() == (
+        0,
+    )
 
 
 def test_a_second_sigterm_stops_at_once(
@@ -120,7 +122,9 @@ def test_two_workers_elect_one_leader_and_materialise_each_occurrence_once(
     wait_for(lambda: len(observed(conn, "tick")) >= before + 3, timeout=60)
     keys = [
         r[0]
-        for r in conn.execute("SELECT idempotency_key FROM jobs WHERE type = 'tick'").fetchall()
+        for r in conn.execute(
+            "SELECT idempotency_key FROM jobrun.jobs WHERE type = 'tick'"
+        ).fetchall()
     ]
     assert len(keys) == len(set(keys))
     ticks = [r[0] for r in observed(conn, "tick")]
@@ -151,7 +155,8 @@ def test_a_postgres_restart_under_a_running_worker_loses_nothing_and_runs_nothin
                 store.enqueue_batch(NewJob(type="tx", backoff=QUICK_RETRY) for _ in range(100))
                 wait_for(
                     lambda: (
-                        _count(url, "SELECT count(*) FROM jobs WHERE state = 'succeeded'") == 400
+                        _count(url, "SELECT count(*) FROM jobrun.jobs WHERE state = 'succeeded'")
+                        == 400
                     ),
                     timeout=120,
                 )
@@ -160,7 +165,7 @@ def test_a_postgres_restart_under_a_running_worker_loses_nothing_and_runs_nothin
                 worker.wait(30)
             assert _count(url, "SELECT count(*) FROM effects") == 400
             assert _count(url, "SELECT count(DISTINCT job_id) FROM effects") == 400
-            assert _count(url, "SELECT count(*) FROM jobs WHERE state <> 'succeeded'") == 0
+            assert _count(url, "SELECT count(*) FROM jobrun.jobs WHERE state <> 'succeeded'") == 0
         finally:
             pool.close()
 

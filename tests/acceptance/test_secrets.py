@@ -404,12 +404,12 @@ def test_a_worker_never_logs_or_stores_the_password_its_handlers_quote(
         ids = [j.id for j in jobs]
         while time.monotonic() < deadline:
             (dead,) = conn.execute(
-                "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND state = 'dead'", [ids]
+                "SELECT count(*) FROM jobrun.jobs WHERE id = ANY(%s) AND state = 'dead'", [ids]
             ).fetchone()
             if dead == len(jobs) or proc.poll() is not None:
                 break
             time.sleep(0.2)
-        states = conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
+        states = conn.execute("SELECT state, count(*) FROM jobrun.jobs GROUP BY state").fetchall()
         assert dict(states) == {State.DEAD.value: len(jobs)}, log.read_text()
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -418,8 +418,8 @@ def test_a_worker_never_logs_or_stores_the_password_its_handlers_quote(
             proc.kill()
             proc.wait(10)
     rows = conn.execute(
-        "SELECT coalesce(last_error, '') FROM jobs UNION ALL"
-        " SELECT coalesce(detail::text, '') FROM job_events"
+        "SELECT coalesce(last_error, '') FROM jobrun.jobs UNION ALL"
+        " SELECT coalesce(detail::text, '') FROM jobrun.job_events"
     ).fetchall()
     stored = "\n".join(r[0] for r in rows)
     output = log.read_text()

@@ -22,13 +22,13 @@ FINISHED = 200_000
 QUEUED = 20_000
 
 SEED_FINISHED = """
-INSERT INTO jobs (id, queue, type, payload, backoff, state, attempts, finished_at)
+INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, state, attempts, finished_at)
 SELECT gen_random_uuid(), 'default', 't', '{}', %(backoff)s, 'succeeded', 1,
        now() - g * interval '1 ms'
 FROM generate_series(1, %(finished)s) g
 """
 SEED_QUEUED = """
-INSERT INTO jobs (id, queue, type, payload, backoff, run_at)
+INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, run_at)
 SELECT gen_random_uuid(), CASE WHEN g %% 4 = 0 THEN 'other' ELSE 'default' END, 't', '{}',
        %(backoff)s, now() - interval '1 hour' + g * interval '1 ms'
 FROM generate_series(1, %(queued)s) g
@@ -45,7 +45,7 @@ def big(dsn: str) -> Any:
         }
         conn.execute(SEED_FINISHED, params)
         conn.execute(SEED_QUEUED, params)
-        conn.execute("VACUUM ANALYZE jobs")
+        conn.execute("VACUUM ANALYZE jobrun.jobs")
         yield conn
 
 
@@ -63,9 +63,9 @@ def test_claim_uses_the_claim_index_and_never_scans_jobs(
 def test_explain_changes_nothing(big: psycopg.Connection[Any]) -> None:
     explain_claim(big, ["default"], 10)
     explain_claim(big, ["default"], 10, generic=True)
-    row = big.execute("SELECT count(*) FROM jobs WHERE state = 'leased'").fetchone()
+    row = big.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'leased'").fetchone()
     assert row == (0,)
-    assert big.execute("SELECT count(*) FROM job_events").fetchone() == (0,)
+    assert big.execute("SELECT count(*) FROM jobrun.job_events").fetchone() == (0,)
 
 
 def test_the_check_sees_a_seq_scan_when_there_is_one(dsn: str) -> None:

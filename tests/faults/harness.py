@@ -307,7 +307,7 @@ def leader_backend(conn: psycopg.Connection[Any]) -> int | None:
 def parked(url: str, job_id: Any) -> Iterator[psycopg.Connection[Any]]:
     """Hold a row lock on a job (``SELECT ... FOR UPDATE``) until the block ends."""
     with psycopg.connect(url, application_name="test-park") as c:
-        c.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", [job_id])
+        c.execute("SELECT 1 FROM jobrun.jobs WHERE id = %s FOR UPDATE", [job_id])
         try:
             yield c
         finally:
@@ -341,7 +341,7 @@ def scalar(url_or_conn: str | psycopg.Connection[Any], query: str, *args: Any) -
 def states(conn: psycopg.Connection[Any]) -> dict[str, int]:
     return {
         r[0]: r[1]
-        for r in conn.execute("SELECT state::text, count(*) FROM jobs GROUP BY 1").fetchall()
+        for r in conn.execute("SELECT state::text, count(*) FROM jobrun.jobs GROUP BY 1").fetchall()
     }
 
 

@@ -127,7 +127,7 @@ def check(target: Target) -> list[str]:
             r[0]: r
             for r in conn.execute(
                 "SELECT id, state::text, attempts, type, queue, idempotency_key,"
-                " lease_owner, lease_token, lease_expires_at FROM jobs"
+                " lease_owner, lease_token, lease_expires_at FROM jobrun.jobs"
             ).fetchall()
         }
         problems = _check_accounted(conn, target, jobs)
@@ -155,7 +155,7 @@ def _check_accounted(
         if state == "leased" and target.settled:
             problems.append(f"job {job_id} is still leased (owner {row[6]}) in a settled run")
     duplicates = conn.execute(
-        "SELECT queue, idempotency_key, count(*) FROM jobs WHERE idempotency_key IS NOT NULL"
+        "SELECT queue, idempotency_key, count(*) FROM jobrun.jobs WHERE idempotency_key IS NOT NULL"
         " GROUP BY 1, 2 HAVING count(*) > 1"
     ).fetchall()
     problems += [f"key ({q}, {k}) is held by {n} jobs" for q, k, n in duplicates]
@@ -175,7 +175,7 @@ def _check_effects(conn: psycopg.Connection[Any], jobs: dict[uuid.UUID, Any]) ->
     ledger = {
         (r[0], r[1])
         for r in conn.execute(
-            "SELECT scope, key FROM processed_effects WHERE starts_with(scope, %s)",
+            "SELECT scope, key FROM jobrun.processed_effects WHERE starts_with(scope, %s)",
             [TX_SCOPE_PREFIX],
         ).fetchall()
     }
@@ -195,7 +195,7 @@ def _check_leases(conn: psycopg.Connection[Any], jobs: dict[uuid.UUID, Any]) -> 
     problems: list[str] = []
     trails: dict[uuid.UUID, list[tuple[int, str, int, Any]]] = collections.defaultdict(list)
     for job_id, event_id, kind, attempt, detail in conn.execute(
-        "SELECT job_id, id, kind, attempt, detail FROM job_events ORDER BY job_id, id"
+        "SELECT job_id, id, kind, attempt, detail FROM jobrun.job_events ORDER BY job_id, id"
     ):
         trails[job_id].append((event_id, kind, attempt, detail))
     for job_id, trail in trails.items():
@@ -249,7 +249,8 @@ def _replay(job_id: uuid.UUID, trail: list[tuple[int, str, int, Any]], row: Any)
 
 def _check_ledger(conn: psycopg.Connection[Any]) -> list[str]:
     rows = conn.execute(
-        "SELECT scope, key, count(*) FROM processed_effects GROUP BY 1, 2 HAVING count(*) > 1"
+        "SELECT scope, key, count(*) FROM jobrun.processed_effects"
+        " GROUP BY 1, 2 HAVING count(*) > 1"
     ).fetchall()
     return [f"processed_effects ({s}, {k}) appears {n} times" for s, k, n in rows]
 

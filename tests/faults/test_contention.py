@@ -43,7 +43,7 @@ def test_four_processes_of_32_threads_run_50000_jobs_each_exactly_once(
     procs = [workers.start(concurrency=32) for _ in range(4)]
 
     def done() -> bool:
-        return scalar(conn, "SELECT count(*) FROM jobs WHERE state <> 'succeeded'") == 0
+        return scalar(conn, "SELECT count(*) FROM jobrun.jobs WHERE state <> 'succeeded'") == 0
 
     wait_until(done, 420, f"{LOAD_JOBS} jobs succeed\n{workers.outputs()}", interval=0.5)
     elapsed = time.monotonic() - started
@@ -52,11 +52,13 @@ def test_four_processes_of_32_threads_run_50000_jobs_each_exactly_once(
     # One claim each: nobody lost a lease, nothing ran twice.
     retried = conn.execute(
         "SELECT j.id, j.type, j.last_error, array_agg(e.kind ORDER BY e.id)"
-        " FROM jobs j JOIN job_events e ON e.job_id = j.id WHERE j.attempts > 1"
+        " FROM jobrun.jobs j JOIN jobrun.job_events e ON e.job_id = j.id WHERE j.attempts > 1"
         " GROUP BY 1, 2, 3 LIMIT 5"
     ).fetchall()
     assert retried == [], f"{retried}\n{workers.outputs()[-3000:]}"
-    assert scalar(conn, "SELECT count(*) FROM job_events WHERE kind = 'claimed'") == LOAD_JOBS
+    assert (
+        scalar(conn, "SELECT count(*) FROM jobrun.job_events WHERE kind = 'claimed'") == LOAD_JOBS
+    )
     assert scalar(conn, "SELECT count(*) FROM effects") == LOAD_JOBS // LOAD_TX_EVERY
     # Every process took part.
     assert {r["pid"] for r in side_log_records(side_log)} == {p.pid for p in procs}
@@ -100,7 +102,7 @@ def test_64_threads_enqueueing_one_key_get_one_job_and_a_defined_answer_each(
     assert len(stored) == 1
     winner = stored.pop()
     assert sum(1 for job in sent if job.id == winner) == 1  # one insert, 63 replays
-    assert scalar(conn, "SELECT count(*) FROM jobs") == 1
+    assert scalar(conn, "SELECT count(*) FROM jobrun.jobs") == 1
     oracle.enqueued([winner])
 
     # Again while the job is claimed and completed: the key stays taken, same answer.
@@ -120,7 +122,7 @@ def test_64_threads_enqueueing_one_key_get_one_job_and_a_defined_answer_each(
     assert [r for r in results if isinstance(r, BaseException)] == []
     assert results[0].state is State.SUCCEEDED
     assert {r.id for r in results[1:]} == {winner}
-    assert scalar(conn, "SELECT count(*) FROM jobs") == 1
+    assert scalar(conn, "SELECT count(*) FROM jobrun.jobs") == 1
 
 
 def test_colliding_batches_insert_each_key_once_and_a_conflict_inserts_nothing(
@@ -146,10 +148,10 @@ def test_colliding_batches_insert_each_key_once_and_a_conflict_inserts_nothing(
     for _, plain in results:
         oracle.enqueued(plain)
     oracle.enqueued(
-        r[0] for r in conn.execute("SELECT id FROM jobs WHERE idempotency_key IS NOT NULL")
+        r[0] for r in conn.execute("SELECT id FROM jobrun.jobs WHERE idempotency_key IS NOT NULL")
     )
-    assert scalar(conn, "SELECT count(DISTINCT idempotency_key) FROM jobs") == len(keys)
-    before = scalar(conn, "SELECT count(*) FROM jobs")
+    assert scalar(conn, "SELECT count(DISTINCT idempotency_key) FROM jobrun.jobs") == len(keys)
+    before = scalar(conn, "SELECT count(*) FROM jobrun.jobs")
 
     # A batch whose key is taken by a different body: all or nothing.
     conflicting = [NewJob(type="plain.work") for _ in range(5)] + [
@@ -162,7 +164,7 @@ def test_colliding_batches_insert_each_key_once_and_a_conflict_inserts_nothing(
     twice = [NewJob(type="plain.work", idempotency_key="dup") for _ in range(2)]
     with pytest.raises(ValidationError):
         store.enqueue_batch(twice)
-    assert scalar(conn, "SELECT count(*) FROM jobs") == before
+    assert scalar(conn, "SELECT count(*) FROM jobrun.jobs") == before
 
 
 # -- 12. deadlock-prone batches in opposite orders ---------------------------------------------
@@ -186,7 +188,9 @@ def test_overlapping_batches_in_opposite_orders_never_surface_a_deadlock(
     expiring: list[Job] = []
     while len(expiring) < 200:
         expiring += store.claim("owner-b", ["b"], 100, dt.timedelta(minutes=5))
-    conn.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE queue = 'b'")
+    conn.execute(
+        "UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 second' WHERE queue = 'b'"
+    )
 
     stop = time.monotonic() + 5
     errors: list[BaseException] = []
@@ -250,7 +254,7 @@ def test_overlapping_batches_in_opposite_orders_never_surface_a_deadlock(
         t.join(60)
     assert errors == [], [f"{type(e).__name__}: {e}" for e in errors]
     assert calls["n"] > 50
-    oracle.enqueued(r[0] for r in conn.execute("SELECT id FROM jobs WHERE queue = 'c'"))
+    oracle.enqueued(r[0] for r in conn.execute("SELECT id FROM jobrun.jobs WHERE queue = 'c'"))
     deadlocks = scalar(
         conn, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
     )

@@ -121,7 +121,7 @@ def test_a_worker_killed_inside_the_complete_transaction_leaves_no_effect_and_ru
         "the orphaned transaction ends",
     )
     assert effects(conn, job) == []
-    assert scalar(conn, "SELECT count(*) FROM processed_effects") == 0
+    assert scalar(conn, "SELECT count(*) FROM jobrun.processed_effects") == 0
     assert store.get(job.id).state is State.LEASED
     second = workers.start(scheduler=True)
     wait_until(lambda: store.get(job.id).state is State.SUCCEEDED, 60, "the job succeeds")
@@ -182,7 +182,7 @@ def test_a_stale_claim_is_fenced_even_when_the_same_worker_claimed_the_job_again
     job = store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY))
     oracle.enqueued([job])
     [old] = store.claim(OWNER, ["default"], 1, TTL)
-    conn.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second'")
+    conn.execute("UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 second'")
     assert store.reap_expired(store.now(), 10).requeued == [job.id]
     [new] = store.claim(OWNER, ["default"], 1, TTL)  # the same owner name, a new token
     assert new.lease_token != old.lease_token
@@ -232,7 +232,8 @@ def test_a_worker_that_reclaims_its_own_reaped_job_keeps_heartbeating_the_new_cl
 
 def _expire(conn: psycopg.Connection[Any], job: Job) -> None:
     conn.execute(
-        "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [job.id]
+        "UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        [job.id],
     )
 
 
@@ -319,7 +320,7 @@ def test_a_complete_parked_behind_a_row_lock_still_wins_over_the_reaper(
 def _leases_within_ttl(conn: psycopg.Connection[Any]) -> list[Any]:
     """Leases that outlive the TTL from now (none may)."""
     return conn.execute(
-        "SELECT id, lease_expires_at - now() FROM jobs WHERE state = 'leased'"
+        "SELECT id, lease_expires_at - now() FROM jobrun.jobs WHERE state = 'leased'"
         " AND lease_expires_at > now() + %s",
         [TTL + dt.timedelta(milliseconds=500)],
     ).fetchall()

@@ -26,14 +26,14 @@ def drive(
     database clock) for ``hours``; returns the run_at of every job it enqueued."""
     for schedule in store.list_schedules():  # each starts at its first occurrence after start
         conn.execute(
-            "UPDATE schedules SET next_run_at = %s WHERE id = %s",
+            "UPDATE jobrun.schedules SET next_run_at = %s WHERE id = %s",
             [schedule.cron_schedule.next_after(start), schedule.id],
         )
     for n in range(hours * 60 // step_min):
         now = start + dt.timedelta(minutes=step_min * n)
         for schedule in store.due_schedules(now, 10):
             store.materialize(schedule, now)
-    return [r[0] for r in conn.execute("SELECT run_at FROM jobs ORDER BY run_at").fetchall()]
+    return [r[0] for r in conn.execute("SELECT run_at FROM jobrun.jobs ORDER BY run_at").fetchall()]
 
 
 def local(at: dt.datetime) -> str:
@@ -53,7 +53,7 @@ def test_spring_forward_runs_once_per_local_day_and_the_missing_time_at_the_gap_
         "2026-03-09 02:30 EDT",
         "2026-03-10 02:30 EDT",
     ]
-    oracle.enqueued(r[0] for r in conn.execute("SELECT id FROM jobs"))
+    oracle.enqueued(r[0] for r in conn.execute("SELECT id FROM jobrun.jobs"))
 
 
 def test_fall_back_runs_the_repeated_local_time_once(
@@ -69,20 +69,22 @@ def test_fall_back_runs_the_repeated_local_time_once(
     early = [
         local(r[0])
         for r in conn.execute(
-            "SELECT run_at FROM jobs WHERE idempotency_key LIKE 'sched:early:%' ORDER BY run_at"
+            "SELECT run_at FROM jobrun.jobs"
+            " WHERE idempotency_key LIKE 'sched:early:%' ORDER BY run_at"
         )
     ]
     assert early == ["2026-11-01 01:30 EDT", "2026-11-02 01:30 EST"]
     hourly = [
         r[0]
         for r in conn.execute(
-            "SELECT run_at FROM jobs WHERE idempotency_key LIKE 'sched:hourly:%' ORDER BY run_at"
+            "SELECT run_at FROM jobrun.jobs"
+            " WHERE idempotency_key LIKE 'sched:hourly:%' ORDER BY run_at"
         )
     ]
     on_the_night = [local(r) for r in hourly if local(r).startswith("2026-11-01 01:")]
     assert on_the_night == ["2026-11-01 01:00 EDT"]  # local 01:00 once, not again in EST
     assert len(hourly) == len(set(hourly))
-    oracle.enqueued(r[0] for r in conn.execute("SELECT id FROM jobs"))
+    oracle.enqueued(r[0] for r in conn.execute("SELECT id FROM jobrun.jobs"))
 
 
 def test_after_five_missed_periods_a_schedule_fires_once_for_the_latest(
@@ -91,12 +93,12 @@ def test_after_five_missed_periods_a_schedule_fires_once_for_the_latest(
     store.create_schedule(ScheduleSpec(id="minutely", cron="* * * * *", type="tx.tick"))
     now = store.now()
     conn.execute(
-        "UPDATE schedules SET next_run_at = date_trunc('minute', now()) - '5 min'::interval"
+        "UPDATE jobrun.schedules SET next_run_at = date_trunc('minute', now()) - '5 min'::interval"
     )
     [schedule] = store.due_schedules(now, 10)
     job = store.materialize(schedule, now)
     assert job is not None
-    assert scalar(conn, "SELECT count(*) FROM jobs") == 1  # coalesced, never a burst
+    assert scalar(conn, "SELECT count(*) FROM jobrun.jobs") == 1  # coalesced, never a burst
     assert job.run_at == now.replace(second=0, microsecond=0)  # the latest due occurrence
     assert store.get_schedule("minutely").next_run_at > now
     assert store.due_schedules(now, 10) == []
@@ -115,11 +117,11 @@ def test_a_frozen_leader_catches_up_once_and_never_bursts(
     resumed_at = store.now()
     leader.cont()
     wait_until(
-        lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE run_at > %s", resumed_at) >= 3,
+        lambda: scalar(conn, "SELECT count(*) FROM jobrun.jobs WHERE run_at > %s", resumed_at) >= 3,
         30,
         "cron resumes",
     )
-    runs = [r[0] for r in conn.execute("SELECT run_at FROM jobs ORDER BY run_at").fetchall()]
+    runs = [r[0] for r in conn.execute("SELECT run_at FROM jobrun.jobs ORDER BY run_at").fetchall()]
     gaps = [b - a for a, b in itertools.pairwise(runs)]
     assert len(runs) == len(set(runs))
     # One jump over the frozen stretch (the latest due occurrence), no burst of
@@ -132,8 +134,8 @@ def test_a_frozen_leader_catches_up_once_and_never_bursts(
     ]
     assert len(missed) <= 1, [r.time() for r in missed]
     wait_until(
-        lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE state <> 'succeeded'") == 0,
+        lambda: scalar(conn, "SELECT count(*) FROM jobrun.jobs WHERE state <> 'succeeded'") == 0,
         30,
         "every occurrence runs",
     )
-    oracle.enqueued(r[0] for r in conn.execute("SELECT id FROM jobs"))
+    oracle.enqueued(r[0] for r in conn.execute("SELECT id FROM jobrun.jobs"))

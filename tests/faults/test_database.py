@@ -125,7 +125,10 @@ def test_a_postgres_restart_under_load_loses_nothing_and_everything_recovers(
             oracle.maybe(load.unknown, url=url)
             total = len({j.idempotency_key for j in load.acked})
             wait_until(
-                lambda: scalar(url, "SELECT count(*) FROM jobs WHERE state = 'succeeded'") == total,
+                lambda: (
+                    scalar(url, "SELECT count(*) FROM jobrun.jobs WHERE state = 'succeeded'")
+                    == total
+                ),
                 90,
                 f"all {total} jobs succeed\n{workers.outputs()}",
             )
@@ -185,7 +188,7 @@ def test_enqueuers_beyond_the_pool_get_a_bounded_wait_and_a_clear_error(
         jobs = [o for o in outcomes if not isinstance(o, Exception)]
         assert len({j.id for j in jobs}) <= 1
         oracle.enqueued(jobs)
-        assert scalar(conn, "SELECT count(*) FROM jobs") == (1 if jobs else 0)
+        assert scalar(conn, "SELECT count(*) FROM jobrun.jobs") == (1 if jobs else 0)
     finally:
         pool.close()
 
@@ -221,7 +224,11 @@ def test_heartbeats_and_the_reaper_are_not_starved_while_every_handler_holds_a_c
         60,
         lambda: (
             "the busy jobs finish: "
-            + repr(conn.execute("SELECT queue, state, attempts, last_error FROM jobs").fetchall())
+            + repr(
+                conn.execute(
+                    "SELECT queue, state, attempts, last_error FROM jobrun.jobs"
+                ).fetchall()
+            )
         ),
     )
     assert all(runtime.threads_alive().values()), runtime.threads_alive()
@@ -229,7 +236,7 @@ def test_heartbeats_and_the_reaper_are_not_starved_while_every_handler_holds_a_c
         stored = store.get(job.id)
         assert stored.attempts == 1, f"{job.id} lost its lease while its worker was busy"
     reaped = conn.execute(
-        "SELECT job_id FROM job_events WHERE kind = 'reaped' AND job_id <> %s", [ghost.id]
+        "SELECT job_id FROM jobrun.job_events WHERE kind = 'reaped' AND job_id <> %s", [ghost.id]
     ).fetchall()
     assert reaped == []
 
@@ -276,7 +283,7 @@ def test_tiny_global_timeouts_give_clear_errors_kill_no_thread_and_keep_exactly_
     assert all(runtime.threads_alive().values()), runtime.threads_alive()
     # The errors say what happened (in the jobs' last error, or the logs).
     text = "\n".join(r.getMessage() for r in caplog.records) + "\n".join(
-        r[0] or "" for r in conn.execute("SELECT last_error FROM jobs").fetchall()
+        r[0] or "" for r in conn.execute("SELECT last_error FROM jobrun.jobs").fetchall()
     )
     assert "idle-in-transaction" in text or "statement timeout" in text, text[-2000:]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
@@ -332,7 +339,7 @@ def test_a_read_only_primary_is_a_connection_fault_and_no_job_is_failed_for_it(
                 )
                 finished = states(admin)
                 failed = admin.execute(
-                    "SELECT id, last_error FROM jobs WHERE state <> 'succeeded'"
+                    "SELECT id, last_error FROM jobrun.jobs WHERE state <> 'succeeded'"
                 ).fetchall()
                 assert finished == {"succeeded": 24}, failed
             oracle.watch(url, settled=True)

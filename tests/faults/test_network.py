@@ -55,7 +55,7 @@ def test_a_lost_commit_reply_on_complete_is_outcome_unknown_and_the_retry_applie
     with pytest.raises(OutcomeUnknown):
         proxied.complete(claimed, commit_for(claimed))
     assert drop.fired.is_set()
-    assert scalar(conn, "SELECT state::text FROM jobs") == "succeeded"  # it did commit
+    assert scalar(conn, "SELECT state::text FROM jobrun.jobs") == "succeeded"  # it did commit
     # The caller retries with the claim it holds: a defined answer, no second effect.
     assert proxied.complete(claimed, commit_for(claimed)).state is State.SUCCEEDED
     assert scalar(conn, "SELECT count(*) FROM effects") == 1
@@ -64,13 +64,15 @@ def test_a_lost_commit_reply_on_complete_is_outcome_unknown_and_the_retry_applie
 def test_a_worker_whose_commit_reply_is_lost_completes_the_job_once(
     store: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
 ) -> None:
-    drop = proxy.drop_reply("COMMIT", role="jobrun-worker", after="INSERT INTO processed_effects")
+    drop = proxy.drop_reply(
+        "COMMIT", role="jobrun-worker", after="INSERT INTO jobrun.processed_effects"
+    )
     jobs = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(3)]
     oracle.enqueued(jobs)
     workers.start(url=proxy.conninfo, concurrency=1)
     wait_until(lambda: states(conn) == {"succeeded": 3}, 60, "the jobs succeed")
     assert drop.fired.is_set()
-    assert scalar(conn, "SELECT max(attempts) FROM jobs") == 1
+    assert scalar(conn, "SELECT max(attempts) FROM jobrun.jobs") == 1
     assert scalar(conn, "SELECT count(*) FROM effects") == 3
 
 
@@ -78,13 +80,13 @@ def test_a_lost_reply_to_a_keyed_enqueue_is_outcome_unknown_and_the_retry_is_ded
     proxied: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], oracle: Oracle
 ) -> None:
     job = NewJob(type="tx.work", idempotency_key="order-7", backoff=QUICK_RETRY)
-    proxy.drop_reply("INSERT INTO jobs")
+    proxy.drop_reply("INSERT INTO jobrun.jobs")
     with pytest.raises(OutcomeUnknown):
         proxied.enqueue(job)
     oracle.maybe([job])
     again = proxied.enqueue(job)
     assert again.id == job.id
-    assert scalar(conn, "SELECT count(*) FROM jobs") == 1
+    assert scalar(conn, "SELECT count(*) FROM jobrun.jobs") == 1
     oracle.enqueued([again])
 
 
@@ -93,7 +95,7 @@ def test_a_lost_reply_to_an_enqueue_without_key_still_gets_a_defined_answer_on_r
 ) -> None:
     """The id is chosen by the client: retrying the same NewJob must not be a raw driver error."""
     job = NewJob(type="tx.work", backoff=QUICK_RETRY)
-    proxy.drop_reply("INSERT INTO jobs")
+    proxy.drop_reply("INSERT INTO jobrun.jobs")
     with pytest.raises(OutcomeUnknown):
         proxied.enqueue(job)
     oracle.maybe([job])
@@ -103,7 +105,7 @@ def test_a_lost_reply_to_an_enqueue_without_key_still_gets_a_defined_answer_on_r
         pass  # a typed answer is defined too
     else:
         assert again.id == job.id
-    assert scalar(conn, "SELECT count(*) FROM jobs") == 1
+    assert scalar(conn, "SELECT count(*) FROM jobrun.jobs") == 1
 
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "unkeyed"])
@@ -125,7 +127,7 @@ def test_a_lost_commit_reply_on_a_batch_gets_a_defined_answer_on_retry(
     else:
         assert result.inserted == 0
         assert {j.id for j in result.replayed} == {j.id for j in jobs}
-    assert scalar(conn, "SELECT count(*) FROM jobs") == 20
+    assert scalar(conn, "SELECT count(*) FROM jobrun.jobs") == 20
 
 
 # -- 7. half-open connections -----------------------------------------------------------------
@@ -168,7 +170,7 @@ def test_a_half_open_leader_steps_down_and_no_cron_occurrence_runs_twice(
     wait_until(
         lambda: scalar(conn, "SELECT count(*) FROM effects") >= before + 3, 60, "cron resumes"
     )
-    keys = conn.execute("SELECT idempotency_key FROM jobs WHERE type = 'tx.tick'").fetchall()
+    keys = conn.execute("SELECT idempotency_key FROM jobrun.jobs WHERE type = 'tx.tick'").fetchall()
     assert len(keys) == len(set(keys))
 
 
@@ -258,8 +260,8 @@ def test_a_worker_cut_off_by_a_silent_network_bounds_its_calls_and_recovers(
 
 def _latencies(conn: psycopg.Connection[Any]) -> list[float]:
     rows = conn.execute(
-        "SELECT extract(epoch FROM c.at - e.at) FROM job_events e"
-        " JOIN job_events c ON c.job_id = e.job_id AND c.kind = 'claimed'"
+        "SELECT extract(epoch FROM c.at - e.at) FROM jobrun.job_events e"
+        " JOIN jobrun.job_events c ON c.job_id = e.job_id AND c.kind = 'claimed'"
         " WHERE e.kind = 'enqueued' ORDER BY e.id"
     ).fetchall()
     return [float(r[0]) for r in rows]
@@ -321,8 +323,10 @@ def test_killing_the_leaders_lock_connection_moves_leadership_without_a_duplicat
         leader_backend(conn)  # asserts at most one holder
         time.sleep(0.1)
     assert scalar(conn, "SELECT count(*) FROM effects") >= before + 2
-    keys = conn.execute("SELECT idempotency_key FROM jobs WHERE type = 'tx.tick'").fetchall()
+    keys = conn.execute("SELECT idempotency_key FROM jobrun.jobs WHERE type = 'tx.tick'").fetchall()
     assert len(keys) == len(set(keys))
-    runs = conn.execute("SELECT run_at FROM jobs WHERE type = 'tx.tick' ORDER BY run_at").fetchall()
+    runs = conn.execute(
+        "SELECT run_at FROM jobrun.jobs WHERE type = 'tx.tick' ORDER BY run_at"
+    ).fetchall()
     assert len(runs) == len({r[0] for r in runs})
     assert dt.timedelta(0) not in {b[0] - a[0] for a, b in itertools.pairwise(runs)}

@@ -22,11 +22,11 @@ def test_the_oracle_reports_lost_jobs_double_effects_overlapping_leases_and_reru
     [claimed] = store.claim("a", ["default"], 1, TTL)
     spurious = store.enqueue(NewJob(type="tx.work"))
     conn.execute(
-        "INSERT INTO job_events (job_id, kind, attempt) VALUES (%s, 'claimed', 2),"
+        "INSERT INTO jobrun.job_events (job_id, kind, attempt) VALUES (%s, 'claimed', 2),"
         " (%s, 'succeeded', 0)",
         [overlapping.id, spurious.id],
     )
-    conn.execute("UPDATE jobs SET attempts = 2 WHERE id = %s", [overlapping.id])
+    conn.execute("UPDATE jobrun.jobs SET attempts = 2 WHERE id = %s", [overlapping.id])
     for _ in range(2):
         conn.execute(
             "INSERT INTO effects (scope, key, job_id, attempt, pid)"
@@ -50,4 +50,4 @@ def test_the_oracle_reports_lost_jobs_double_effects_overlapping_leases_and_reru
     assert f"job {overlapping.id} is still leased" in text
 
     # Leave a clean database for the oracle that runs after every test.
-    conn.execute("DELETE FROM effects; DELETE FROM job_events; DELETE FROM jobs")
+    conn.execute("DELETE FROM effects; DELETE FROM jobrun.job_events; DELETE FROM jobrun.jobs")

@@ -224,8 +224,8 @@ def test_no_password_reaches_logs_or_job_events_from_a_running_worker(
         worker.signal(signal.SIGTERM)
         worker.wait(30)
         rows = conn.execute(
-            "SELECT coalesce(last_error, '') FROM jobs UNION ALL"
-            " SELECT coalesce(detail::text, '') FROM job_events"
+            "SELECT coalesce(last_error, '') FROM jobrun.jobs UNION ALL"
+            " SELECT coalesce(detail::text, '') FROM jobrun.job_events"
         ).fetchall()
         stored = "\n".join(r[0] for r in rows)
         assert "fails on purpose" in stored
@@ -238,8 +238,8 @@ def test_no_password_reaches_logs_or_job_events_from_a_running_worker(
 # -- hostile identifiers ---------------------------------------------------------------------
 
 INJECTIONS = [
-    "default'; DROP TABLE jobs; --",
-    'jobs"; DROP TABLE jobs; --',
+    "default'; DROP TABLE jobrun.jobs; --",
+    'jobs"; DROP TABLE jobrun.jobs; --',
     "a b",
     "x;y",
     "Default",
@@ -256,8 +256,8 @@ def _intact(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
         [list(JOBRUN_TABLES)],
     ).fetchone()
     rows = conn.execute(
-        "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_events),"
-        " (SELECT count(*) FROM schedules)"
+        "SELECT (SELECT count(*) FROM jobrun.jobs), (SELECT count(*) FROM jobrun.job_events),"
+        " (SELECT count(*) FROM jobrun.schedules)"
     ).fetchone()
     return (tables, rows)
 
@@ -300,8 +300,8 @@ def test_an_injection_in_a_notify_channel_is_rejected(
 
 
 SCHEDULE_INJECTIONS = [
-    "nightly'; DROP TABLE schedules; --",
-    'x"; DROP TABLE jobs; --',
+    "nightly'; DROP TABLE jobrun.schedules; --",
+    'x"; DROP TABLE jobrun.jobs; --',
     "a b",
     "x;y",
     "$$",
@@ -451,7 +451,7 @@ def test_oversize_error_texts_are_capped_before_they_are_stored(
     stored = store.get(job.id)
     assert stored.state is State.DEAD
     assert stored.last_error is not None and len(stored.last_error) <= 8192
-    longest = scalar(conn, "SELECT max(length(detail::text)) FROM job_events")
+    longest = scalar(conn, "SELECT max(length(detail::text)) FROM jobrun.job_events")
     assert longest < 2048
 
 
@@ -470,7 +470,7 @@ def test_a_notification_flood_from_another_role_is_ignored(
         "listener",
     )
     conn.execute(
-        "SELECT pg_notify('jobrun_jobs', p) FROM (VALUES ('x''; DROP TABLE jobs; --'),"
+        "SELECT pg_notify('jobrun_jobs', p) FROM (VALUES ('x''; DROP TABLE jobrun.jobs; --'),"
         " (repeat('a', 7000)), (''), ('Default'), ('{\"queue\": 1}')) AS v(p)"
     )
     job = store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY))

@@ -5,20 +5,24 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
 
+from jobrun.job.errors import ValidationError
 from jobrun.postgres import migrate as m
+from jobrun.postgres.schema import SCHEMA_VERSION
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "db" / "migrations"
 
 
-def _tables(dsn: str) -> set[str]:
+def _tables(dsn: str, schema: str = "jobrun") -> set[str]:
     with psycopg.connect(dsn) as c:
         return {
             r[0]
             for r in c.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s", [schema]
             ).fetchall()
         }
 
@@ -62,7 +66,7 @@ def test_five_concurrent_migrators_apply_each_migration_once(empty_dsn: str) -> 
     assert len(applied) == 1
     assert sum(len(ids) for ids in results) == len(applied[0])
     with psycopg.connect(empty_dsn) as c:
-        (count,) = c.execute("SELECT count(*) FROM _yoyo_migration").fetchone()  # type: ignore[misc]
+        (count,) = c.execute("SELECT count(*) FROM jobrun._yoyo_migration").fetchone()  # type: ignore[misc]
     assert count == len(applied[0])
 
 
@@ -80,18 +84,27 @@ def test_rollback_then_replay_gives_the_same_schema(empty_dsn: str) -> None:
     assert _schema_fingerprint(empty_dsn) == before
 
 
-def _schema_fingerprint(dsn: str) -> list[tuple[object, ...]]:
+def _schema_fingerprint(dsn: str, schema: str = "jobrun") -> list[tuple[object, ...]]:
+    """Columns, indexes and constraints of the schema's own tables (yoyo's left out)."""
     with psycopg.connect(dsn) as c:
         cols = c.execute(
-            "SELECT table_name, column_name, data_type, is_nullable, column_default "
-            "FROM information_schema.columns WHERE table_schema = 'public' "
-            "AND table_name NOT LIKE '\\_yoyo%' ORDER BY 1, 2"
+            "SELECT table_name, column_name, data_type, udt_name, is_nullable, column_default "
+            "FROM information_schema.columns WHERE table_schema = %s "
+            "AND table_name NOT LIKE '\\_yoyo%%' ORDER BY 1, 2",
+            [schema],
         ).fetchall()
         idx = c.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' "
-            "AND tablename NOT LIKE '\\_yoyo%' ORDER BY 1"
+            "SELECT indexname, replace(indexdef, %s, 'S.') FROM pg_indexes WHERE schemaname = %s "
+            "AND tablename NOT LIKE '\\_yoyo%%' ORDER BY 1",
+            [f"{schema}.", schema],
         ).fetchall()
-    return [*cols, *idx]
+        checks = c.execute(
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE connamespace = %s::regnamespace"
+            " AND conrelid::regclass::text NOT LIKE '%%yoyo%%' ORDER BY 2",
+            [schema],
+        ).fetchall()
+    return [*cols, *idx, *[(t.removeprefix(f"{schema}."), n, d) for t, n, d in checks]]
 
 
 def test_a_migrator_killed_while_holding_the_lock_blocks_nobody(empty_dsn: str) -> None:
@@ -117,3 +130,165 @@ def test_a_migrator_killed_while_holding_the_lock_blocks_nobody(empty_dsn: str) 
         proc.wait()
         if proc.stdout:
             proc.stdout.close()
+
+
+# -- a schema of its own -----------------------------------------------------------
+
+LEGACY = Path(__file__).resolve().parent / "legacy_0_1"
+JOBRUN_TABLES = {"jobs", "job_events", "processed_effects", "schedules", "queue_pauses"}
+
+
+def _public_objects(dsn: str) -> set[str]:
+    """Everything in public: tables, sequences, types."""
+    with psycopg.connect(dsn) as c:
+        rows = c.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+            " UNION ALL SELECT typname FROM pg_type WHERE typnamespace = 'public'::regnamespace"
+            " AND typtype = 'e'"
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_every_jobrun_object_and_its_bookkeeping_live_in_the_jobrun_schema(
+    empty_dsn: str,
+) -> None:
+    m.migrate(empty_dsn)
+    assert JOBRUN_TABLES | {"_yoyo_migration", "schema_version"} <= _tables(empty_dsn)
+    assert _public_objects(empty_dsn) == set()
+
+
+def test_an_applications_own_jobs_table_in_public_is_left_alone(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn) as c:
+        c.execute("CREATE TABLE public.jobs (id serial PRIMARY KEY, title text)")
+        c.execute("INSERT INTO public.jobs (title) VALUES ('plumber')")
+    m.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT title FROM public.jobs").fetchall() == [("plumber",)]
+    assert "jobs" in _tables(empty_dsn)
+
+
+def _migrate_like_jobrun_0_1(dsn: str) -> None:
+    """What jobrun 0.1 did: yoyo, its bookkeeping and jobrun's tables in public."""
+    from yoyo import get_backend, read_migrations  # noqa: PLC0415
+
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    uri = (
+        f"postgresql+psycopg://{params['user']}:{params.get('password', '')}@"
+        f"{params['host']}:{params['port']}/{params['dbname']}"
+    )
+    backend = get_backend(uri)
+    with backend.lock():
+        backend.apply_migrations(backend.to_apply(read_migrations(str(LEGACY))))
+    backend.connection.close()
+
+
+def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lost(
+    empty_dsn: str,
+) -> None:
+    _migrate_like_jobrun_0_1(empty_dsn)
+    with psycopg.connect(empty_dsn) as c:
+        # An application's own yoyo migration shares the bookkeeping table.
+        c.execute(
+            "INSERT INTO public._yoyo_migration (migration_hash, migration_id, applied_at_utc)"
+            " VALUES ('apphash', '0001.app_tables', now())"
+        )
+        c.execute(
+            "INSERT INTO public.jobs (id, queue, type, payload, backoff, state, attempts)"
+            " VALUES (gen_random_uuid(), 'default', 'old.job', '{\"n\": 1}', '{}', 'queued', 0)"
+        )
+        c.execute(
+            "INSERT INTO public.job_events (job_id, kind) SELECT id, 'enqueued' FROM public.jobs"
+        )
+        c.execute(
+            "INSERT INTO public.processed_effects (scope, key, job_id)"
+            " SELECT 'job:old.job', id::text, id FROM public.jobs"
+        )
+        c.execute("INSERT INTO public.queue_pauses (queue) VALUES ('emails')")
+        before = c.execute("SELECT id, payload FROM public.jobs").fetchall()
+    applied = m.migrate(empty_dsn)
+    assert applied == ["0003.finished_token", "0004.schema_version"]
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
+        assert c.execute("SELECT count(*) FROM jobrun.job_events").fetchone() == (1,)
+        assert c.execute("SELECT count(*) FROM jobrun.processed_effects").fetchone() == (1,)
+        assert c.execute("SELECT queue FROM jobrun.queue_pauses").fetchall() == [("emails",)]
+        ids = {r[0] for r in c.execute("SELECT migration_id FROM jobrun._yoyo_migration")}
+        assert ids == {"0001.initial", "0002.queue_pauses", *applied}
+        left = c.execute("SELECT migration_id FROM public._yoyo_migration").fetchall()
+        assert left == [("0001.app_tables",)]
+    assert not (JOBRUN_TABLES & _tables(empty_dsn, "public"))
+    assert m.migrate(empty_dsn) == []
+
+
+def test_an_adopted_database_has_the_schema_of_a_fresh_one(empty_dsn: str, pg_server: Any) -> None:
+    _migrate_like_jobrun_0_1(empty_dsn)
+    m.migrate(empty_dsn)
+    assert _public_objects(empty_dsn) == set()  # nobody else's bookkeeping: gone with ours
+    fresh = pg_server.create_database(template=None)
+    try:
+        m.migrate(pg_server.dsn(fresh))
+        assert _schema_fingerprint(empty_dsn) == _schema_fingerprint(pg_server.dsn(fresh))
+    finally:
+        pg_server.drop_database(fresh)
+
+
+def test_migrate_into_a_schema_of_another_name(empty_dsn: str) -> None:
+    m.migrate(empty_dsn, schema="acme_jobs")
+    assert JOBRUN_TABLES | {"_yoyo_migration", "schema_version"} <= _tables(empty_dsn, "acme_jobs")
+    assert not _tables(empty_dsn, "jobrun")
+    assert _public_objects(empty_dsn) == set()
+    assert m.pending(empty_dsn, schema="acme_jobs") == []
+    assert m.migrate(empty_dsn, schema="acme_jobs") == []
+
+
+@pytest.mark.parametrize("bad", ["public", "pg_jobs", "Jobs", "a-b", "", "x" * 64])
+def test_a_schema_name_that_is_not_a_plain_name_of_its_own_is_refused(
+    empty_dsn: str, bad: str
+) -> None:
+    with pytest.raises(ValidationError, match="schema"):
+        m.migrate(empty_dsn, schema=bad)
+    assert _public_objects(empty_dsn) == set()
+
+
+def test_migrate_leaves_no_error_in_the_server_log(empty_dsn: str, pg_server: Any) -> None:
+    if pg_server.cluster is None:
+        pytest.skip("the server log is only readable for a cluster the suite started")
+    before = len(pg_server.cluster.server_log())
+    m.migrate(empty_dsn)
+    m.migrate(empty_dsn)  # nothing to apply: still nothing logged
+    logged = pg_server.cluster.server_log()[before:]
+    assert "ERROR" not in logged, logged
+
+
+def test_the_migration_sql_script_builds_the_schema_migrate_builds(
+    empty_dsn: str, pg_server: Any
+) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(m.migration_sql())  # type: ignore[call-overload]
+    fresh = pg_server.create_database(template=None)
+    try:
+        m.migrate(pg_server.dsn(fresh))
+        assert _schema_fingerprint(empty_dsn) == _schema_fingerprint(pg_server.dsn(fresh))
+    finally:
+        pg_server.drop_database(fresh)
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (
+            SCHEMA_VERSION,
+        )
+
+
+def test_the_migration_sql_script_names_the_chosen_schema() -> None:
+    script = m.migration_sql("acme_jobs")
+    assert "CREATE SCHEMA IF NOT EXISTS acme_jobs" in script
+    assert "acme_jobs.jobs" in script and "jobrun." not in script
+
+
+def test_the_code_needs_the_version_the_last_migration_writes() -> None:
+    forward = sorted(p for p in MIGRATIONS.glob("*.sql") if not p.name.endswith(".rollback.sql"))
+    last = forward[-1]
+    assert int(last.name[:4]) == SCHEMA_VERSION
+    for path in forward:
+        if int(path.name[:4]) >= 4:
+            assert f"{int(path.name[:4])})" in path.read_text() or (
+                f"version = {int(path.name[:4])}" in path.read_text()
+            ), f"{path.name} does not write its version into schema_version"

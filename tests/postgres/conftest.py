@@ -18,8 +18,8 @@ def new_job(**fields: Any) -> NewJob:
 def counts(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
     """Rows in (jobs, job_events, processed_effects): nothing-written checks compare these."""
     row = conn.execute(
-        "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_events), "
-        "(SELECT count(*) FROM processed_effects)"
+        "SELECT (SELECT count(*) FROM jobrun.jobs), (SELECT count(*) FROM jobrun.job_events), "
+        "(SELECT count(*) FROM jobrun.processed_effects)"
     ).fetchone()
     assert row is not None
     return (row[0], row[1], row[2])

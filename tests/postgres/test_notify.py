@@ -98,7 +98,7 @@ def test_a_notification_reaches_the_waiter_only_after_commit(
         waiter = subscribed(notifier, "default")
         with conn.transaction():
             conn.execute(
-                "INSERT INTO jobs (id, queue, type, payload, backoff)"
+                "INSERT INTO jobrun.jobs (id, queue, type, payload, backoff)"
                 " VALUES (%s, 'default', 'test.job', '{}', '{}')",
                 [job_id],
             )
@@ -107,7 +107,7 @@ def test_a_notification_reaches_the_waiter_only_after_commit(
         assert waiter.wait(DEADLINE)
         # The wake-up comes after the commit: the row is visible to anyone now.
         with psycopg.connect(dsn) as other:
-            assert other.execute("SELECT 1 FROM jobs WHERE id = %s", [job_id]).fetchone()
+            assert other.execute("SELECT 1 FROM jobrun.jobs WHERE id = %s", [job_id]).fetchone()
 
 
 def test_a_rolled_back_notify_wakes_no_one(dsn: str, conn: psycopg.Connection[Any]) -> None:
@@ -186,7 +186,7 @@ def test_garbage_payloads_are_ignored_and_the_listener_survives(
         "",
         " ",
         "x" * 7999,  # just under PostgreSQL's payload limit
-        "'; DROP TABLE jobs; --",
+        "'; DROP TABLE jobrun.jobs; --",
         "DEFAULT",
         "default\n",
         " default",
@@ -206,7 +206,7 @@ def test_garbage_payloads_are_ignored_and_the_listener_survives(
         assert notifier.stats.faults == 0
         notify(conn, "default")
         assert waiter.wait(DEADLINE)
-        assert conn.execute("SELECT to_regclass('jobs') IS NOT NULL").fetchone() == (True,)
+        assert conn.execute("SELECT to_regclass('jobrun.jobs') IS NOT NULL").fetchone() == (True,)
 
 
 def test_an_undecodable_payload_costs_a_reconnect_not_the_listener(

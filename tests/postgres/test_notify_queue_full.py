@@ -72,7 +72,7 @@ def store(small_queue_dsn: str) -> Iterator[Store]:
     try:
         store = Store(pool)
         with pool.connection() as c:
-            c.execute("TRUNCATE jobs, job_events")
+            c.execute("TRUNCATE jobrun.jobs, jobrun.job_events")
         yield store
     finally:
         pool.close()

@@ -27,7 +27,7 @@ def spec(**fields: Any) -> ScheduleSpec:
 
 
 def set_next_run(conn: psycopg.Connection[Any], schedule_id: str, at: dt.datetime) -> None:
-    conn.execute("UPDATE schedules SET next_run_at = %s WHERE id = %s", [at, schedule_id])
+    conn.execute("UPDATE jobrun.schedules SET next_run_at = %s WHERE id = %s", [at, schedule_id])
 
 
 def tick(store: Store, now: dt.datetime) -> list[Any]:
@@ -141,7 +141,7 @@ def test_bad_schedules_are_validation_errors_and_write_nothing(
     with pytest.raises(ValidationError) as info:
         store.create_schedule(spec(**fields))
     assert info.value.field == field
-    assert conn.execute("SELECT count(*) FROM schedules").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM jobrun.schedules").fetchone() == (0,)
 
 
 def test_a_six_field_expression_has_a_leading_seconds_field(store: Store, conn: Any) -> None:
@@ -197,7 +197,7 @@ def test_after_five_missed_periods_the_schedule_fires_once_for_the_latest(
     assert [j.run_at for j in jobs] == [dt.datetime(2026, 6, 1, 15, tzinfo=UTC)]
     assert tick(store, now) == []
     assert store.get_schedule("nightly").next_run_at == dt.datetime(2026, 6, 1, 16, tzinfo=UTC)
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (1,)
 
 
 def test_a_crash_between_enqueue_and_advance_loses_and_repeats_nothing(
@@ -212,15 +212,15 @@ def test_a_crash_between_enqueue_and_advance_loses_and_repeats_nothing(
         "$$ BEGIN RAISE EXCEPTION 'crash before commit'; END $$"
     )
     conn.execute(
-        "CREATE TRIGGER crash BEFORE UPDATE ON schedules FOR EACH ROW "
+        "CREATE TRIGGER crash BEFORE UPDATE ON jobrun.schedules FOR EACH ROW "
         "EXECUTE FUNCTION fail_advance()"
     )
     now = occurrence + dt.timedelta(minutes=1)
     (due,) = store.due_schedules(now, 10)
     with pytest.raises(psycopg.errors.RaiseException):
         store.materialize(due, now)
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
-    conn.execute("DROP TRIGGER crash ON schedules")
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (0,)
+    conn.execute("DROP TRIGGER crash ON jobrun.schedules")
     (job,) = tick(store, now)  # the next tick enqueues the same occurrence, once
     assert job.run_at == occurrence
     assert tick(store, now) == []
@@ -258,7 +258,9 @@ def test_two_schedulers_materialising_the_same_schedule_for_10_ticks_create_each
             for t in threads:
                 t.join(30)
         assert errors == []
-        keys = [r[0] for r in conn.execute("SELECT idempotency_key FROM jobs ORDER BY run_at")]
+        keys = [
+            r[0] for r in conn.execute("SELECT idempotency_key FROM jobrun.jobs ORDER BY run_at")
+        ]
         assert keys == [f"sched:nightly:2026-06-01T12:{m:02d}:00Z" for m in range(10)]
     finally:
         other_pool.close()
@@ -274,7 +276,7 @@ def test_an_occurrence_whose_job_already_ran_is_not_enqueued_again(store: Store,
     store.complete(claimed)
     # A stale leader still holding the old schedule row:
     assert store.materialize(schedule, occurrence) is None
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (1,)
     assert store.get(job.id).state is State.SUCCEEDED
 
 

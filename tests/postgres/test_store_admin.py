@@ -21,7 +21,7 @@ from tests.postgres.test_store_leases import OWNER, claim_one, event_kinds
 
 def finish_long_ago(conn: psycopg.Connection[Any], job_id: uuid.UUID, days: int) -> None:
     conn.execute(
-        "UPDATE jobs SET finished_at = now() - make_interval(days => %s) WHERE id = %s",
+        "UPDATE jobrun.jobs SET finished_at = now() - make_interval(days => %s) WHERE id = %s",
         [days, job_id],
     )
 
@@ -134,7 +134,9 @@ def test_purge_deletes_only_terminal_jobs_older_than_the_age(store: Store, conn:
 
 def test_purge_works_in_bounded_batches(store: Store, conn: Any) -> None:
     store.enqueue_batch([new_job() for _ in range(5)])
-    conn.execute("UPDATE jobs SET state = 'succeeded', finished_at = now() - interval '30 days'")
+    conn.execute(
+        "UPDATE jobrun.jobs SET state = 'succeeded', finished_at = now() - interval '30 days'"
+    )
     assert store.purge(dt.timedelta(days=1), 2) == 2
     assert store.purge(dt.timedelta(days=1), 2) == 2
     assert store.purge(dt.timedelta(days=1), 2) == 1
@@ -232,12 +234,12 @@ def test_terminal_mode_records_one_event_per_finished_job(terminal_store: Store)
 
 def test_prune_events_deletes_old_events_in_bounded_batches(store: Store, conn: Any) -> None:
     store.enqueue_batch([new_job() for _ in range(5)])
-    conn.execute("UPDATE job_events SET at = now() - interval '40 days'")
+    conn.execute("UPDATE jobrun.job_events SET at = now() - interval '40 days'")
     store.enqueue(new_job())
     assert store.prune_events(dt.timedelta(days=30), 3) == 3
     assert store.prune_events(dt.timedelta(days=30), 3) == 2
     assert store.prune_events(dt.timedelta(days=30), 3) == 0
-    assert conn.execute("SELECT count(*) FROM job_events").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM jobrun.job_events").fetchone() == (1,)
 
 
 def test_now_is_the_database_clock_in_utc(store: Store, conn: Any) -> None:
@@ -294,19 +296,19 @@ def notify_probe(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[Store]:
     A ``pg_notify`` of our own in ``public``, first on the pool's search_path,
     stands in for the catalog's (and calls it).
     """
-    conn.execute("CREATE TABLE probe (what text, xid xid8 DEFAULT pg_current_xact_id())")
+    conn.execute("CREATE TABLE public.probe (what text, xid xid8 DEFAULT pg_current_xact_id())")
     conn.execute(
         "CREATE FUNCTION public.pg_notify(channel text, payload text) RETURNS void"
-        " LANGUAGE sql AS $$ INSERT INTO probe (what) VALUES ('notify');"
+        " LANGUAGE sql AS $$ INSERT INTO public.probe (what) VALUES ('notify');"
         " SELECT pg_catalog.pg_notify(channel, payload) $$"
     )
     conn.execute(
         "CREATE FUNCTION probe_write() RETURNS trigger LANGUAGE plpgsql AS $$"
-        " BEGIN INSERT INTO probe (what) VALUES (TG_TABLE_NAME); RETURN NULL; END $$"
+        " BEGIN INSERT INTO public.probe (what) VALUES (TG_TABLE_NAME); RETURN NULL; END $$"
     )
     for table in ("queue_pauses", "jobs"):
         conn.execute(
-            f"CREATE TRIGGER probe_{table} AFTER INSERT OR UPDATE OR DELETE ON {table}"
+            f"CREATE TRIGGER probe_{table} AFTER INSERT OR UPDATE OR DELETE ON jobrun.{table}"
             " FOR EACH ROW EXECUTE FUNCTION probe_write()"
         )
     pool = open_pool(dsn + " options='-c search_path=public,pg_catalog'", max_size=2)
@@ -319,9 +321,9 @@ def notify_probe(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[Store]:
 def probe_transactions(conn: psycopg.Connection[Any]) -> dict[str, set[int]]:
     """The transactions each probe entry ran in."""
     found: dict[str, set[int]] = {}
-    for what, xid in conn.execute("SELECT what, xid::text::int8 FROM probe").fetchall():
+    for what, xid in conn.execute("SELECT what, xid::text::int8 FROM public.probe").fetchall():
         found.setdefault(what, set()).add(xid)
-    conn.execute("DELETE FROM probe")
+    conn.execute("DELETE FROM public.probe")
     return found
 
 

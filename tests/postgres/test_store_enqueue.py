@@ -96,7 +96,7 @@ def test_transactional_enqueue_exists_and_notifies_only_after_the_caller_commits
         job = store.enqueue(new_job(), conn=caller)
         assert pending_notifies(listener) == []
         with psycopg.connect(dsn) as other:
-            assert other.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+            assert other.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (0,)
         caller.commit()
         assert pending_notifies(listener) == ["default"]
         assert store.get(job.id).state is State.QUEUED
@@ -214,7 +214,7 @@ def test_32_threads_enqueuing_one_key_make_one_row_and_all_get_it(
         t.join(60)
     assert errors == []
     assert len(results) == 32 and len(set(results)) == 1
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (1,)
 
 
 def test_32_threads_with_different_bodies_get_the_row_or_the_conflict(
@@ -242,7 +242,7 @@ def test_32_threads_with_different_bodies_get_the_row_or_the_conflict(
     assert other == []
     assert len(ids) + len(conflicts) == 32
     assert len(set(ids)) == 1 and conflicts
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (1,)
 
 
 # -- enqueue_batch -------------------------------------------------------------
@@ -256,10 +256,12 @@ def test_enqueue_batch_inserts_every_job_with_events_and_one_notification_per_qu
         result = store.enqueue_batch(jobs)
         assert sorted(pending_notifies(listener)) == ["a", "b"]
     assert result.inserted == 5 and result.replayed == ()
-    assert conn.execute("SELECT count(*) FROM jobs WHERE state = 'queued'").fetchone() == (5,)
-    assert conn.execute("SELECT count(*) FROM job_events WHERE kind = 'enqueued'").fetchone() == (
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'queued'").fetchone() == (
         5,
     )
+    assert conn.execute(
+        "SELECT count(*) FROM jobrun.job_events WHERE kind = 'enqueued'"
+    ).fetchone() == (5,)
     stored = store.get(jobs[0].id)
     assert stored.run_at == stored.created_at
 
@@ -285,7 +287,7 @@ def test_enqueue_batch_of_100k_jobs_from_a_generator(
 ) -> None:
     result = store.enqueue_batch(new_job(payload={"i": i}) for i in range(100_000))
     assert result.inserted == 100_000
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (100_000,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (100_000,)
 
 
 def test_enqueue_batch_replays_stored_identical_keys(store: Store) -> None:
@@ -372,7 +374,7 @@ def test_two_batches_with_overlapping_keys_in_opposite_orders_do_not_deadlock(
     for t in threads:
         t.join(60)
     assert errors == []
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (200,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (200,)
 
 
 def test_terminal_event_mode_writes_no_enqueued_events(
@@ -380,7 +382,7 @@ def test_terminal_event_mode_writes_no_enqueued_events(
 ) -> None:
     terminal_store.enqueue(new_job())
     terminal_store.enqueue_batch([new_job(), new_job(idempotency_key="k")])
-    assert conn.execute("SELECT count(*) FROM job_events").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM jobrun.job_events").fetchone() == (0,)
 
 
 def test_enqueue_refuses_anything_but_a_new_job(store: Store) -> None:
@@ -432,8 +434,8 @@ def test_a_batch_retried_without_keys_replays_the_stored_jobs(
     result = store.enqueue_batch(batch)  # half of it was stored already
     assert result.inserted == 10
     assert sorted(j.id for j in result.replayed) == sorted(j.id for j in batch[:10])
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (20,)
-    assert conn.execute("SELECT count(*) FROM job_events").fetchone() == (20,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (20,)
+    assert conn.execute("SELECT count(*) FROM jobrun.job_events").fetchone() == (20,)
 
 
 def test_a_batch_clashing_with_a_stored_id_writes_nothing(
@@ -537,7 +539,9 @@ def test_payloads_that_differ_as_jsonb_are_still_a_conflict(
 @pytest.fixture
 def one_per_type(conn: psycopg.Connection[Any]) -> None:
     """A unique index jobrun knows nothing of, as a later migration might add."""
-    conn.execute("CREATE UNIQUE INDEX jobs_one_per_type ON jobs (type) WHERE type = 'only.one'")
+    conn.execute(
+        "CREATE UNIQUE INDEX jobs_one_per_type ON jobrun.jobs (type) WHERE type = 'only.one'"
+    )
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])

@@ -22,7 +22,7 @@ BEGIN
     PERFORM pg_sleep(5);
     RETURN NULL;
 END $$;
-CREATE CONSTRAINT TRIGGER kill_at_commit AFTER INSERT ON jobs
+CREATE CONSTRAINT TRIGGER kill_at_commit AFTER INSERT ON jobrun.jobs
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
     WHEN (NEW.type = 'kill.at.commit') EXECUTE FUNCTION kill_me();
 """

@@ -30,7 +30,8 @@ def claim_one(store: Store, owner: str = OWNER, ttl: dt.timedelta = TTL) -> Job:
 def expire(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> None:
     """Move a lease into the past, as if the worker had stopped heartbeating long ago."""
     conn.execute(
-        "UPDATE jobs SET lease_expires_at = now() - interval '1 minute' WHERE id = %s", [job_id]
+        "UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 minute' WHERE id = %s",
+        [job_id],
     )
 
 
@@ -54,7 +55,9 @@ def test_claim_leases_the_job_and_burns_exactly_one_attempt(store: Store) -> Non
 def test_claim_lease_expiry_is_the_database_clock_plus_ttl(store: Store, conn: Any) -> None:
     store.enqueue(new_job())
     job = claim_one(store, ttl=dt.timedelta(seconds=45))
-    (updated_at,) = conn.execute("SELECT updated_at FROM jobs WHERE id = %s", [job.id]).fetchone()
+    (updated_at,) = conn.execute(
+        "SELECT updated_at FROM jobrun.jobs WHERE id = %s", [job.id]
+    ).fetchone()
     assert job.lease_expires_at == updated_at + dt.timedelta(seconds=45)
 
 
@@ -91,7 +94,7 @@ def test_every_claim_gets_a_new_lease_token(store: Store, conn: Any) -> None:
     first = claim_one(store)
     expire(conn, first.id)
     store.reap_expired(store.now(), 10)
-    conn.execute("UPDATE jobs SET run_at = now() WHERE id = %s", [first.id])
+    conn.execute("UPDATE jobrun.jobs SET run_at = now() WHERE id = %s", [first.id])
     second = claim_one(store)
     assert second.id == first.id
     assert second.lease_token != first.lease_token
@@ -159,7 +162,7 @@ def test_heartbeat_omits_expired_cancelled_stale_and_foreign_leases(
     live, expired, cancelled, foreign, stale = store.claim(OWNER, ["default"], 5, TTL)
     expire(conn, expired.id)
     store.cancel(cancelled.id)
-    conn.execute("UPDATE jobs SET lease_owner = 'someone-else' WHERE id = %s", [foreign.id])
+    conn.execute("UPDATE jobrun.jobs SET lease_owner = 'someone-else' WHERE id = %s", [foreign.id])
     leases = [(j.id, j.lease_token) for j in (live, expired, cancelled, foreign)]
     leases.append((stale.id, uuid.uuid4()))
     kept = store.heartbeat(OWNER, leases, store.now() + TTL)  # type: ignore[arg-type]
@@ -223,7 +226,7 @@ def test_complete_runs_the_commit_callable_inside_the_transaction_after_the_effe
 
     def commit(c: psycopg.Connection[Any]) -> None:
         (n,) = c.execute(
-            "SELECT count(*) FROM processed_effects WHERE scope = %s AND key = %s",
+            "SELECT count(*) FROM jobrun.processed_effects WHERE scope = %s AND key = %s",
             [key.scope, key.key],
         ).fetchone()
         c.execute("INSERT INTO side VALUES (%s, %s)", [job.id, n])
@@ -521,7 +524,7 @@ def test_the_reaper_never_rewrites_a_job_that_finished_in_between(
     with psycopg.connect(dsn) as completer:
         # A complete in flight: it holds the row lock and has finished the job.
         completer.execute(
-            "UPDATE jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, "
+            "UPDATE jobrun.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, "
             "lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
             [job.id],
         )
@@ -715,7 +718,7 @@ def test_a_heartbeat_skips_a_row_another_transaction_holds_and_still_keeps_it(
     result: list[set[uuid.UUID]] = []
     leases = [(held.id, held.lease_token), (free.id, free.lease_token)]
     with psycopg.connect(dsn) as other:
-        other.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", [held.id])
+        other.execute("SELECT 1 FROM jobrun.jobs WHERE id = %s FOR UPDATE", [held.id])
         beat = threading.Thread(
             target=lambda: result.append(store.heartbeat(OWNER, leases, until))  # type: ignore[arg-type]
         )
@@ -821,9 +824,9 @@ def test_the_finishing_claim_is_forgotten_when_the_job_is_retried(store: Store, 
     job = claim_one(store)
     store.complete(job)
     store.retry(job.id)
-    assert conn.execute("SELECT finished_token FROM jobs WHERE id = %s", [job.id]).fetchone() == (
-        None,
-    )
+    assert conn.execute(
+        "SELECT finished_token FROM jobrun.jobs WHERE id = %s", [job.id]
+    ).fetchone() == (None,)
     with pytest.raises(LeaseLost):
         store.complete(job)
 
@@ -856,7 +859,7 @@ def test_commit_timeout_bounds_the_wait_for_the_job_rows_lock(
     store.enqueue(new_job())
     job = claim_one(store)
     with psycopg.connect(admin_dsn) as holder:
-        holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", [job.id])
+        holder.execute("SELECT 1 FROM jobrun.jobs WHERE id = %s FOR UPDATE", [job.id])
         holder.execute("SET statement_timeout = '60s'")
         started = time.monotonic()
         if batched:

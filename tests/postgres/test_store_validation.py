@@ -64,7 +64,7 @@ BAD_JOBS: dict[str, Callable[[], NewJob]] = {
     "queue too long": lambda: NewJob(type="t", queue="q" * 64),
     "queue upper case": lambda: NewJob(type="t", queue="Emails"),
     "queue with NUL": lambda: NewJob(type="t", queue="a\x00"),
-    "queue with quote": lambda: NewJob(type="t", queue="a'; DROP TABLE jobs; --"),
+    "queue with quote": lambda: NewJob(type="t", queue="a'; DROP TABLE jobrun.jobs; --"),
     "queue None": lambda: NewJob(type="t", queue=None),  # type: ignore[arg-type]
     "priority too high": lambda: NewJob(type="t", priority=40_000),
     "priority too low": lambda: NewJob(type="t", priority=-40_000),
@@ -129,7 +129,7 @@ def test_unicode_payloads_and_keys_round_trip(store: Store) -> None:
         {"event_mode": "verbose"},
         {"notify_channel": "Bad-Channel"},
         {"notify_channel": "x" * 64},
-        {"notify_channel": "a; DROP TABLE jobs"},
+        {"notify_channel": "a; DROP TABLE jobrun.jobs"},
         {"commit_timeout": dt.timedelta(0)},
     ],
 )

@@ -47,7 +47,7 @@ def test_only_one_of_two_schedulers_leads(services: Any) -> None:
 
 def test_the_leader_materialises_due_schedules(services: Any, store: Store, conn: Any) -> None:
     store.create_schedule(ScheduleSpec(id="s", cron="* * * * *", type="t"))
-    conn.execute("UPDATE schedules SET next_run_at = now() - interval '5 minutes'")
+    conn.execute("UPDATE jobrun.schedules SET next_run_at = now() - interval '5 minutes'")
     leader = services()
     assert leader.run_once().materialized == 1
     assert leader.run_once().materialized == 0
@@ -58,7 +58,7 @@ def test_the_leader_materialises_due_schedules(services: Any, store: Store, conn
 def test_the_leader_reaps_expired_leases(services: Any, store: Store, conn: Any) -> None:
     store.enqueue(NewJob(type="t"))
     (job,) = store.claim("w", ["default"], 1, dt.timedelta(seconds=30))
-    conn.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s'")
+    conn.execute("UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 s'")
     assert services().run_once().reaped == 1
     assert store.get(job.id).state is State.QUEUED
 
@@ -66,8 +66,8 @@ def test_the_leader_reaps_expired_leases(services: Any, store: Store, conn: Any)
 def test_the_leader_applies_retention(services: Any, store: Store, conn: Any) -> None:
     job = store.enqueue(NewJob(type="t"))
     store.cancel(job.id)
-    conn.execute("UPDATE jobs SET finished_at = now() - interval '10 days'")
-    conn.execute("UPDATE job_events SET at = now() - interval '10 days'")
+    conn.execute("UPDATE jobrun.jobs SET finished_at = now() - interval '10 days'")
+    conn.execute("UPDATE jobrun.job_events SET at = now() - interval '10 days'")
     report = services(
         finished_retention=dt.timedelta(days=7), events_retention=dt.timedelta(days=7)
     ).run_once()
@@ -77,7 +77,7 @@ def test_the_leader_applies_retention(services: Any, store: Store, conn: Any) ->
 def test_retention_off_keeps_everything(services: Any, store: Store, conn: Any) -> None:
     job = store.enqueue(NewJob(type="t"))
     store.cancel(job.id)
-    conn.execute("UPDATE jobs SET finished_at = now() - interval '100 days'")
+    conn.execute("UPDATE jobrun.jobs SET finished_at = now() - interval '100 days'")
     report = services(finished_retention=None, events_retention=None).run_once()
     assert (report.purged, report.pruned) == (0, 0)
 

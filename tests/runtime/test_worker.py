@@ -205,14 +205,18 @@ def test_the_worker_claims_only_as_many_jobs_as_it_has_free_threads(
     for _ in range(10):
         enqueue(store)
     make_worker(concurrency=2)
-    leased = lambda: conn.execute("SELECT count(*) FROM jobs WHERE state = 'leased'").fetchone()[0]  # noqa: E731
+
+    def leased() -> int:
+        return conn.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'leased'").fetchone()[0]
+
     wait_for(lambda: leased() == 2)
     time.sleep(0.6)  # a few claim-loop turns: still no more than 2
     assert leased() == 2
     release.set()
     wait_for(
         lambda: (
-            conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0] == 10
+            conn.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'succeeded'").fetchone()[0]
+            == 10
         )
     )
 
@@ -229,7 +233,7 @@ def test_per_queue_limits_hold_inside_one_worker(
 
     def leased(queue: str) -> int:
         return conn.execute(
-            "SELECT count(*) FROM jobs WHERE state = 'leased' AND queue = %s", [queue]
+            "SELECT count(*) FROM jobrun.jobs WHERE state = 'leased' AND queue = %s", [queue]
         ).fetchone()[0]
 
     wait_for(lambda: leased("default") == 5)
@@ -238,7 +242,8 @@ def test_per_queue_limits_hold_inside_one_worker(
     release.set()
     wait_for(
         lambda: (
-            conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0] == 10
+            conn.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'succeeded'").fetchone()[0]
+            == 10
         )
     )
 
@@ -289,7 +294,9 @@ def test_graceful_stop_lets_running_jobs_finish_and_leaves_nothing_leased(
         assert started.acquire(timeout=30)
     assert worker.stop(timeout=10)
     assert [state_of(store, j) for j in jobs] == [State.SUCCEEDED] * 3
-    assert conn.execute("SELECT count(*) FROM jobs WHERE state = 'leased'").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'leased'").fetchone() == (
+        0,
+    )
 
 
 def test_a_grace_period_too_short_cancels_handlers_and_requeues_their_jobs(
@@ -386,7 +393,7 @@ def test_a_job_reaped_while_its_handler_runs_is_not_finished_by_the_old_owner(
     )
     assert started.wait(30)
     conn.execute(
-        "UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s", [job.id]
+        "UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s", [job.id]
     )
     assert store.reap_expired(store.now(), 10).requeued == [job.id]
     proceed.set()
@@ -440,9 +447,12 @@ def test_a_slow_completer_bounds_the_leases_a_worker_holds(
     most = 0
     try:
         while (
-            conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0] < 300
+            conn.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'succeeded'").fetchone()[0]
+            < 300
         ):
-            (leased,) = conn.execute("SELECT count(*) FROM jobs WHERE state = 'leased'").fetchone()
+            (leased,) = conn.execute(
+                "SELECT count(*) FROM jobrun.jobs WHERE state = 'leased'"
+            ).fetchone()
             most = max(most, leased)
             time.sleep(0.02)
     finally:

@@ -9,7 +9,9 @@ Chosen in this order:
    we are root.
 
 A template database is migrated once per session; each test gets its own
-clone (``CREATE DATABASE ... TEMPLATE``), dropped afterwards.
+clone (``CREATE DATABASE ... TEMPLATE``), dropped afterwards. Nothing sets a
+``search_path``: jobrun names its schema in every statement, and so do the
+tests' own statements (``jobrun.jobs``).
 
 Runtime-role mode (``JOBRUN_TEST_RUNTIME_ROLE=1``): the migrator (the
 server's superuser) owns the schema, and the ``dsn`` fixture hands out a DSN
@@ -36,6 +38,7 @@ from psycopg import sql
 
 from jobrun.postgres.embedded import LocalCluster, embedded_bindir, free_port
 from jobrun.postgres.migrate import migrate
+from jobrun.postgres.schema import DEFAULT_SCHEMA
 
 TEMPLATE_DB = "jobrun_template"
 RUNTIME_ROLE = "jobrun_runtime"
@@ -133,34 +136,37 @@ class TestServer:
             )
         with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
             conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role))
-            tables = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-                    " AND tablename NOT LIKE '\\_yoyo%'"
-                ).fetchall()
-            ]
-            for table in tables:
+            for schema in (DEFAULT_SCHEMA, "public"):
+                name = sql.Identifier(schema)
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(name, role))
                 conn.execute(
-                    sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-                        sql.Identifier("public", table), role
-                    )
+                    sql.SQL(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}"
+                    ).format(name, role)
                 )
+                conn.execute(
+                    sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(name, role)
+                )
+                # Tables and sequences a test creates later (as the superuser) get the same rights.
+                conn.execute(
+                    sql.SQL(
+                        "ALTER DEFAULT PRIVILEGES IN SCHEMA {}"
+                        " GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
+                    ).format(name, role)
+                )
+                conn.execute(
+                    sql.SQL(
+                        "ALTER DEFAULT PRIVILEGES IN SCHEMA {} GRANT USAGE ON SEQUENCES TO {}"
+                    ).format(name, role)
+                )
+            # yoyo's bookkeeping stays the migrator's.
             conn.execute(
-                sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {}").format(role)
-            )
-            # Tables and sequences a test creates later (as the superuser) get the same rights.
-            conn.execute(
-                sql.SQL(
-                    "ALTER DEFAULT PRIVILEGES IN SCHEMA public"
-                    " GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
-                ).format(role)
-            )
-            conn.execute(
-                sql.SQL(
-                    "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE ON SEQUENCES TO {}"
-                ).format(role)
+                sql.SQL("REVOKE ALL ON {}, {}, {} FROM {}").format(
+                    sql.Identifier(DEFAULT_SCHEMA, "_yoyo_migration"),
+                    sql.Identifier(DEFAULT_SCHEMA, "_yoyo_log"),
+                    sql.Identifier(DEFAULT_SCHEMA, "_yoyo_version"),
+                    role,
+                )
             )
 
     def create_database(self, template: str | None = TEMPLATE_DB) -> str:

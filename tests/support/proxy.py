@@ -327,7 +327,7 @@ class TcpProxy:
         A str matches statements containing it (case-insensitive); ``"COMMIT"``
         matches only a COMMIT command. With ``after``, only in a transaction
         that already ran a statement containing ``after`` (e.g. the COMMIT of
-        a Complete: ``after="INSERT INTO processed_effects"``).
+        a Complete: ``after="INSERT INTO jobrun.processed_effects"``).
         """
         if isinstance(match, str):
             needle = match.strip().upper()

@@ -311,8 +311,8 @@ def test_a_payload_of_exactly_the_size_limit_is_accepted() -> None:
 
 def row_counts(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
     row = conn.execute(
-        "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_events), "
-        "(SELECT count(*) FROM schedules)"
+        "SELECT (SELECT count(*) FROM jobrun.jobs), (SELECT count(*) FROM jobrun.job_events), "
+        "(SELECT count(*) FROM jobrun.schedules)"
     ).fetchone()
     assert row is not None
     return (row[0], row[1], row[2])

@@ -1,0 +1,120 @@
+"""jobrun's own schema: a caller's search_path never matters, and a wrong version fails fast."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobrun.job.errors import SchemaMismatch
+from jobrun.job.model import NewJob, ScheduleSpec, State
+from jobrun.postgres.pool import open_pool
+from jobrun.postgres.schema import SCHEMA_VERSION
+from jobrun.postgres.store import Store
+from tests.postgres.conftest import TTL
+
+
+@pytest.fixture
+def app_jobs_table(conn: psycopg.Connection[Any]) -> None:
+    """The application's own ``public.jobs``, as many applications have one."""
+    conn.execute("CREATE TABLE public.jobs (id serial PRIMARY KEY, title text)")
+    conn.execute("INSERT INTO public.jobs (title) VALUES ('plumber')")
+
+
+@pytest.mark.parametrize("search_path", ["pg_catalog", "public", "pg_catalog,public"])
+def test_a_store_whose_connections_leave_jobrun_off_the_search_path_still_works(
+    dsn: str, conn: psycopg.Connection[Any], app_jobs_table: None, search_path: str
+) -> None:
+    pool = open_pool(
+        psycopg.conninfo.make_conninfo(dsn, options=f"-c search_path={search_path}"), max_size=3
+    )
+    try:
+        store = Store(pool)
+        with pool.connection() as c:
+            assert "jobrun" not in c.execute("SHOW search_path").fetchone()[0]  # type: ignore[index]
+        store.enqueue(NewJob(type="t", idempotency_key="k"))
+        store.enqueue(NewJob(type="t", idempotency_key="k"))  # a replay
+        store.enqueue_batch([NewJob(type="t") for _ in range(3)])
+        first, second, *_ = store.claim("w", ["default"], 5, TTL)
+        assert first.lease_token is not None
+        store.heartbeat("w", [(first.id, first.lease_token)], store.now() + TTL)
+        store.complete(first, lambda c: None)
+        store.fail(second, "boom", None)
+        store.complete_many(store.claim("w", ["default"], 5, TTL))
+        store.create_schedule(ScheduleSpec(id="s", cron="* * * * *", type="t", payload={}))
+        assert (
+            store.materialize(
+                store.due_schedules(store.now() + dt.timedelta(minutes=2), 5)[0],
+                store.now() + dt.timedelta(minutes=2),
+            )
+            is not None
+        )
+        assert store.events(first.id) and store.depth() and store.list(limit=10)
+        store.check_schema()
+    finally:
+        pool.close()
+    assert conn.execute("SELECT title FROM public.jobs").fetchall() == [("plumber",)]
+
+
+@pytest.mark.parametrize("search_path", ["''", "public"])
+def test_a_transactional_enqueue_works_whatever_the_callers_search_path(
+    store: Store,
+    admin_dsn: str,
+    conn: psycopg.Connection[Any],
+    app_jobs_table: None,
+    search_path: str,
+) -> None:
+    with psycopg.connect(admin_dsn) as c:
+        c.execute(f"SET search_path = {search_path}")
+        (before,) = c.execute("SHOW search_path").fetchone()  # type: ignore[misc]
+        c.execute("INSERT INTO public.jobs (title) VALUES ('electrician')")
+        job = store.enqueue(NewJob(type="t"), conn=c)
+        batch = store.enqueue_batch(
+            [NewJob(type="t"), NewJob(type="t", idempotency_key="b")], conn=c
+        )
+        assert c.execute("SHOW search_path").fetchone() == (before,)
+        c.commit()
+    assert store.get(job.id).state is State.QUEUED and batch.inserted == 2
+    titles = conn.execute("SELECT title FROM public.jobs ORDER BY id").fetchall()
+    assert titles == [("plumber",), ("electrician",)]
+
+
+def test_check_schema_passes_on_a_current_schema(store: Store) -> None:
+    assert store.schema_version() == SCHEMA_VERSION
+    store.check_schema()
+
+
+@pytest.fixture
+def empty_store(empty_dsn: str) -> Iterator[Store]:
+    pool = open_pool(empty_dsn, max_size=2)
+    try:
+        yield Store(pool)
+    finally:
+        pool.close()
+
+
+def test_a_missing_schema_is_one_clear_error(empty_store: Store) -> None:
+    assert empty_store.schema_version() is None
+    with pytest.raises(SchemaMismatch) as caught:
+        empty_store.check_schema()
+    assert caught.value.found is None
+    assert str(caught.value) == "the jobrun schema 'jobrun' is missing: run 'jobrun migrate'"
+
+
+def test_an_older_schema_names_both_versions_and_the_fix(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute("UPDATE jobrun.schema_version SET version = %s", [SCHEMA_VERSION - 1])
+    with pytest.raises(SchemaMismatch, match="run 'jobrun migrate'") as caught:
+        store.check_schema()
+    assert (caught.value.found, caught.value.needed) == (SCHEMA_VERSION - 1, SCHEMA_VERSION)
+    assert f"version {SCHEMA_VERSION - 1}, this jobrun needs {SCHEMA_VERSION}" in str(caught.value)
+
+
+def test_a_newer_schema_says_to_upgrade_jobrun(store: Store, conn: psycopg.Connection[Any]) -> None:
+    conn.execute("UPDATE jobrun.schema_version SET version = %s", [SCHEMA_VERSION + 1])
+    with pytest.raises(SchemaMismatch, match=r"newer than this jobrun knows .*upgrade jobrun"):
+        store.check_schema()
