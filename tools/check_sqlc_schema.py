@@ -39,14 +39,22 @@ def schema_lists(config_text: str) -> list[list[str]]:
 
     Understands the three spellings sqlc.yaml uses: a block list
     (`schema:` then `- path` lines), a flow list (`schema: [a, b]`) and a
-    single path (`schema: path`).
+    single path (`schema: path`). A codegen entry's `options:` mapping is
+    skipped: the psycopg plugin has an option named `schema` too.
     """
     lines = [_strip_comment(line) for line in config_text.splitlines()]
     found: list[list[str]] = []
     i = 0
     while i < len(lines):
+        options = re.match(r"^\s*(?:-\s+)?(options)\s*:\s*$", lines[i])
         m = re.match(r"^\s*(?:-\s+)?(schema)\s*:\s*(.*)$", lines[i])
         i += 1
+        if options is not None:
+            while i < len(lines) and (
+                not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > options.start(1)
+            ):
+                i += 1
+            continue
         if m is None:
             continue
         rest = m.group(2).strip()

@@ -913,6 +913,19 @@ def test_check_sqlc_schema_reads_flow_lists() -> None:
     assert module.schema_lists(text) == [["a.sql", "b.sql"], ["c.sql"]]
 
 
+def test_check_sqlc_schema_skips_the_plugins_schema_option() -> None:
+    spec = importlib.util.spec_from_file_location("check_sqlc_schema_under_test", CHECK_SCHEMA)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = (
+        "sql:\n  - schema:\n      - a.sql\n    codegen:\n      - plugin: p\n"
+        "        options:\n          package: x\n\n          schema: jobrun\n"
+        "        out: o\n  - schema: b.sql\n"
+    )
+    assert module.schema_lists(text) == [["a.sql"], ["b.sql"]]
+
+
 def test_check_sqlc_schema_passes_on_this_repository() -> None:
     proc = _check_schema(ROOT)
     assert proc.returncode == 0, proc.stderr
