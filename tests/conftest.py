@@ -117,10 +117,10 @@ def conn(admin_dsn: str) -> Iterator[psycopg.Connection[Any]]:
 #
 # sqlc's static check cannot tell that an ON CONFLICT target misses its partial
 # index, or that a cast is wrong at run time: only running the statement does.
-# Every function of the generated query layer is wrapped to record its calls;
-# a run of the whole suite fails if one was never called.
+# Every method of the generated query layer (the Queries class of each query
+# module, which jobrun.postgres.sqlc.Queries inherits) is wrapped to record its
+# calls; a run of the whole suite fails if one was never called.
 
-_QUERY_MODULES = ("jobs", "events", "effects", "schedules")
 _called: set[str] = set()
 _generated: set[str] = set()
 
@@ -134,21 +134,27 @@ def _record(name: str, fn: Any) -> Any:
     return wrapper
 
 
+def _query_classes() -> list[type]:
+    """The Queries class of every generated query module."""
+    try:
+        package = importlib.import_module("jobrun.postgres.sqlc")
+    except ModuleNotFoundError:
+        return []
+    return [
+        cls
+        for cls in package.Queries.__mro__[1:]
+        if cls.__name__ == "Queries" and cls.__module__.startswith(package.__name__ + ".")
+    ]
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    for module_name in _QUERY_MODULES:
-        try:
-            module = importlib.import_module(f"jobrun.postgres.sqlc.{module_name}")
-        except ModuleNotFoundError:
-            continue
-        for name, fn in list(vars(module).items()):
-            if (
-                inspect.isfunction(fn)
-                and fn.__module__ == module.__name__
-                and not name.startswith("_")
-            ):
+    for cls in _query_classes():
+        module_name = cls.__module__.rsplit(".", 1)[-1]
+        for name, fn in list(vars(cls).items()):
+            if inspect.isfunction(fn) and not name.startswith("_"):
                 qualified = f"{module_name}.{name}"
                 _generated.add(qualified)
-                setattr(module, name, _record(qualified, fn))
+                setattr(cls, name, _record(qualified, fn))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -39,24 +39,23 @@ def schema_lists(config_text: str) -> list[list[str]]:
 
     Understands the three spellings sqlc.yaml uses: a block list
     (`schema:` then `- path` lines), a flow list (`schema: [a, b]`) and a
-    single path (`schema: path`). A `schema:` key inside a plugin's
-    `options:` block is the plugin's own setting, not a schema list.
+    single path (`schema: path`). A codegen entry's `options:` mapping is
+    skipped: the psycopg plugin has an option named `schema` too.
     """
     lines = [_strip_comment(line) for line in config_text.splitlines()]
     found: list[list[str]] = []
-    options_indent: int | None = None
     i = 0
     while i < len(lines):
-        line = lines[i]
-        indent = len(line) - len(line.lstrip())
-        if options_indent is not None and line.strip() and indent <= options_indent:
-            options_indent = None
-        opened = re.match(r"^(\s*)(?:-\s+)?options\s*:\s*$", line)
-        if opened:
-            options_indent = len(opened.group(1))
-        m = re.match(r"^\s*(?:-\s+)?(schema)\s*:\s*(.*)$", line)
+        options = re.match(r"^\s*(?:-\s+)?(options)\s*:\s*$", lines[i])
+        m = re.match(r"^\s*(?:-\s+)?(schema)\s*:\s*(.*)$", lines[i])
         i += 1
-        if m is None or options_indent is not None:
+        if options is not None:
+            while i < len(lines) and (
+                not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > options.start(1)
+            ):
+                i += 1
+            continue
+        if m is None:
             continue
         rest = m.group(2).strip()
         if rest.startswith("["):

@@ -8,10 +8,14 @@ the codegen ``out`` directory:
 - ``models.py``: a ``StrEnum`` per PostgreSQL enum and a frozen dataclass per
   table (its row);
 - one module per query file (``db/query/jobs.sql`` -> ``jobs.py``) with, per
-  named query, the SQL text as a constant and a typed function running it
-  through a ``psycopg.RawCursor`` (server-side binding, sqlc's ``$n``
-  placeholders unchanged);
-- ``__init__.py``.
+  named query, the SQL text as a constant (and its Row / Params dataclasses),
+  and a class ``Queries`` with one typed method per query running it through
+  a ``psycopg.RawCursor`` (server-side binding, sqlc's ``$n`` placeholders
+  unchanged): ``Queries(schema=...).claim_jobs(conn, owner=...)``;
+- ``_schema.py``: ``QueriesBase``, the base of those classes, which holds the
+  PostgreSQL schema the queries run in and rewrites their SQL for a schema
+  other than the default (see RUNTIME below for what it rewrites);
+- ``__init__.py``: ``Queries``, inheriting every module's ``Queries``.
 
 Everything it cannot map (a type, a command, an ``any`` column) is an error
 naming the query: the plugin exits 1 with all problems on stderr.
@@ -20,6 +24,10 @@ Plugin options (``codegen[].options`` in sqlc.yaml):
 
 - ``package`` (required): the dotted import name of the ``out`` directory; the
   query modules import their models from ``<package>.models``.
+- ``schema``: the schema the queries name, qualified (``jobrun.jobs``): the
+  default of ``Queries(schema=...)``, the name rewritten for another schema,
+  and a schema whose models take no prefix. Without it, sqlc's default
+  schema (``public``).
 
 Stdlib only, Python 3.11+.
 """
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import keyword
 import re
@@ -39,7 +48,7 @@ from typing import Any
 GENERATOR = "sqlc-gen-psycopg"
 # Bump when the generated code changes shape, so that the header tells apart
 # outputs of different plugin versions.
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 
 # The generated code follows ruff format's style at this line length.
 LINE_LENGTH = 100
@@ -207,6 +216,7 @@ _PARAM_RESERVED = _FIELD_RESERVED | {
     "r",
     "result",
     "rows",
+    "self",
     "tuple_row",
     "v",
     "value",
@@ -374,8 +384,11 @@ class Context:
 
     def __init__(self, request: dict[str, Any], schema: str | None = None) -> None:
         catalog = request.get("catalog") or {}
-        # Names of the schema the project lives in carry no schema prefix.
-        self.default_schema: str = schema or catalog.get("default_schema") or "public"
+        self.default_schema: str = catalog.get("default_schema") or "public"
+        # The schema the generated queries are bound to (plugin option schema).
+        self.schema: str = schema or self.default_schema
+        # Models of these schemas take no schema prefix: Job, not JobrunJob.
+        unprefixed = {self.default_schema, self.schema}
         self.enums: dict[tuple[str, str], Enum] = {}
         self.tables: dict[tuple[str, str], Table] = {}
         self.needs_enum_array_parser = False
@@ -387,7 +400,9 @@ class Context:
                 self.enums[(sname, e["name"])] = Enum(
                     schema=sname,
                     name=e["name"],
-                    class_name=enum_class_name(sname, e["name"], self.default_schema),
+                    class_name=enum_class_name(
+                        "" if sname in unprefixed else sname, e["name"], self.default_schema
+                    ),
                     labels=labels,
                     members=enum_member_names(labels),
                 )
@@ -409,7 +424,9 @@ class Context:
                 self.tables[(tschema, tname)] = Table(
                     schema=tschema,
                     name=tname,
-                    class_name=model_class_name(tschema, tname, self.default_schema),
+                    class_name=model_class_name(
+                        "" if tschema in unprefixed else tschema, tname, self.default_schema
+                    ),
                     fields=fields,
                     column_names=[c["name"] for c in columns],
                 )
@@ -427,6 +444,13 @@ class Context:
                     f"{t.class_name!r}; rename one of them"
                 )
             seen[t.class_name] = f"table {key[0]}.{key[1]}"
+        # The query modules define Queries and import QueriesBase.
+        for name in ("Queries", "QueriesBase"):
+            if name in seen:
+                raise PluginError(
+                    f"{seen[name]} maps to the Python class {name!r}, a name of the "
+                    "generated query modules; rename it"
+                )
 
     def resolve(self, column: dict[str, Any], *, where: str) -> PyType:
         """The PyType of a sqlc Column (of a table, a result or a parameter)."""
@@ -522,18 +546,34 @@ def parse_options(raw: str | None) -> dict[str, Any]:
     return options
 
 
+_SCHEMA_OPTION = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as an SQL identifier: bare when plain lower-case, else double-quoted."""
+    if _PLAIN_NAME.fullmatch(name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
 _COPY_SHAPE = "INSERT INTO table (columns) VALUES ($1, ...)"
 _INSERT = re.compile(
     r"""^\s*INSERT\s+INTO\s+
-    (?P<table>(?:"(?:[^"]|"")+"|[A-Za-z_][\w$]*)(?:\s*\.\s*(?:"(?:[^"]|"")+"|[A-Za-z_][\w$]*))?)
+    (?P<table>(?:(?P<schema>"(?:[^"]|"")+"|[A-Za-z_][\w$]*)\s*\.\s*)?
+        (?:"(?:[^"]|"")+"|[A-Za-z_][\w$]*))
     \s*\((?P<columns>[^)]*)\)\s*
     VALUES\s*\((?P<values>[^)]*)\)\s*;?\s*$""",
     re.IGNORECASE | re.VERBOSE | re.DOTALL,
 )
 
 
-def copy_target(query: Query) -> tuple[str, list[str], list[int]]:
-    """Table, columns and, per column, the parameter number of a :copyfrom INSERT."""
+def copy_target(query: Query, default_schema: str) -> tuple[str, list[str], list[int]]:
+    """Table, columns and, per column, the parameter number of a :copyfrom INSERT.
+
+    The table is schema-qualified: as the INSERT wrote it, or else with the
+    schema sqlc resolved the bare name in (the catalog's default schema).
+    """
     m = _INSERT.match(query.text)
     if m is None:
         raise PluginError(
@@ -557,7 +597,28 @@ def copy_target(query: Query) -> tuple[str, list[str], list[int]]:
             f"query {query.name!r} ({query.filename}): :copyfrom uses a parameter twice; "
             "COPY needs one parameter per column"
         )
-    return m["table"], columns, numbers
+    table = m["table"] if m["schema"] else f"{quote_ident(default_schema)}.{m['table']}"
+    return table, columns, numbers
+
+
+def check_schema_references(query: Query, schema: str) -> None:
+    """Fail when ``query`` names ``schema`` other than as ``schema.name``.
+
+    The schema rewrite (runtime()'s rebind) replaces a qualifier only: the
+    schema's name standing alone (an alias or a table of that name, or
+    ``schema . name`` spaced out) would be missed or wrongly replaced.
+    """
+    identifiers = runtime(schema)["identifiers"]
+    for start, end, name in identifiers(query.text):
+        if name == schema and not query.text.startswith(".", end):
+            line = query.text.count("\n", 0, start) + 1
+            raise PluginError(
+                f"query {query.name!r} ({query.filename}): line {line} of the query names "
+                f"{schema!r} without a dot right after it; the name of the schema the "
+                f"queries are bound to (plugin option schema) may appear only as a "
+                f"qualifier, as in {schema}.jobs, since only those are rewritten for "
+                "another schema at run time"
+            )
 
 
 def build_queries(request: dict[str, Any], ctx: Context) -> tuple[list[Query], list[str]]:
@@ -623,8 +684,9 @@ def build_queries(request: dict[str, Any], ctx: Context) -> tuple[list[Query], l
             )
             if returns_rows and len(columns) > 1:
                 query.model = matching_model(ctx, raw_columns, columns)
+            check_schema_references(query, ctx.schema)
             if cmd == ":copyfrom":
-                table, cols, nums = copy_target(query)
+                table, cols, nums = copy_target(query, ctx.default_schema)
                 query.copy_table = table
                 query.copy_columns = cols
                 if sorted(nums) != [p.number for p in plist]:
@@ -705,7 +767,10 @@ class Module:
         for m in sorted(self.imports):
             blocks[group(m)].append(f"import {m}")
         for m, names in sorted(self.from_imports.items()):
-            blocks[group(m)].append(f"from {m} import {', '.join(sorted(names))}")
+            line = f"from {m} import {', '.join(sorted(names))}"
+            if len(line) > LINE_LENGTH:  # isort's parenthesized form, one name a line
+                line = "\n".join([f"from {m} import (", *[f"    {n}," for n in sorted(names)], ")"])
+            blocks[group(m)].append(line)
         out = [*header, f'"""{docstring}"""']
         for block in blocks:
             if block:
@@ -768,20 +833,29 @@ def json_wrap(wrapper: str, src: str) -> str:
     return f"{src} if isinstance({src}, {wrapper}) else {wrapper}({src})"
 
 
-def param_expr(t: PyType, src: str, mod: Module) -> str:
+def param_expr(t: PyType, src: str, mod: Module) -> Node | str:
     """Python expression adapting the argument ``src`` for psycopg."""
     if t.json_wrapper is None:
         return src
     mod.need("psycopg.types.json", t.json_wrapper)
     w = t.json_wrapper
+    conv: Node | str
     if t.dims == 0:
         conv = f"({json_wrap(w, src)})" if t.nullable else json_wrap(w, src)
     elif t.dims == 1:
         # None elements stay SQL NULLs; wrapped values pass through.
-        conv = f"[v if v is None or isinstance(v, {w}) else {w}(v) for v in {src}]"
+        conv = Node(
+            "[",
+            [f"v if v is None or isinstance(v, {w}) else {w}(v)", f"for v in {src}"],
+            "]",
+            comma=False,
+        )
     else:
         raise PluginError(f"multi-dimensional {t.copy_type} arrays are not supported")
-    return f"({conv} if {src} is not None else None)" if t.nullable else conv
+    if not t.nullable:
+        return conv
+    # Split like ruff format when too long: the value, its condition, the else.
+    return Node("(", [conv, f"if {src} is not None", "else None"], ")", comma=False)
 
 
 @dataclass
@@ -825,11 +899,15 @@ def layout(x: Node | str, indent: str, prefix: str = "", suffix: str = "") -> li
     return lines
 
 
-def signature(name: str, params: list[str], returns: str) -> list[str]:
-    one = f"def {name}({', '.join(params)}) -> {returns}:"
+def signature(name: str, params: list[str], returns: str, indent: str = "") -> list[str]:
+    one = f"{indent}def {name}({', '.join(params)}) -> {returns}:"
     if len(one) <= LINE_LENGTH:
         return [one]
-    return [f"def {name}(", *[f"    {p}," for p in params], f") -> {returns}:"]
+    return [
+        f"{indent}def {name}(",
+        *[f"{indent}    {p}," for p in params],
+        f"{indent}) -> {returns}:",
+    ]
 
 
 def docstring_lines(comments: list[str], indent: str) -> list[str]:
@@ -856,9 +934,20 @@ def optional(annotation: str) -> str:
 
 
 CURSOR = "with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:"
+CONN = "conn: psycopg.Connection[Any]"
+
+# Indents inside a method of the Queries class: the def, then its body levels.
+_DEF = " " * 4
+_B1 = " " * 8
+_B2 = " " * 12
+_B3 = " " * 16
+_B4 = " " * 20
 
 
-def emit_query(mod: Module, q: Query, enum_import: set[str], model_import: set[str]) -> None:
+def emit_query(
+    mod: Module, methods: list[str], q: Query, enum_import: set[str], model_import: set[str]
+) -> None:
+    """The constant and dataclasses of ``q`` into ``mod``, its method into ``methods``."""
     const = snake(q.name).upper()
     func = snake(q.name)
     cap = q.name[:1].upper() + q.name[1:]
@@ -867,6 +956,7 @@ def emit_query(mod: Module, q: Query, enum_import: set[str], model_import: set[s
     mod.need("psycopg")
     mod.need("psycopg.rows", "tuple_row")
     mod.add("", "", *assignment(const, py_string(q.text)))
+    sql = f"self.sql({const})"
 
     # The result: a bare value, a shared model or a per-query Row dataclass.
     row_class: str | None = None
@@ -901,54 +991,57 @@ def emit_query(mod: Module, q: Query, enum_import: set[str], model_import: set[s
     def all_rows() -> Node:
         return Node("[", [build("r"), "for r in cur.fetchall()"], "]", comma=False)
 
-    doc = docstring_lines(q.comments, "    ")
+    def add(*lines: str) -> None:
+        methods.extend(lines)
+
+    doc = docstring_lines(q.comments, _B1)
 
     if q.cmd in (":copyfrom", ":batchexec", ":batchone", ":batchmany"):
         params_class = f"{cap}Params"
         fields = [Field(p.name, p.type) for p in q.params]
-        emit_dataclass(mod, params_class, fields, f"One row of {func}().")
+        emit_dataclass(mod, params_class, fields, f"One row of Queries.{func}().")
         for p in q.params:
             if p.type.enum:
                 enum_import.add(p.type.enum)
         if q.cmd == ":copyfrom":
-            emit_copy(mod, q, const, func, params_class, doc)
+            emit_copy(mod, methods, q, const, func, params_class, doc)
             return
         mod.need("collections.abc", "Sequence")
         args = tuple_node([param_expr(p.type, f"p.{p.name}", mod) for p in q.params])
         gen = Node("(", [args, "for p in rows"], ")", comma=False)
-        conn_rows = ["conn: psycopg.Connection[Any]", f"rows: Sequence[{params_class}]"]
+        conn_rows = ["self", CONN, f"rows: Sequence[{params_class}]"]
         if q.cmd == ":batchexec":
-            mod.add("", "", *signature(func, conn_rows, "None"), *doc, f"    {CURSOR}")
-            mod.add(*layout(call("cur.executemany", [const, gen]), " " * 8))
+            add("", *signature(func, conn_rows, "None", _DEF), *doc, f"{_B1}{CURSOR}")
+            add(*layout(call("cur.executemany", [sql, gen]), _B2))
             return
         item = optional(row_type) if q.cmd == ":batchone" else f"list[{row_type}]"
-        mod.add("", "", *signature(func, conn_rows, f"list[{item}]"), *doc)
-        mod.add(
-            f"    result: list[{item}] = []",
-            "    if not rows:",
-            "        return result",
-            f"    {CURSOR}",
-            *layout(call("cur.executemany", [const, gen, "returning=True"]), " " * 8),
-            "        while True:",
+        add("", *signature(func, conn_rows, f"list[{item}]", _DEF), *doc)
+        add(
+            f"{_B1}result: list[{item}] = []",
+            f"{_B1}if not rows:",
+            f"{_B2}return result",
+            f"{_B1}{CURSOR}",
+            *layout(call("cur.executemany", [sql, gen, "returning=True"]), _B2),
+            f"{_B2}while True:",
         )
         if q.cmd == ":batchone":
-            mod.add(
-                "            r = cur.fetchone()",
-                "            if r is None:",
-                "                result.append(None)",
-                "            else:",
-                *layout(call("result.append", [build("r")]), " " * 16),
+            add(
+                f"{_B3}r = cur.fetchone()",
+                f"{_B3}if r is None:",
+                f"{_B4}result.append(None)",
+                f"{_B3}else:",
+                *layout(call("result.append", [build("r")]), _B4),
             )
         else:
-            mod.add(*layout(call("result.append", [all_rows()]), " " * 12))
-        mod.add(
-            "            if not cur.nextset():",
-            "                break",
-            "    return result",
+            add(*layout(call("result.append", [all_rows()]), _B3))
+        add(
+            f"{_B3}if not cur.nextset():",
+            f"{_B4}break",
+            f"{_B1}return result",
         )
         return
 
-    sig_params = ["conn: psycopg.Connection[Any]"]
+    sig_params = ["self", CONN]
     if q.params:
         sig_params.append("*")
     for p in q.params:
@@ -956,33 +1049,39 @@ def emit_query(mod: Module, q: Query, enum_import: set[str], model_import: set[s
         if p.type.enum:
             enum_import.add(p.type.enum)
         sig_params.append(f"{p.name}: {p.type.annotation}")
-    execute_args: list[Node | str] = [const]
+    execute_args: list[Node | str] = [sql]
     if q.params:
         execute_args.append(tuple_node([param_expr(p.type, p.name, mod) for p in q.params]))
-    execute = [f"    {CURSOR}", *layout(call("cur.execute", execute_args), " " * 8)]
+    execute = [f"{_B1}{CURSOR}", *layout(call("cur.execute", execute_args), _B2)]
 
     if q.cmd == ":exec":
-        mod.add("", "", *signature(func, sig_params, "None"), *doc, *execute)
+        add("", *signature(func, sig_params, "None", _DEF), *doc, *execute)
     elif q.cmd == ":execrows":
-        mod.add("", "", *signature(func, sig_params, "int"), *doc, *execute)
-        mod.add("        return cur.rowcount")
+        add("", *signature(func, sig_params, "int", _DEF), *doc, *execute)
+        add(f"{_B2}return cur.rowcount")
     elif q.cmd == ":one":
-        mod.add("", "", *signature(func, sig_params, optional(row_type)), *doc, *execute)
+        add("", *signature(func, sig_params, optional(row_type), _DEF), *doc, *execute)
         if single is not None and single.type.is_void:
             return  # nothing to return but that the statement ran
-        mod.add("        r = cur.fetchone()", "    if r is None:", "        return None")
+        add(f"{_B2}r = cur.fetchone()", f"{_B1}if r is None:", f"{_B2}return None")
         if single is not None and single.type.enum is None and row_type != "Any":
             # Through a typed local: returning the tuple's Any fails mypy --strict.
-            mod.add(f"    value: {row_type} = r[0]", "    return value")
+            add(f"{_B1}value: {row_type} = r[0]", f"{_B1}return value")
         else:
-            mod.add(*layout(build("r"), "    ", prefix="return "))
+            add(*layout(build("r"), _B1, prefix="return "))
     elif q.cmd == ":many":
-        mod.add("", "", *signature(func, sig_params, f"list[{row_type}]"), *doc, *execute)
-        mod.add(*layout(all_rows(), " " * 8, prefix="return "))
+        add("", *signature(func, sig_params, f"list[{row_type}]", _DEF), *doc, *execute)
+        add(*layout(all_rows(), _B2, prefix="return "))
 
 
 def emit_copy(
-    mod: Module, q: Query, const: str, func: str, params_class: str, doc: list[str]
+    mod: Module,
+    methods: list[str],
+    q: Query,
+    const: str,
+    func: str,
+    params_class: str,
+    doc: list[str],
 ) -> None:
     mod.need("collections.abc", "Iterable")
     binary = all(p.type.binary_copy_ok for p in q.params)
@@ -991,27 +1090,27 @@ def emit_copy(
     types = tuple_node([json.dumps(p.type.set_types_name) for p in q.params])
     mod.add("", "", *assignment(f"{const}_COPY", py_string(copy_sql)))
     mod.add(*layout(types, "", prefix=f"{const}_COPY_TYPES: Final = "))
-    sig = signature(
-        func, ["conn: psycopg.Connection[Any]", f"rows: Iterable[{params_class}]"], "int"
-    )
-    mod.add("", "", *sig)
+    sig = signature(func, ["self", CONN, f"rows: Iterable[{params_class}]"], "int", _DEF)
+    methods.extend(["", *sig])
     if doc:
-        mod.add(*doc)
+        methods.extend(doc)
     else:
-        mod.add(f'    """COPY the rows into {q.copy_table}; return how many were written."""')
+        methods.append(
+            f'{_B1}"""COPY the rows into {q.copy_table}; return how many were written."""'
+        )
     if not binary:
-        mod.add("    # Text COPY: binary COPY of an enum array needs its type registered.")
+        methods.append(f"{_B1}# Text COPY: binary COPY of an enum array needs its type registered.")
     contexts = [
         "psycopg.RawCursor(conn, row_factory=tuple_row) as cur",
-        f"cur.copy({const}_COPY) as copy",
+        f"cur.copy(self.sql({const}_COPY)) as copy",
     ]
-    with_line = f"    with {', '.join(contexts)}:"
+    with_line = f"{_B1}with {', '.join(contexts)}:"
     if len(with_line) > LINE_LENGTH:
-        with_lines = ["    with (", *[f"        {c}," for c in contexts], "    ):"]
+        with_lines = [f"{_B1}with (", *[f"{_B2}{c}," for c in contexts], f"{_B1}):"]
     else:
         with_lines = [with_line]
     # set_types() picks the dumpers, so values go in as they are, except that a
-    # NOT NULL json value of None means JSON null, as in the other functions.
+    # NOT NULL json value of None means JSON null, as in the other methods.
     values = tuple_node(
         [
             f"({json_wrap(p.type.json_wrapper, 'p.' + p.name)})"
@@ -1023,14 +1122,16 @@ def emit_copy(
     for p in q.params:
         if p.type.json_wrapper and not p.type.nullable and not p.type.dims:
             mod.need("psycopg.types.json", p.type.json_wrapper)
-    mod.add(
-        "    count = 0",
-        *with_lines,
-        f"        copy.set_types({const}_COPY_TYPES)",
-        "        for p in rows:",
-        *layout(call("copy.write_row", [values]), " " * 12),
-        "            count += 1",
-        "    return count",
+    methods.extend(
+        [
+            f"{_B1}count = 0",
+            *with_lines,
+            f"{_B2}copy.set_types({const}_COPY_TYPES)",
+            f"{_B2}for p in rows:",
+            *layout(call("copy.write_row", [values]), _B3),
+            f"{_B3}count += 1",
+            f"{_B1}return count",
+        ]
     )
 
 
@@ -1061,6 +1162,203 @@ def parse_enum_array(cls: type[_E], value: str | list[Any]) -> list[_E]:
         else:
             result.append(cls(re.sub(r"\\\\(.)", r"\\1", quoted)))
     return result'''
+
+# --------------------------------------------------------------------------- runtime
+
+# The generated package's _schema.py, after its header: the base of the Queries
+# classes and the schema rewrite. The plugin runs the same code at generate
+# time (runtime()) to check each query's use of the schema name.
+RUNTIME = r'''"""The PostgreSQL schema the generated queries run in, chosen at run time.
+
+Every query's SQL names its objects qualified with DEFAULT_SCHEMA, as written
+in the .sql files (``@schema@.jobs``, ``@schema@.job_state``); so does the COPY
+statement of a :copyfrom query. ``Queries(schema="myapp_jobs")`` runs the same
+queries in another schema: each statement's text is rewritten the first time
+it runs in that schema, then cached (per schema, for the whole process). With
+DEFAULT_SCHEMA the text is used as it is: no rewrite, no copy, no lookup.
+
+The rewrite replaces DEFAULT_SCHEMA's name where it qualifies a name, that is
+an identifier immediately followed by a dot: ``@schema@.jobs``, ``@SCHEMA@.jobs``
+(unquoted names fold to lower case), ``"@schema@".jobs``, ``@schema@.job_state[]``
+in a cast, ``@schema@.f(...)``. The new name is written quoted
+(``"myapp_jobs".jobs``), so that a schema whose name is an SQL keyword works.
+
+It leaves alone what is not a name: string literals ('@schema@.x', E'...' with
+backslash escapes, U&'...'), dollar-quoted strings ($$...$$, $tag$...$tag$),
+comments (-- and nested /* */), and quoted identifiers other than exactly
+"@schema@" (so "@schema@.x" is one name holding a dot, and a quoted name in
+other letter case another schema). A schema named inside a string is therefore not rewritten:
+to_regclass('@schema@.jobs'), set_config('search_path', ...), a function body in
+dollar quotes; pass such a name as a parameter instead. Strings are read as
+with standard_conforming_strings = on (PostgreSQL's default since 9.1).
+
+DEFAULT_SCHEMA's name must mean the schema and nothing else in the queries:
+the plugin refuses, at generate time, a query where the name stands without a
+dot after it (``@schema@ . jobs``, or ``@schema@`` as a table, alias or column).
+"""
+
+import re
+from collections.abc import Iterator
+from typing import Final
+
+DEFAULT_SCHEMA: Final = "@schema@"
+
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# PostgreSQL's lexer: identifiers, dollar-quote tags, string bodies, comments.
+_LETTER: Final = r"A-Za-z_\u0080-\U0010ffff"  # what may start an identifier
+_WORD: Final = re.compile(rf"[{_LETTER}][{_LETTER}0-9$]*")
+_DOLLAR_QUOTE: Final = re.compile(rf"\$(?:[{_LETTER}][{_LETTER}0-9]*)?\$")
+_STRING_REST: Final = re.compile(r"[^']*(?:''[^']*)*'")
+_ESCAPE_STRING_REST: Final = re.compile(r"[^'\\]*(?:(?:''|\\.)[^'\\]*)*'", re.DOTALL)
+_QUOTED_REST: Final = re.compile(r'[^"]*(?:""[^"]*)*"')
+_COMMENT_MARK: Final = re.compile(r"/\*|\*/")
+_FOLD: Final = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+# Statement texts rewritten for a schema: schema -> text as generated -> text.
+_REWRITTEN: Final[dict[str, dict[str, str]]] = {}
+# Texts cached per schema at most: the generated statements are far fewer, and
+# hand-written SQL built anew on each call must not grow the cache forever.
+_MAX_CACHED: Final = 1024
+
+
+def check_schema(schema: str) -> str:
+    """``schema`` when it is a plain lower-case identifier; else ValueError.
+
+    ``[a-z_][a-z0-9_]*`` of at most 63 characters (PostgreSQL's limit), not
+    starting with ``pg_`` (reserved for the system's own schemas).
+    """
+    if (
+        not isinstance(schema, str)
+        or _SCHEMA_NAME.fullmatch(schema) is None
+        or schema.startswith("pg_")
+    ):
+        raise ValueError(
+            f"invalid schema name {schema!r}: expected a plain lower-case identifier "
+            "([a-z_][a-z0-9_]*, at most 63 characters) not starting with pg_"
+        )
+    return schema
+
+
+def _after(pattern: re.Pattern[str], sql: str, pos: int) -> int:
+    """The end of the token whose rest ``pattern`` matches at ``pos`` (unterminated: the end)."""
+    m = pattern.match(sql, pos)
+    return len(sql) if m is None else m.end()
+
+
+def _comment_end(sql: str, pos: int) -> int:
+    """The end of the (nested) block comment opening at ``pos``."""
+    depth = 0
+    for m in _COMMENT_MARK.finditer(sql, pos):
+        depth += 1 if m[0] == "/*" else -1
+        if depth == 0:
+            return m.end()
+    return len(sql)
+
+
+def identifiers(sql: str) -> Iterator[tuple[int, int, str]]:
+    """``(start, end, name)`` of every identifier in ``sql`` outside strings and comments.
+
+    ``name`` is the identifier as PostgreSQL reads it: an unquoted one folded
+    to lower case, a quoted one as written between its quotes. Keywords count
+    as identifiers here.
+    """
+    pos, n = 0, len(sql)
+    while pos < n:
+        c = sql[pos]
+        if c == "'":
+            pos = _after(_STRING_REST, sql, pos + 1)
+        elif c == '"':
+            end = _after(_QUOTED_REST, sql, pos + 1)
+            yield pos, end, sql[pos + 1 : end - 1].replace('""', '"')
+            pos = end
+        elif sql.startswith("--", pos):
+            newline = sql.find("\n", pos)
+            pos = n if newline < 0 else newline + 1
+        elif sql.startswith("/*", pos):
+            pos = _comment_end(sql, pos)
+        elif c == "$" and (tag := _DOLLAR_QUOTE.match(sql, pos)) is not None:
+            close = sql.find(tag[0], tag.end())
+            pos = n if close < 0 else close + len(tag[0])
+        elif (word := _WORD.match(sql, pos)) is not None:
+            if word[0] in ("E", "e") and sql.startswith("'", word.end()):
+                pos = _after(_ESCAPE_STRING_REST, sql, word.end() + 1)
+            else:
+                yield pos, word.end(), word[0].translate(_FOLD)
+                pos = word.end()
+        else:
+            pos += 1
+
+
+def rebind(sql: str, schema: str, default: str = DEFAULT_SCHEMA) -> str:
+    """``sql`` with each qualifier naming the ``default`` schema naming ``schema``."""
+    check_schema(schema)
+    if schema == default:
+        return sql
+    parts: list[str] = []
+    last = 0
+    for start, end, name in identifiers(sql):
+        if name == default and sql.startswith(".", end):
+            parts.append(sql[last:start])
+            parts.append(f'"{schema}"')
+            last = end
+    parts.append(sql[last:])
+    return "".join(parts)
+
+
+class QueriesBase:
+    """The base of every generated ``Queries`` class: the schema the queries run in.
+
+    ``Queries()`` runs them in DEFAULT_SCHEMA, ``Queries(schema="myapp_jobs")``
+    in that schema (a ValueError for a name check_schema refuses). An instance
+    holds no connection and no state but the schema: share one freely.
+    """
+
+    __slots__ = ("_schema", "_texts")
+
+    _schema: str
+    _texts: dict[str, str] | None
+
+    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+        self._schema = check_schema(schema)
+        self._texts = None if schema == DEFAULT_SCHEMA else _REWRITTEN.setdefault(schema, {})
+
+    @property
+    def schema(self) -> str:
+        """The schema the queries run in."""
+        return self._schema
+
+    def sql(self, text: str) -> str:
+        """``text``, SQL qualified with DEFAULT_SCHEMA, for this schema.
+
+        The generated methods run their statements through here; hand-written
+        SQL qualified the same way can too (see the module's docstring).
+        """
+        texts = self._texts
+        if texts is None:
+            return text
+        found = texts.get(text)
+        if found is None:
+            found = rebind(text, self._schema)
+            if len(texts) < _MAX_CACHED:
+                texts[text] = found
+        return found
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(schema={self._schema!r})"
+'''
+
+
+def runtime_source(schema: str) -> str:
+    """The text of _schema.py (after the header) for the default ``schema``."""
+    return RUNTIME.replace("@SCHEMA@", schema.upper()).replace("@schema@", schema)
+
+
+@functools.cache
+def runtime(schema: str) -> dict[str, Any]:
+    """The namespace of _schema.py for ``schema``: the very code the generated package runs."""
+    namespace: dict[str, Any] = {"__name__": "_schema"}
+    exec(compile(runtime_source(schema), "_schema.py", "exec"), namespace)  # noqa: S102
+    return namespace
 
 
 def emit_models(request: dict[str, Any], ctx: Context) -> str:
@@ -1118,8 +1416,15 @@ def generate(request: dict[str, Any]) -> dict[str, str]:
             "required, e.g. options: {package: jobrun.postgres.sqlc}"
         )
     schema = options.get("schema")
-    if schema is not None and not (isinstance(schema, str) and re.fullmatch(r"[a-z_]\w*", schema)):
-        raise PluginError("plugin option 'schema' must be a lower-case schema name")
+    if schema is not None and (
+        not isinstance(schema, str)
+        or not _SCHEMA_OPTION.fullmatch(schema)
+        or schema.startswith("pg_")
+    ):
+        raise PluginError(
+            f"plugin option 'schema' {schema!r} is not a plain lower-case identifier "
+            "([a-z_][a-z0-9_]*, at most 63 characters, not starting with pg_)"
+        )
     ctx = Context(request, schema)
     queries, errors = build_queries(request, ctx)
 
@@ -1128,6 +1433,9 @@ def generate(request: dict[str, Any]) -> dict[str, str]:
         by_file.setdefault(q.filename, []).append(q)
     files: dict[str, str] = {}
     modules: dict[str, str] = {}
+    # Method name -> the query defining it: the package's Queries class
+    # inherits every module's, and the base's attributes are taken.
+    methods: dict[str, str] = {name: "QueriesBase" for name in _BASE_ATTRIBUTES}
     for filename in sorted(by_file):
         try:
             name = module_name(filename)
@@ -1136,6 +1444,14 @@ def generate(request: dict[str, Any]) -> dict[str, str]:
                     f"query files {modules[name]!r} and {filename!r} both map to {name}.py"
                 )
             modules[name] = filename
+            for q in by_file[filename]:
+                method = snake(q.name)
+                what = f"query {q.name!r} ({filename})"
+                if method in methods:
+                    raise PluginError(
+                        f"{what} and {methods[method]} both make the method Queries.{method}()"
+                    )
+                methods[method] = what
             files[f"{name}.py"] = emit_query_module(
                 request, ctx, package, filename, by_file[filename]
             )
@@ -1145,11 +1461,44 @@ def generate(request: dict[str, Any]) -> dict[str, str]:
         raise PluginError("\n".join(errors))
     files["models.py"] = emit_models(request, ctx)
     queries_src = ", ".join((request.get("settings") or {}).get("queries") or []) or "queries"
-    init = Module()
-    files["__init__.py"] = init.render(
-        header(request, queries_src), f"Typed psycopg 3 queries ({package}), generated by sqlc."
+    files["_schema.py"] = (
+        "\n".join(header(request, queries_src)) + "\n" + runtime_source(ctx.schema)
     )
+    files["__init__.py"] = emit_init(request, package, queries_src, sorted(modules))
     return dict(sorted(files.items()))
+
+
+# What QueriesBase defines for the generated methods' use: no query may take these names.
+_BASE_ATTRIBUTES = ("schema", "sql")
+
+
+def emit_init(request: dict[str, Any], package: str, source: str, modules: list[str]) -> str:
+    init = Module()
+    for name in modules:
+        init.need(package, name)
+    init.need(f"{package}._schema", "DEFAULT_SCHEMA")
+    bases = call("class Queries", [f"{name}.Queries" for name in modules])
+    init.add(
+        "",
+        "",
+        '__all__ = ["DEFAULT_SCHEMA", "Queries"]',
+        "",
+        "",
+        *layout(bases, "", suffix=":"),
+        f'    """Every query of {source}, run in one PostgreSQL schema.',
+        "",
+        "    ``Queries()`` runs them in DEFAULT_SCHEMA, with the SQL as written;",
+        '    ``Queries(schema="myapp_jobs")`` in that schema (a ValueError when the',
+        "    name is not a plain lower-case identifier). _schema.py tells how the SQL",
+        "    is rewritten for another schema. Each method takes the connection first,",
+        "    then its parameters by keyword (or the rows of a :copyfrom or :batch*).",
+        '    """',
+        "",
+        "    __slots__ = ()",
+    )
+    return init.render(
+        header(request, source), f"Typed psycopg 3 queries ({package}), generated by sqlc."
+    )
 
 
 def emit_query_module(
@@ -1158,7 +1507,8 @@ def emit_query_module(
     mod = Module()
     enum_import: set[str] = set()
     model_import: set[str] = set()
-    names: dict[str, str] = {}
+    names: dict[str, str] = {"Queries": "the Queries class", "QueriesBase": "its base"}
+    methods: list[str] = []
 
     def claim(name: str, what: str) -> None:
         if name in names:
@@ -1172,7 +1522,6 @@ def emit_query_module(
         what = f"query {q.name!r} ({filename})"
         const = snake(q.name).upper()
         claim(const, what)
-        claim(snake(q.name), what)
         if q.cmd == ":copyfrom":
             claim(f"{const}_COPY", what)
             claim(f"{const}_COPY_TYPES", what)
@@ -1180,11 +1529,24 @@ def emit_query_module(
         for cls in (f"{cap}Row", f"{cap}Params"):
             if cls in model_names:
                 raise PluginError(f"{what}: class {cls!r} clashes with a model in models.py")
-        emit_query(mod, q, enum_import, model_import)
+            claim(cls, what)
+        emit_query(mod, methods, q, enum_import, model_import)
     imported = sorted(enum_import | model_import)
     for name in imported:
         mod.need(f"{package}.models", name)
+    mod.need(f"{package}._schema", "QueriesBase")
     source = query_source(request, filename)
+    mod.add(
+        "",
+        "",
+        "class Queries(QueriesBase):",
+        *docstring_lines(
+            [f"The queries of {source}, run in the schema given (see QueriesBase)."], "    "
+        ),
+        "",
+        "    __slots__ = ()",
+        *methods,
+    )
     return mod.render(header(request, source), f"Queries of {source}.")
 
 

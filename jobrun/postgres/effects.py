@@ -23,7 +23,7 @@ from psycopg.pq import TransactionStatus
 from jobrun.job.errors import CommitRefused
 from jobrun.job.model import EffectKey, Job
 from jobrun.job.ports import CommitCallable
-from jobrun.postgres.sqlc import effects as q
+from jobrun.postgres.sqlc import Queries
 
 
 def run_commit(conn: psycopg.Connection[Any], commit: CommitCallable, job: Job) -> None:
@@ -43,5 +43,5 @@ def run_commit(conn: psycopg.Connection[Any], commit: CommitCallable, job: Job) 
         )
 
 
-def effect_done(conn: psycopg.Connection[Any], key: EffectKey) -> bool:
-    return bool(q.effect_done(conn, scope=key.scope, key=key.key))
+def effect_done(queries: Queries, conn: psycopg.Connection[Any], key: EffectKey) -> bool:
+    return bool(queries.effect_done(conn, scope=key.scope, key=key.key))

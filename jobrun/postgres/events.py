@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 
 from jobrun.job.model import EventKind
-from jobrun.postgres.sqlc import events as q
+from jobrun.postgres.sqlc import Queries
 
 
 class EventMode(enum.StrEnum):
@@ -48,11 +48,13 @@ class EventRow:
     detail: dict[str, Any] | None = None
 
 
-def record(conn: psycopg.Connection[Any], mode: EventMode, rows: Iterable[EventRow]) -> int:
+def record(
+    queries: Queries, conn: psycopg.Connection[Any], mode: EventMode, rows: Iterable[EventRow]
+) -> int:
     """Insert the rows ``mode`` wants, in one statement; returns how many."""
     wanted = [r for r in rows if mode.wants(r.kind)]
     if wanted:
-        q.insert_events(
+        queries.insert_events(
             conn,
             job_ids=[r.job_id for r in wanted],
             kinds=[str(r.kind) for r in wanted],

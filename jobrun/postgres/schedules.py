@@ -43,8 +43,7 @@ from jobrun.job import validate
 from jobrun.job.errors import AlreadyExists, IdempotencyConflict, NotFound, ValidationError
 from jobrun.job.model import Job, NewJob, Schedule, ScheduleSpec
 from jobrun.postgres.convert import job_from_row, schedule_from_row
-from jobrun.postgres.sqlc import jobs as jq
-from jobrun.postgres.sqlc import schedules as q
+from jobrun.postgres.sqlc import Queries
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -62,6 +61,7 @@ class SchedulesMixin:
     """Cron schedules (mixed into :class:`jobrun.postgres.store.Store`)."""
 
     if TYPE_CHECKING:
+        q: Queries
         pool: ConnectionPool[Any]
 
         def _with_tx(
@@ -81,7 +81,7 @@ class SchedulesMixin:
         _check_spec(spec)
 
         def run(c: psycopg.Connection[Any]) -> Schedule:
-            row = q.insert_schedule(c, **_row_args(spec, _first_run(c, spec)))
+            row = self.q.insert_schedule(c, **_row_args(spec, _first_run(self.q, c, spec)))
             if row is None:
                 raise AlreadyExists("schedule", spec.id)
             return schedule_from_row(row)
@@ -93,7 +93,7 @@ class SchedulesMixin:
         _check_spec(spec)
 
         def run(c: psycopg.Connection[Any]) -> Schedule:
-            row = q.upsert_schedule(c, **_row_args(spec, _first_run(c, spec)))
+            row = self.q.upsert_schedule(c, **_row_args(spec, _first_run(self.q, c, spec)))
             assert row is not None
             return schedule_from_row(row)
 
@@ -101,24 +101,24 @@ class SchedulesMixin:
 
     def get_schedule(self, schedule_id: str) -> Schedule:
         schedule_id = _check_id(schedule_id)
-        row = self._on_pool_read(lambda c: q.get_schedule(c, id=schedule_id))
+        row = self._on_pool_read(lambda c: self.q.get_schedule(c, id=schedule_id))
         if row is None:
             raise NotFound("schedule", schedule_id)
         return schedule_from_row(row)
 
     def list_schedules(self) -> list[Schedule]:
-        return [schedule_from_row(r) for r in self._on_pool_read(q.list_schedules)]
+        return [schedule_from_row(r) for r in self._on_pool_read(self.q.list_schedules)]
 
     def delete_schedule(self, schedule_id: str) -> None:
         schedule_id = _check_id(schedule_id)
-        deleted = self._on_pool(lambda c: q.delete_schedule(c, id=schedule_id))
+        deleted = self._on_pool(lambda c: self.q.delete_schedule(c, id=schedule_id))
         if not deleted:
             raise NotFound("schedule", schedule_id)
 
     def pause_schedule(self, schedule_id: str) -> Schedule:
         schedule_id = _check_id(schedule_id)
         row = self._on_pool(
-            lambda c: q.set_schedule_paused(c, paused=True, next_run_at=None, id=schedule_id)
+            lambda c: self.q.set_schedule_paused(c, paused=True, next_run_at=None, id=schedule_id)
         )
         if row is None:
             raise NotFound("schedule", schedule_id)
@@ -129,13 +129,13 @@ class SchedulesMixin:
         schedule_id = _check_id(schedule_id)
 
         def run(c: psycopg.Connection[Any]) -> Schedule:
-            current = q.get_schedule(c, id=schedule_id)
+            current = self.q.get_schedule(c, id=schedule_id)
             if current is None:
                 raise NotFound("schedule", schedule_id)
-            now = jq.db_now(c)
+            now = self.q.db_now(c)
             assert now is not None
             following = schedule_from_row(current).cron_schedule.next_after(now)
-            row = q.set_schedule_paused(c, paused=False, next_run_at=following, id=schedule_id)
+            row = self.q.set_schedule_paused(c, paused=False, next_run_at=following, id=schedule_id)
             assert row is not None
             return schedule_from_row(row)
 
@@ -147,7 +147,7 @@ class SchedulesMixin:
         """Unpaused schedules whose next run is at or before ``now`` (db now), oldest first."""
         validate.aware_datetime("now", now)
         validate.batch_limit(limit, 10_000)
-        rows = self._with_tx(lambda c: q.due_schedules(c, now=now, max_schedules=limit))
+        rows = self._with_tx(lambda c: self.q.due_schedules(c, now=now, max_schedules=limit))
         return [schedule_from_row(r) for r in rows]
 
     def materialize(self, schedule: Schedule, now: dt.datetime) -> Job | None:
@@ -179,11 +179,11 @@ class SchedulesMixin:
             except IdempotencyConflict as exc:
                 # The occurrence was enqueued before the template changed:
                 # it is materialised all the same.
-                stored = jq.get_job(c, id=exc.existing_id) if exc.existing_id else None
+                stored = self.q.get_job(c, id=exc.existing_id) if exc.existing_id else None
                 if stored is None:
                     raise
                 enqueued = job_from_row(stored)
-            moved = q.advance_schedule(
+            moved = self.q.advance_schedule(
                 c, next_run_at=following, id=schedule.id, previous=schedule.next_run_at
             )
             if not moved:
@@ -212,8 +212,8 @@ def _check_id(schedule_id: object) -> str:
     return validate.text("schedule_id", schedule_id)
 
 
-def _first_run(conn: psycopg.Connection[Any], spec: ScheduleSpec) -> dt.datetime:
-    now = jq.db_now(conn)
+def _first_run(queries: Queries, conn: psycopg.Connection[Any], spec: ScheduleSpec) -> dt.datetime:
+    now = queries.db_now(conn)
     assert now is not None
     return spec.schedule.next_after(now)
 

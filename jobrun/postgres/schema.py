@@ -7,7 +7,10 @@ default name as an explicit qualifier (``jobrun.jobs``), so that they never
 depend on a connection's ``search_path``: a caller's connection, with
 whatever ``search_path`` (or a ``public.jobs`` table of its own), reaches
 exactly jobrun's tables. Another name is written in place of every
-``jobrun.`` qualifier before the SQL is sent (:func:`in_schema`).
+``jobrun.`` qualifier before the SQL is sent: the generated query layer does
+it for the queries (``Queries(schema=...)``), :func:`in_schema` for the
+migrations, with the same lexer-aware rewrite (string literals, comments and
+dollar quotes are left alone).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import re
 
 from jobrun.job.errors import ValidationError
+from jobrun.postgres.sqlc._schema import rebind
 
 DEFAULT_SCHEMA = "jobrun"
 SCHEMA_VERSION = 4
@@ -23,7 +27,6 @@ every migration from 0004 on writes into ``schema_version``."""
 SCHEMA_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """A plain, unquoted, lower-case identifier that is not PostgreSQL's own (pg_*)."""
 
-_QUALIFIER = re.compile(r"(?<![\w$\"'])jobrun\.(?=[a-z_\"])")
 _SCHEMA_DDL = re.compile(r"\b(SCHEMA\s+(?:IF\s+NOT\s+EXISTS\s+)?)jobrun\b")
 
 
@@ -45,4 +48,4 @@ def in_schema(sql: str, schema: str) -> str:
     if schema == DEFAULT_SCHEMA:
         return sql
     name = schema_name(schema)
-    return _SCHEMA_DDL.sub(rf"\g<1>{name}", _QUALIFIER.sub(f"{name}.", sql))
+    return _SCHEMA_DDL.sub(rf"\g<1>{name}", rebind(sql, name))

@@ -145,10 +145,10 @@ from jobrun.postgres.deadline import WATCHDOG
 from jobrun.postgres.events import EventMode, EventRow, record
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
 from jobrun.postgres.schedules import SchedulesMixin
-from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION
+from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, schema_name
+from jobrun.postgres.sqlc import Queries, models
 from jobrun.postgres.sqlc import events as eq
 from jobrun.postgres.sqlc import jobs as q
-from jobrun.postgres.sqlc import models
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,10 @@ class Store(SchedulesMixin):
         commit_timeout: dt.timedelta | None = DEFAULT_COMMIT_TIMEOUT,
         notify_channel: str = DEFAULT_NOTIFY_CHANNEL,
         call_timeout: dt.timedelta | None = DEFAULT_CALL_TIMEOUT,
+        schema: str = DEFAULT_SCHEMA,
     ) -> None:
+        self.schema = schema_name(schema)
+        self.q = Queries(schema=self.schema)
         try:
             self.event_mode = EventMode(event_mode)
         except ValueError:
@@ -367,7 +370,7 @@ class Store(SchedulesMixin):
     def schema_version(self) -> int | None:
         """The version of the jobrun schema in the database; None when there is none."""
         try:
-            return self._on_pool_read(q.schema_version)
+            return self._on_pool_read(self.q.schema_version)
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return None
 
@@ -379,11 +382,11 @@ class Store(SchedulesMixin):
         """
         found = self.schema_version()
         if found != SCHEMA_VERSION:
-            raise SchemaMismatch(DEFAULT_SCHEMA, found, SCHEMA_VERSION)
+            raise SchemaMismatch(self.schema, found, SCHEMA_VERSION)
 
     def now(self) -> dt.datetime:
         """The database's clock: the only "now" any decision may use."""
-        value = self._on_pool_read(q.db_now)
+        value = self._on_pool_read(self.q.db_now)
         assert value is not None
         return value
 
@@ -423,24 +426,30 @@ class Store(SchedulesMixin):
             )
             with _unique_violations(job):
                 if job.idempotency_key is None:
-                    row: q.EnqueueJobRow | q.EnqueueKeyedJobRow | None = q.enqueue_job(conn, **args)
+                    row: q.EnqueueJobRow | q.EnqueueKeyedJobRow | None = self.q.enqueue_job(
+                        conn, **args
+                    )
                 else:
-                    row = q.enqueue_keyed_job(conn, idempotency_key=job.idempotency_key, **args)
+                    row = self.q.enqueue_keyed_job(
+                        conn, idempotency_key=job.idempotency_key, **args
+                    )
             if row is not None:
                 self._notified(row.notify_queue_usage)
                 return job_from_row(row)
             if job.idempotency_key is not None:
-                stored = q.get_job_by_key(
+                stored = self.q.get_job_by_key(
                     conn, queue=job.queue, idempotency_key=job.idempotency_key
                 )
                 if stored is not None:
                     found = job_from_row(stored)
-                    return _replay(job, found, _same_payloads(conn, [(job, found)]))
+                    return _replay(job, found, _same_payloads(self.q, conn, [(job, found)]))
                 continue
-            same_id = q.get_job(conn, id=job.id)
+            same_id = self.q.get_job(conn, id=job.id)
             if same_id is not None:
                 found = job_from_row(same_id)
-                return _same_job_or_conflict(job, found, _same_payloads(conn, [(job, found)]))
+                return _same_job_or_conflict(
+                    job, found, _same_payloads(self.q, conn, [(job, found)])
+                )
         raise DatabaseError(f"idempotency key {job.idempotency_key!r} kept changing hands")
 
     def _notified(self, usage: float) -> None:
@@ -463,7 +472,7 @@ class Store(SchedulesMixin):
         # On its own thread and pooled connection: never inside the caller's
         # transaction, never holding up the enqueue that noticed it.
         try:
-            blockers = self._on_pool_read(q.notify_queue_blockers)
+            blockers = self._on_pool_read(self.q.notify_queue_blockers)
         except Exception as exc:  # noqa: BLE001 - a diagnostic must not fail anything
             named = f"(sessions not listed: {exc})"
         else:
@@ -518,7 +527,7 @@ class Store(SchedulesMixin):
     def _enqueue_batch_on(
         self, conn: psycopg.Connection[Any], jobs: Iterator[NewJob]
     ) -> BatchResult:
-        db_now = q.db_now(conn)
+        db_now = self.q.db_now(conn)
         assert db_now is not None
         write_events = self.event_mode is EventMode.ALL
         keyed: dict[tuple[str, str], NewJob] = {}
@@ -546,7 +555,7 @@ class Store(SchedulesMixin):
                 continue
             fresh_plain = self._copy_chunk(conn, plain, db_now, replayed)
             if write_events and fresh_plain:
-                eq.copy_events(
+                self.q.copy_events(
                     conn,
                     (
                         eq.CopyEventsParams(job_id=j.id, kind="enqueued", attempt=0)
@@ -562,18 +571,19 @@ class Store(SchedulesMixin):
             if taken:
                 stored = {
                     (s.queue, s.idempotency_key): job_from_row(s)
-                    for s in q.get_jobs_by_keys(
+                    for s in self.q.get_jobs_by_keys(
                         conn,
                         queues=[j.queue for j in taken],
                         idempotency_keys=[j.idempotency_key or "" for j in taken],
                     )
                 }
                 pairs = [(j, stored[(j.queue, j.idempotency_key)]) for j in taken]
-                same = _same_payloads(conn, pairs)
+                same = _same_payloads(self.q, conn, pairs)
                 replayed.extend(_replay(j, found, same) for j, found in pairs)
             fresh = [j for j in chunk if j.id in new_ids]
             if fresh and write_events:
                 record(
+                    self.q,
                     conn,
                     self.event_mode,
                     (EventRow(j.id, EventKind.ENQUEUED, 0) for j in fresh),
@@ -586,7 +596,7 @@ class Store(SchedulesMixin):
 
     def _notify(self, conn: psycopg.Connection[Any], queue: str) -> None:
         """Wake the workers of ``queue`` when this transaction commits (if the queue has room)."""
-        usage = q.notify(
+        usage = self.q.notify(
             conn,
             channel=self.notify_channel,
             payload=queue,
@@ -594,15 +604,14 @@ class Store(SchedulesMixin):
         )
         self._notified(usage or 0.0)
 
-    @staticmethod
     def _insert_keyed(
-        conn: psycopg.Connection[Any], chunk: builtins.list[NewJob], db_now: dt.datetime
+        self, conn: psycopg.Connection[Any], chunk: builtins.list[NewJob], db_now: dt.datetime
     ) -> builtins.list[uuid.UUID]:
         """Insert keyed jobs; the ids inserted. A taken key is no insert (a replay or a
         conflict); an id taken by another job is AlreadyExists, and the chunk writes nothing."""
         try:
             with conn.transaction():
-                return q.insert_keyed_jobs(
+                return self.q.insert_keyed_jobs(
                     conn,
                     ids=[j.id for j in chunk],
                     queues=[j.queue for j in chunk],
@@ -617,12 +626,12 @@ class Store(SchedulesMixin):
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
                 raise _other_unique_violation(exc) from exc
-        taken = {row.id for row in q.get_jobs_by_ids(conn, ids=[j.id for j in chunk])}
+        taken = {row.id for row in self.q.get_jobs_by_ids(conn, ids=[j.id for j in chunk])}
         clash = next(j for j in chunk if j.id in taken)
         raise AlreadyExists("job", clash.id)
 
-    @staticmethod
     def _copy_chunk(
+        self,
         conn: psycopg.Connection[Any],
         plain: builtins.list[NewJob],
         db_now: dt.datetime,
@@ -636,20 +645,21 @@ class Store(SchedulesMixin):
         """
         try:
             with conn.transaction():
-                q.copy_jobs(conn, (_copy_row(j, db_now) for j in plain))
+                self.q.copy_jobs(conn, (_copy_row(j, db_now) for j in plain))
             return plain
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
                 raise _other_unique_violation(exc) from exc
         stored = {
-            row.id: job_from_row(row) for row in q.get_jobs_by_ids(conn, ids=[j.id for j in plain])
+            row.id: job_from_row(row)
+            for row in self.q.get_jobs_by_ids(conn, ids=[j.id for j in plain])
         }
         fresh = [j for j in plain if j.id not in stored]
         pairs = [(j, stored[j.id]) for j in plain if j.id in stored]
-        same = _same_payloads(conn, pairs)
+        same = _same_payloads(self.q, conn, pairs)
         replayed.extend(_same_job_or_conflict(j, found, same) for j, found in pairs)
         if fresh:
-            q.copy_jobs(conn, (_copy_row(j, db_now) for j in fresh))
+            self.q.copy_jobs(conn, (_copy_row(j, db_now) for j in fresh))
         return fresh
 
     # -- leases -----------------------------------------------------------------
@@ -665,7 +675,7 @@ class Store(SchedulesMixin):
         validate.claim_limit(limit)
         validate.positive_duration("ttl", ttl)
         rows = self._on_pool(
-            lambda c: q.claim_jobs(
+            lambda c: self.q.claim_jobs(
                 c,
                 queues=names,
                 max_jobs=limit,
@@ -692,7 +702,7 @@ class Store(SchedulesMixin):
             raise ValidationError("leases", f"at most {MAX_HEARTBEAT_IDS} per heartbeat")
         pairs = dict(leases)  # duplicates collapse
         kept = self._on_pool(
-            lambda c: q.heartbeat_jobs(
+            lambda c: self.q.heartbeat_jobs(
                 c, until=until, ids=list(pairs), tokens=list(pairs.values()), owner=owner
             )
         )
@@ -720,7 +730,7 @@ class Store(SchedulesMixin):
             # (Pipelining these measured slower than plain round trips: leaving
             # pipeline mode costs a Sync round trip of its own.)
             c.execute(begin)
-            row = q.complete_begin(
+            row = self.q.complete_begin(
                 c,
                 owner=owner,
                 token=token,
@@ -737,7 +747,7 @@ class Store(SchedulesMixin):
                 # Any other claim, stale after a reap and a retry cycle that
                 # repeated the same attempt count included, lost its lease.
                 if row.finished_by_claim:
-                    done = q.get_job(c, id=job.id)
+                    done = self.q.get_job(c, id=job.id)
                     assert done is not None
                     return job_from_row(done)
                 raise LeaseLost(job.id)
@@ -760,7 +770,7 @@ class Store(SchedulesMixin):
             state_now = State(state.value)
             committing[0] = True
             with c.pipeline():
-                q.complete_finish(
+                self.q.complete_finish(
                     c, state=state, id=job.id, owner=owner, token=token, detail=detail
                 )
                 c.execute("COMMIT")
@@ -791,7 +801,7 @@ class Store(SchedulesMixin):
         owner = owners.pop()
         keys = [EffectKey.of(j) for j in jobs]
         rows = self._on_pool(
-            lambda c: q.complete_jobs(
+            lambda c: self.q.complete_jobs(
                 c,
                 ids=[j.id for j in jobs],
                 tokens=[_lease_of(j)[1] for j in jobs],
@@ -844,7 +854,7 @@ class Store(SchedulesMixin):
 
         def run(c: psycopg.Connection[Any], committing: list[bool]) -> CompleteManyResult:
             c.execute(begin)
-            rows = q.complete_begin_many(
+            rows = self.q.complete_begin_many(
                 c,
                 ids=[j.id for j in jobs],
                 tokens=[_lease_of(j)[1] for j in jobs],
@@ -883,7 +893,7 @@ class Store(SchedulesMixin):
             committing[0] = True
             with c.pipeline():
                 if finish:
-                    q.complete_finish_many(
+                    self.q.complete_finish_many(
                         c,
                         ids=[f[0] for f in finish],
                         states=[f[1] for f in finish],
@@ -964,7 +974,7 @@ class Store(SchedulesMixin):
             validate.aware_datetime("retry_at", retry_at)
         text = validate.error_text(error)
         row = self._on_pool(
-            lambda c: q.fail_job(
+            lambda c: self.q.fail_job(
                 c,
                 permanent=bool(permanent),
                 retry_at=retry_at,
@@ -991,7 +1001,9 @@ class Store(SchedulesMixin):
         validate.batch_limit(limit)
 
         def run(c: psycopg.Connection[Any]) -> ReapResult:
-            rows = [job_from_row(r) for r in q.select_expired_leases(c, now=now, max_jobs=limit)]
+            rows = [
+                job_from_row(r) for r in self.q.select_expired_leases(c, now=now, max_jobs=limit)
+            ]
             if not rows:
                 return ReapResult(requeued=[], dead=[], cancelled=[])
             params = []
@@ -1013,7 +1025,7 @@ class Store(SchedulesMixin):
                         now=now,
                     )
                 )
-            reaped = q.reap_job(c, params)
+            reaped = self.q.reap_job(c, params)
             result = ReapResult(requeued=[], dead=[], cancelled=[])
             events: builtins.list[EventRow] = []
             for job, p, got in zip(rows, params, reaped, strict=True):
@@ -1037,7 +1049,7 @@ class Store(SchedulesMixin):
                     events.append(
                         EventRow(job.id, EventKind(verdict.value), job.attempts, {"via": "reaper"})
                     )
-            record(c, self.event_mode, events)
+            record(self.q, c, self.event_mode, events)
             return result
 
         return self._with_tx(run)
@@ -1046,7 +1058,7 @@ class Store(SchedulesMixin):
 
     def get(self, job_id: uuid.UUID) -> Job:
         _check_id(job_id)
-        row = self._on_pool_read(lambda c: q.get_job(c, id=job_id))
+        row = self._on_pool_read(lambda c: self.q.get_job(c, id=job_id))
         if row is None:
             raise NotFound("job", job_id)
         return job_from_row(row)
@@ -1078,7 +1090,9 @@ class Store(SchedulesMixin):
             _check_id(after)
         validate.batch_limit(limit, MAX_LIST_LIMIT)
         rows = self._on_pool_read(
-            lambda c: q.list_jobs(c, queue=queue, state=st, type=type, after=after, max_rows=limit)
+            lambda c: self.q.list_jobs(
+                c, queue=queue, state=st, type=type, after=after, max_rows=limit
+            )
         )
         return [job_from_row(r) for r in rows]
 
@@ -1088,23 +1102,27 @@ class Store(SchedulesMixin):
         _check_id(job_id)
 
         def run(c: psycopg.Connection[Any]) -> Job:
-            row = q.lock_job(c, id=job_id)
+            row = self.q.lock_job(c, id=job_id)
             if row is None:
                 raise NotFound("job", job_id)
             if row.state == models.JobState.QUEUED:
-                done = q.cancel_queued_job(c, id=job_id)
+                done = self.q.cancel_queued_job(c, id=job_id)
                 assert done is not None
                 record(
+                    self.q,
                     c,
                     self.event_mode,
                     [EventRow(job_id, EventKind.CANCELLED, row.attempts, {"via": "cancel"})],
                 )
                 return job_from_row(done)
             if row.state == models.JobState.LEASED and not row.cancel_requested:
-                done = q.request_cancel(c, id=job_id)
+                done = self.q.request_cancel(c, id=job_id)
                 assert done is not None
                 record(
-                    c, self.event_mode, [EventRow(job_id, EventKind.CANCEL_REQUESTED, row.attempts)]
+                    self.q,
+                    c,
+                    self.event_mode,
+                    [EventRow(job_id, EventKind.CANCEL_REQUESTED, row.attempts)],
                 )
                 return job_from_row(done)
             return job_from_row(row)
@@ -1117,14 +1135,15 @@ class Store(SchedulesMixin):
         _check_id(job_id)
 
         def run(c: psycopg.Connection[Any]) -> Job:
-            row = q.lock_job(c, id=job_id)
+            row = self.q.lock_job(c, id=job_id)
             if row is None:
                 raise NotFound("job", job_id)
             if row.state == models.JobState.LEASED:
                 raise InvalidState(job_id, str(row.state), "retry")
-            done = q.requeue_job(c, id=job_id)
+            done = self.q.requeue_job(c, id=job_id)
             assert done is not None
             record(
+                self.q,
                 c,
                 self.event_mode,
                 [EventRow(job_id, EventKind.RETRIED, done.attempts, {"from": str(row.state)})],
@@ -1139,11 +1158,11 @@ class Store(SchedulesMixin):
         validate.delay(older_than, "older_than")
         validate.batch_limit(limit)
         return self._on_pool(
-            lambda c: q.purge_jobs(c, age_seconds=older_than.total_seconds(), max_jobs=limit)
+            lambda c: self.q.purge_jobs(c, age_seconds=older_than.total_seconds(), max_jobs=limit)
         )
 
     def depth(self) -> builtins.list[QueueDepth]:
-        rows = self._on_pool_read(q.queue_depth)
+        rows = self._on_pool_read(self.q.queue_depth)
         return [
             QueueDepth(
                 queue=r.queue, ready=r.ready, scheduled=r.scheduled, leased=r.leased, dead=r.dead
@@ -1155,21 +1174,23 @@ class Store(SchedulesMixin):
         _check_id(job_id)
         return [
             event_from_row(r)
-            for r in self._on_pool_read(lambda c: eq.list_events(c, job_id=job_id))
+            for r in self._on_pool_read(lambda c: self.q.list_events(c, job_id=job_id))
         ]
 
     def prune_events(self, older_than: dt.timedelta, limit: int) -> int:
         validate.delay(older_than, "older_than")
         validate.batch_limit(limit)
         return self._on_pool(
-            lambda c: eq.prune_events(c, age_seconds=older_than.total_seconds(), max_events=limit)
+            lambda c: self.q.prune_events(
+                c, age_seconds=older_than.total_seconds(), max_events=limit
+            )
         )
 
     def state_counts(self, queue: str | None = None) -> dict[State, StateCount]:
         """Jobs and attempts burned per state, for ``queue`` or every queue."""
         if queue is not None:
             validate.queue_name(queue)
-        rows = self._on_pool_read(lambda c: q.count_by_state(c, queue=queue))
+        rows = self._on_pool_read(lambda c: self.q.count_by_state(c, queue=queue))
         return {
             State(r.state): StateCount(state=State(r.state), jobs=r.jobs, attempts=r.attempts)
             for r in rows
@@ -1178,13 +1199,13 @@ class Store(SchedulesMixin):
     def pause_queue(self, queue: str) -> None:
         """Stop every worker from claiming from ``queue``; enqueue still works."""
         validate.queue_name(queue)
-        self._on_pool(lambda c: q.pause_queue(c, queue=queue))
+        self._on_pool(lambda c: self.q.pause_queue(c, queue=queue))
 
     def resume_queue(self, queue: str) -> bool:
         """Let workers claim from ``queue`` again; False when it was not paused."""
         validate.queue_name(queue)
         usage = self._on_pool(
-            lambda c: q.resume_queue(
+            lambda c: self.q.resume_queue(
                 c,
                 queue=queue,
                 channel=self.notify_channel,
@@ -1197,12 +1218,12 @@ class Store(SchedulesMixin):
         return True
 
     def paused_queues(self) -> builtins.list[str]:
-        return self._on_pool_read(q.paused_queues)
+        return self._on_pool_read(self.q.paused_queues)
 
     def effect_done(self, job: Job | EffectKey) -> bool:
         """Whether the job's (or key's) effect has committed."""
         key = job if isinstance(job, EffectKey) else EffectKey.of(job)
-        return self._on_pool_read(lambda c: effects.effect_done(c, key))
+        return self._on_pool_read(lambda c: effects.effect_done(self.q, c, key))
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -1251,7 +1272,7 @@ def same_body(job: NewJob, stored: Job, same_payload: bool) -> bool:
 
 
 def _same_payloads(
-    conn: psycopg.Connection[Any], pairs: Sequence[tuple[NewJob, Job]]
+    queries: Queries, conn: psycopg.Connection[Any], pairs: Sequence[tuple[NewJob, Job]]
 ) -> set[uuid.UUID]:
     """The stored jobs whose payload equals the one sent, compared as jsonb by PostgreSQL.
 
@@ -1263,7 +1284,7 @@ def _same_payloads(
     if not pairs:
         return set()
     return set(
-        q.same_payloads(
+        queries.same_payloads(
             conn,
             ids=[stored.id for _, stored in pairs],
             payloads=[raw_json(job.payload_json) for job, _ in pairs],

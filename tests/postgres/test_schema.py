@@ -118,3 +118,46 @@ def test_a_newer_schema_says_to_upgrade_jobrun(store: Store, conn: psycopg.Conne
     conn.execute("UPDATE jobrun.schema_version SET version = %s", [SCHEMA_VERSION + 1])
     with pytest.raises(SchemaMismatch, match=r"newer than this jobrun knows .*upgrade jobrun"):
         store.check_schema()
+
+
+def test_a_store_in_a_schema_of_another_name_keeps_every_row_there(
+    empty_dsn: str, pg_server: Any
+) -> None:
+    """jobrun migrated into ``acme_jobs``: every statement goes there, nothing elsewhere."""
+    from jobrun.postgres.migrate import migrate  # noqa: PLC0415
+
+    migrate(empty_dsn, schema="acme_jobs")
+    pool = open_pool(empty_dsn, max_size=3)
+    try:
+        store = Store(pool, schema="acme_jobs")
+        store.check_schema()
+        store.enqueue(NewJob(type="t", idempotency_key="k"))
+        store.enqueue_batch([NewJob(type="t") for _ in range(3)])
+        jobs = store.claim("w", ["default"], 10, TTL)
+        store.complete(jobs[0], lambda c: None)
+        store.complete_many(jobs[1:3])
+        store.fail(jobs[3], "x", None)
+        store.pause_queue("q")
+        assert store.resume_queue("q")
+        store.create_schedule(ScheduleSpec(id="s", cron="* * * * *", type="t", payload={}))
+        assert len(store.list(limit=10)) == 4 and store.events(jobs[0].id)
+        assert store.effect_done(jobs[0])
+    finally:
+        pool.close()
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT count(*) FROM acme_jobs.jobs").fetchone() == (4,)
+        assert c.execute("SELECT to_regnamespace('jobrun')").fetchone() == (None,)
+    with pytest.raises(SchemaMismatch, match="'jobrun' is missing"):
+        pool = open_pool(empty_dsn, max_size=1)
+        try:
+            Store(pool).check_schema()
+        finally:
+            pool.close()
+
+
+def test_a_store_refuses_a_schema_name_that_is_not_plain(pool: Any) -> None:
+    from jobrun.job.errors import ValidationError  # noqa: PLC0415
+
+    for bad in ("public", "Acme", "acme;drop", "pg_x", ""):
+        with pytest.raises(ValidationError, match="schema"):
+            Store(pool, schema=bad)

@@ -2,10 +2,16 @@
 
 The plugin (tools/sqlc_gen_psycopg.py) runs on the saved fixture request
 (tests/unit/sqlc_fixture/request.json); the generated package is imported
-from a temporary directory and every function is run on a throwaway database
+from a temporary directory and every query is run on a throwaway database
 holding the fixture schema: every mapped type round-trips, enums travel by
 value, jsonb is written correctly by parameters and by binary COPY, and the
 batch commands send one statement per input row.
+
+Every test runs twice: with ``Queries()`` in the fixture's own schema jobrun,
+and with ``Queries(schema="myapp_jobs")`` in a second schema of the same
+database made from the same DDL with the name replaced, so that the schema
+rewrite of _schema.py is proven end to end. The connections' search_path is
+empty: a statement naming a table or type without its schema fails.
 
 The database: an empty database of each test's own on the suite's server
 (tests/conftest.py).
@@ -17,8 +23,8 @@ import base64
 import datetime as dt
 import decimal
 import importlib
-import itertools
 import json
+import re
 import subprocess
 import sys
 import tracemalloc
@@ -35,15 +41,18 @@ from psycopg.rows import dict_row
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "tools" / "sqlc_gen_psycopg.py"
 FIXTURE = ROOT / "tests" / "unit" / "sqlc_fixture"
-SCHEMA = ("schema/0001.types.sql", "schema/0002.all_types.sql")
+# The DDL of the schema jobrun, and of the schema audit (once: not rebound).
+SCHEMA_DDL = ("schema/0001.types.sql", "schema/0002.all_types.sql")
+SHARED_DDL = ("schema/0003.audit.sql",)
 PACKAGE = "sqlc_fixture_gen"
-
-_names = itertools.count()
+DEFAULT = "jobrun"  # the fixture's plugin option schema
+OTHER = "myapp_jobs"
+NO_SEARCH_PATH = "-c search_path="
 
 
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """The generated fixture package: .models, .jobs, .all_types."""
+    """The generated fixture package: .Queries, .models, .jobs, .all_types."""
     request = (FIXTURE / "request.json").read_bytes()
     proc = subprocess.run(
         [sys.executable, str(PLUGIN)], input=request, capture_output=True, check=False
@@ -59,25 +68,64 @@ def gen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
             name: importlib.import_module(f"{PACKAGE}.{name}")
             for name in ("models", "jobs", "all_types")
         }
-        yield SimpleNamespace(**modules)
+        yield SimpleNamespace(Queries=importlib.import_module(PACKAGE).Queries, **modules)
     finally:
         sys.path.remove(str(parent))
         for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
             del sys.modules[name]
 
 
+def ddl_in(schema: str) -> str:
+    """The fixture's DDL of the schema jobrun, making ``schema`` instead.
+
+    A plain text substitution, independent of the rewrite under test: the
+    DDL names jobrun nowhere but as the schema.
+    """
+    text = "\n".join((FIXTURE / path).read_text(encoding="utf-8") for path in SCHEMA_DDL)
+    assert text.count(f"{DEFAULT}.") > 5
+    return re.sub(rf"\b{DEFAULT}\b", schema, text)
+
+
 @pytest.fixture
 def fixture_dsn(empty_dsn: str) -> str:
-    """A database of the test's own holding the fixture schema."""
+    """A database of the test's own holding the fixture schema twice: jobrun and myapp_jobs."""
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        for path in SCHEMA:
+        conn.execute(ddl_in(DEFAULT).encode())
+        conn.execute(ddl_in(OTHER).encode())
+        for path in SHARED_DDL:
             conn.execute((FIXTURE / path).read_text(encoding="utf-8").encode())
     return empty_dsn
 
 
+@pytest.fixture(params=[DEFAULT, OTHER])
+def schema(request: pytest.FixtureRequest) -> str:
+    """The schema the test's queries run in."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def q(gen: SimpleNamespace, schema: str, fixture_dsn: str) -> Iterator[Any]:
+    """The fixture's queries bound to the test's schema: Queries() for jobrun.
+
+    A test in myapp_jobs leaves the schema jobrun empty: no statement of it
+    went to the default schema.
+    """
+    yield gen.Queries() if schema == DEFAULT else gen.Queries(schema=schema)
+    if schema != DEFAULT:
+        with psycopg.connect(fixture_dsn) as c:
+            left = c.execute(
+                f"SELECT (SELECT count(*) FROM {DEFAULT}.jobs),"
+                f" (SELECT count(*) FROM {DEFAULT}.job_events),"
+                f" (SELECT count(*) FROM {DEFAULT}.all_types)"
+            ).fetchone()
+        assert left == (0, 0, 0), f"rows written into {DEFAULT} by Queries(schema={schema!r})"
+
+
 @pytest.fixture
 def conn(fixture_dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(fixture_dsn, autocommit=True) as c:
+    """A connection with an empty search_path: every name must be qualified."""
+    with psycopg.connect(fixture_dsn, autocommit=True, options=NO_SEARCH_PATH) as c:
         yield c
 
 
@@ -167,25 +215,25 @@ def as_dict(row: Any) -> dict[str, Any]:
 
 
 def test_every_type_round_trips_through_parameters_and_results(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
     for values in (all_values(gen), null_values(gen)):
-        row = gen.all_types.insert_all_types(conn, **values)
+        row = q.insert_all_types(conn, **values)
         assert isinstance(row, gen.models.AllType)
         got = as_dict(row)
         assert isinstance(got.pop("id"), int)
         assert isinstance(got.pop("c_serial"), int)
         assert got == expected_row(values)
-    listed = gen.all_types.list_all_types(conn)
+    listed = q.list_all_types(conn)
     assert [as_dict(r)["c_text_array"] for r in listed] == [all_values(gen)["c_text_array"]] * 2
     assert type(listed[0].c_mood) is gen.models.Mood
     assert all(type(m) is gen.models.Mood for m in listed[0].c_mood_array)
 
 
 def test_expression_results_load_as_the_annotated_types(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
-    row = gen.all_types.expressions(conn)
+    row = q.expressions(conn)
     mood = gen.models.Mood
     assert (row.a_smallint, row.a_bigint, row.a_real, row.a_double) == (1, 2, 1.5, 2.5)
     assert row.a_numeric == decimal.Decimal("3.25") and row.a_bool is True
@@ -204,28 +252,28 @@ def test_expression_results_load_as_the_annotated_types(
 
 
 def test_enums_travel_by_value_both_ways(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, schema: str, conn: psycopg.Connection[Any]
 ) -> None:
     state = gen.models.JobState
     job_id = uuid.uuid4()
-    gen.jobs.insert_job(
+    q.insert_job(
         conn, id=job_id, queue="q", payload={}, priority=0, state=state.CANCELLED, detail=None
     )
-    assert conn.execute("SELECT state::text FROM jobs").fetchone() == ("cancelled",)
-    assert gen.jobs.get_state(conn, id=job_id) is state.CANCELLED
-    rows = gen.jobs.jobs_in_states(conn, states=[state.CANCELLED, state.DEAD])
+    assert conn.execute(f"SELECT state::text FROM {schema}.jobs").fetchone() == ("cancelled",)
+    assert q.get_state(conn, id=job_id) is state.CANCELLED
+    rows = q.jobs_in_states(conn, states=[state.CANCELLED, state.DEAD])
     assert [(r.id, r.state) for r in rows] == [(job_id, state.CANCELLED)]
-    assert gen.jobs.jobs_in_states(conn, states=[state.QUEUED]) == []
+    assert q.jobs_in_states(conn, states=[state.QUEUED]) == []
 
 
 @pytest.mark.parametrize(
     "payload", [{"a": 1}, [1, "x"], "a json string", 42, 1.5, True, None], ids=repr
 )
 def test_jsonb_parameters_store_the_json_value(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any], payload: Any
+    gen: SimpleNamespace, q: Any, schema: str, conn: psycopg.Connection[Any], payload: Any
 ) -> None:
     job_id = uuid.uuid4()
-    job = gen.jobs.insert_job(
+    job = q.insert_job(
         conn,
         id=job_id,
         queue="q",
@@ -238,22 +286,22 @@ def test_jsonb_parameters_store_the_json_value(
     assert job.detail is None
     # None for NOT NULL jsonb is JSON null; for a nullable one, SQL NULL.
     stored = conn.execute(
-        "SELECT payload = %s::jsonb, detail IS NULL FROM jobs", [json.dumps(payload)]
+        f"SELECT payload = %s::jsonb, detail IS NULL FROM {schema}.jobs", [json.dumps(payload)]
     ).fetchone()
     assert stored == (True, True)
-    gen.jobs.set_detail(conn, detail={"k": "v"}, id=job_id)
-    assert gen.jobs.get_job(conn, id=job_id).detail == {"k": "v"}
-    gen.jobs.set_detail(conn, detail=None, id=job_id)
-    assert conn.execute("SELECT detail IS NULL FROM jobs").fetchone() == (True,)
+    q.set_detail(conn, detail={"k": "v"}, id=job_id)
+    assert q.get_job(conn, id=job_id).detail == {"k": "v"}
+    q.set_detail(conn, detail=None, id=job_id)
+    assert conn.execute(f"SELECT detail IS NULL FROM {schema}.jobs").fetchone() == (True,)
 
 
 def test_an_already_wrapped_json_value_passes_through_unserialised_again(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
     from psycopg.types.json import Jsonb  # noqa: PLC0415
 
     raw = Jsonb('{"pre": "serialised"}', dumps=lambda text: text)
-    job = gen.jobs.insert_job(
+    job = q.insert_job(
         conn,
         id=uuid.uuid4(),
         queue="q",
@@ -268,7 +316,7 @@ def test_an_already_wrapped_json_value_passes_through_unserialised_again(
 # --------------------------------------------------------------------------- commands
 
 
-def _job(gen: SimpleNamespace, conn: psycopg.Connection[Any], **kw: Any) -> Any:
+def _job(gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any], **kw: Any) -> Any:
     args: dict[str, Any] = {
         "id": uuid.uuid4(),
         "queue": "q",
@@ -278,21 +326,21 @@ def _job(gen: SimpleNamespace, conn: psycopg.Connection[Any], **kw: Any) -> Any:
         "detail": None,
     }
     args.update(kw)
-    return gen.jobs.insert_job(conn, **args)
+    return q.insert_job(conn, **args)
 
 
 def test_one_returns_the_shared_model_or_none(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
-    job = _job(gen, conn, priority=7)
+    job = _job(gen, q, conn, priority=7)
     assert isinstance(job, gen.models.Job)
-    assert gen.jobs.get_job(conn, id=job.id) == job
-    assert gen.jobs.get_job(conn, id=uuid.uuid4()) is None
-    assert gen.jobs.count_jobs(conn) == 1
-    assert gen.jobs.get_lease_owner(conn, id=job.id) is None
-    assert gen.jobs.get_payload(conn, id=job.id) == {}
-    assert gen.jobs.max_priority(conn, state=gen.models.JobState.QUEUED) == 7
-    via_cte = gen.jobs.insert_job_with_event(
+    assert q.get_job(conn, id=job.id) == job
+    assert q.get_job(conn, id=uuid.uuid4()) is None
+    assert q.count_jobs(conn) == 1
+    assert q.get_lease_owner(conn, id=job.id) is None
+    assert q.get_payload(conn, id=job.id) == {}
+    assert q.max_priority(conn, state=gen.models.JobState.QUEUED) == 7
+    via_cte = q.insert_job_with_event(
         conn,
         id=uuid.uuid4(),
         queue="q",
@@ -301,17 +349,17 @@ def test_one_returns_the_shared_model_or_none(
         state=gen.models.JobState.QUEUED,
     )
     assert isinstance(via_cte, gen.models.Job)
-    assert gen.jobs.get_job(conn, id=via_cte.id) == via_cte
+    assert q.get_job(conn, id=via_cte.id) == via_cte
 
 
 def test_many_returns_rows_and_bare_values(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
-    ids = sorted(_job(gen, conn, queue=q, priority=i).id for i, q in enumerate("aab"))
-    assert gen.jobs.list_job_ids(conn, queue="a") == sorted(
-        i for i in ids if gen.jobs.get_job(conn, id=i).queue == "a"
+    ids = sorted(_job(gen, q, conn, queue=name, priority=i).id for i, name in enumerate("aab"))
+    assert q.list_job_ids(conn, queue="a") == sorted(
+        i for i in ids if q.get_job(conn, id=i).queue == "a"
     )
-    claimed = gen.jobs.claim_jobs(conn, owner="w1", queues=["a", "b"], max_jobs=2)
+    claimed = q.claim_jobs(conn, owner="w1", queues=["a", "b"], max_jobs=2)
     assert len(claimed) == 2
     assert all(type(r).__name__ == "ClaimJobsRow" for r in claimed)
     assert {r.state for r in claimed} == {gen.models.JobState.LEASED}
@@ -319,37 +367,39 @@ def test_many_returns_rows_and_bare_values(
 
 
 def test_execrows_returns_the_number_of_rows_changed(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
-    a, b = _job(gen, conn), _job(gen, conn)
+    a, b = _job(gen, q, conn), _job(gen, q, conn)
     dead = gen.models.JobState.DEAD
-    assert gen.jobs.set_state(conn, new_state=dead, ids=[a.id, b.id, uuid.uuid4()]) == 2
-    assert gen.jobs.set_state(conn, new_state=dead, ids=[]) == 0
-    gen.jobs.delete_job(conn, id=a.id)
-    assert gen.jobs.list_job_ids(conn, queue="q") == [b.id]
+    assert q.set_state(conn, new_state=dead, ids=[a.id, b.id, uuid.uuid4()]) == 2
+    assert q.set_state(conn, new_state=dead, ids=[]) == 0
+    q.delete_job(conn, id=a.id)
+    assert q.list_job_ids(conn, queue="q") == [b.id]
 
 
 def test_void_results_and_notify(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any], fixture_dsn: str
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any], fixture_dsn: str
 ) -> None:
     with psycopg.connect(fixture_dsn, autocommit=True) as listener:
         listener.execute("LISTEN fixture_channel")
-        gen.jobs.notify(conn, pg_notify="fixture_channel", pg_notify_2="one")
-        assert gen.jobs.notify_one(conn, channel="fixture_channel", message="two") is None
+        q.notify(conn, pg_notify="fixture_channel", pg_notify_2="one")
+        assert q.notify_one(conn, channel="fixture_channel", message="two") is None
         got = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
     assert got == ["one", "two"]
 
 
-def test_left_join_rows_carry_nulls(gen: SimpleNamespace, conn: psycopg.Connection[Any]) -> None:
-    job = _job(gen, conn)
-    gen.jobs.insert_event(
+def test_left_join_rows_carry_nulls(
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
+) -> None:
+    job = _job(gen, q, conn)
+    q.insert_event(
         conn,
         [
             gen.jobs.InsertEventParams(job_id=job.id, kind="with job", detail=None),
             gen.jobs.InsertEventParams(job_id=uuid.uuid4(), kind="orphan", detail=None),
         ],
     )
-    rows = gen.jobs.jobs_with_events(conn)
+    rows = q.jobs_with_events(conn)
     assert [(r.id, r.state) for r in rows] == [
         (job.id, gen.models.JobState.QUEUED),
         (None, None),
@@ -357,7 +407,7 @@ def test_left_join_rows_carry_nulls(gen: SimpleNamespace, conn: psycopg.Connecti
 
 
 def test_copyfrom_writes_jsonb_enums_and_nulls_in_binary(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, schema: str, conn: psycopg.Connection[Any]
 ) -> None:
     state = gen.models.JobState
     payloads: list[Any] = [{"a": [1, {"b": None}]}, [1, 2], "text", 0, None, {"ü": "ñ"}]
@@ -372,9 +422,9 @@ def test_copyfrom_writes_jsonb_enums_and_nulls_in_binary(
         )
         for i, payload in enumerate(payloads)
     ]
-    assert gen.jobs.copy_jobs(conn, rows) == len(rows)
+    assert q.copy_jobs(conn, rows) == len(rows)
     for params in rows:
-        job = gen.jobs.get_job(conn, id=params.id)
+        job = q.get_job(conn, id=params.id)
         assert (job.queue, job.payload, job.priority, job.state, job.detail) == (
             params.queue,
             params.payload,
@@ -383,13 +433,15 @@ def test_copyfrom_writes_jsonb_enums_and_nulls_in_binary(
             params.detail,
         )
     # Real jsonb values (not strings holding JSON), JSON null for NOT NULL None.
-    types = conn.execute("SELECT jsonb_typeof(payload) FROM jobs ORDER BY id").fetchall()
+    types = conn.execute(f"SELECT jsonb_typeof(payload) FROM {schema}.jobs ORDER BY id").fetchall()
     assert [t for (t,) in types] == ["object", "array", "string", "number", "null", "object"]
-    assert conn.execute("SELECT count(*) FROM jobs WHERE detail IS NULL").fetchone() == (3,)
+    assert conn.execute(f"SELECT count(*) FROM {schema}.jobs WHERE detail IS NULL").fetchone() == (
+        3,
+    )
 
 
 def test_copyfrom_round_trips_every_type(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
     params = gen.all_types.CopyAllTypesParams
     fields = set(params.__dataclass_fields__)
@@ -397,27 +449,27 @@ def test_copyfrom_round_trips_every_type(
         {k: v for k, v in values.items() if k in fields}
         for values in (all_values(gen), null_values(gen))
     ]
-    assert gen.all_types.copy_all_types(conn, (params(**v) for v in inputs)) == 2
-    got = [as_dict(r) for r in gen.all_types.list_all_types(conn)]
+    assert q.copy_all_types(conn, (params(**v) for v in inputs)) == 2
+    got = [as_dict(r) for r in q.list_all_types(conn)]
     for row, values in zip(got, inputs, strict=True):
         assert {k: row[k] for k in fields} == expected_row(values)
         assert row["c_mood_array"] is None
 
 
 def test_copyfrom_with_enum_arrays_uses_text_copy(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
     params = gen.all_types.CopyMoodsParams
     fields = set(params.__dataclass_fields__)
     inputs = [{k: v for k, v in all_values(gen).items() if k in fields}]
     inputs.append({**inputs[0], "c_mood_array": None})
-    assert gen.all_types.copy_moods(conn, [params(**v) for v in inputs]) == 2
-    got = [as_dict(r) for r in gen.all_types.list_all_types(conn)]
+    assert q.copy_moods(conn, [params(**v) for v in inputs]) == 2
+    got = [as_dict(r) for r in q.list_all_types(conn)]
     assert [{k: r[k] for k in fields} for r in got] == inputs
 
 
 def test_copyfrom_streams_rows_from_an_iterator_in_bounded_memory(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
     n = 30_000
     produced = 0
@@ -437,18 +489,19 @@ def test_copyfrom_streams_rows_from_an_iterator_in_bounded_memory(
 
     tracemalloc.start()
     try:
-        assert gen.jobs.copy_jobs(conn, rows()) == n
+        assert q.copy_jobs(conn, rows()) == n
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert produced == n
     # The rows alone are ~10 MB; streaming keeps only COPY's buffers around.
     assert peak < 4_000_000, peak
-    assert gen.jobs.count_jobs(conn) == n
+    assert q.count_jobs(conn) == n
 
 
 @pytest.mark.slow
 def test_copyfrom_a_million_rows(gen: SimpleNamespace, conn: psycopg.Connection[Any]) -> None:
+    q = gen.Queries(schema=OTHER)  # one schema is enough here: the rewritten COPY
     n = 1_000_000
     rows = (
         gen.jobs.CopyJobsParams(
@@ -461,69 +514,136 @@ def test_copyfrom_a_million_rows(gen: SimpleNamespace, conn: psycopg.Connection[
         )
         for i in range(n)
     )
-    assert gen.jobs.copy_jobs(conn, rows) == n
-    assert gen.jobs.count_jobs(conn) == n
+    assert q.copy_jobs(conn, rows) == n
+    assert q.count_jobs(conn) == n
 
 
 def test_batchexec_runs_the_statement_for_every_row(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
-    job = _job(gen, conn)
+    job = _job(gen, q, conn)
     rows = [
         gen.jobs.InsertEventParams(job_id=job.id, kind=f"k{i}", detail={"i": i} if i else None)
         for i in range(5)
     ]
     with conn.transaction():
-        gen.jobs.insert_event(conn, rows)
-    events = gen.jobs.events_for_job(conn, [gen.jobs.EventsForJobParams(job_id=job.id)])[0]
+        q.insert_event(conn, rows)
+    events = q.events_for_job(conn, [gen.jobs.EventsForJobParams(job_id=job.id)])[0]
     assert [(e.kind, e.detail) for e in events] == [(r.kind, r.detail) for r in rows]
-    gen.jobs.insert_event(conn, [])  # nothing to do
+    q.insert_event(conn, [])  # nothing to do
 
 
 def test_batchone_returns_a_row_or_none_per_input(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
     state = gen.models.JobState
-    leased = _job(gen, conn, state=state.LEASED)
-    queued = _job(gen, conn)
+    leased = _job(gen, q, conn, state=state.LEASED)
+    queued = _job(gen, q, conn)
     params = gen.jobs.AckJobParams
-    got = gen.jobs.ack_job(
-        conn, [params(id=leased.id), params(id=queued.id), params(id=uuid.uuid4())]
-    )
+    got = q.ack_job(conn, [params(id=leased.id), params(id=queued.id), params(id=uuid.uuid4())])
     assert got == [gen.jobs.AckJobRow(id=leased.id, state=state.SUCCEEDED), None, None]
-    assert gen.jobs.ack_job(conn, []) == []
+    assert q.ack_job(conn, []) == []
 
 
 def test_batchmany_returns_the_rows_of_every_input(
-    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
-    a, b = _job(gen, conn), _job(gen, conn)
-    ids = gen.jobs.insert_events_unnest(conn, job_ids=[a.id, a.id, b.id], kinds=["x", "y", "z"])
+    a, b = _job(gen, q, conn), _job(gen, q, conn)
+    ids = q.insert_events_unnest(conn, job_ids=[a.id, a.id, b.id], kinds=["x", "y", "z"])
     assert len(ids) == 3 and all(isinstance(i, int) for i in ids)
     params = gen.jobs.EventKindsParams
-    got = gen.jobs.event_kinds(
+    got = q.event_kinds(
         conn, [params(job_id=a.id), params(job_id=uuid.uuid4()), params(job_id=b.id)]
     )
     assert got == [["x", "y"], [], ["z"]]
-    events = gen.jobs.events_for_job(conn, [gen.jobs.EventsForJobParams(job_id=b.id)])
+    events = q.events_for_job(conn, [gen.jobs.EventsForJobParams(job_id=b.id)])
     assert [[type(e).__name__ for e in es] for es in events] == [["JobEvent"]]
 
 
 def test_renamed_parameters_and_other_schemas(
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
+) -> None:
+    row = q.add_numbers(conn, param_1=2, param_2=3, class_="c", rows_=4)
+    assert (row.total, row.class_, row.rows) == (5, "c", 4)
+    entry = q.add_audit_entry(conn, note="hello")
+    assert isinstance(entry, gen.models.AuditEntry)
+    assert q.list_audit_entries(conn) == [entry]
+
+
+def test_queries_ignore_the_connection_row_factory(
+    gen: SimpleNamespace, q: Any, fixture_dsn: str
+) -> None:
+    with psycopg.connect(
+        fixture_dsn, autocommit=True, row_factory=dict_row, options=NO_SEARCH_PATH
+    ) as conn:
+        job = _job(gen, q, conn)
+        assert q.get_job(conn, id=job.id) == job
+        assert q.count_jobs(conn) == 1
+        assert q.ack_job(conn, [gen.jobs.AckJobParams(id=job.id)]) == [None]
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def test_the_connections_find_no_table_without_its_schema(
+    conn: psycopg.Connection[Any],
+) -> None:
+    # What makes every test here prove that its statements name their schema.
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        conn.execute("SELECT count(*) FROM jobs")
+
+
+def test_each_schema_holds_its_own_rows(
     gen: SimpleNamespace, conn: psycopg.Connection[Any]
 ) -> None:
-    row = gen.jobs.add_numbers(conn, param_1=2, param_2=3, class_="c", rows_=4)
-    assert (row.total, row.class_, row.rows) == (5, "c", 4)
-    entry = gen.all_types.add_audit_entry(conn, note="hello")
-    assert isinstance(entry, gen.models.AuditEntry)
-    assert gen.all_types.list_audit_entries(conn) == [entry]
+    home, other = gen.Queries(), gen.Queries(schema=OTHER)
+    state = gen.models.JobState
+    a = _job(gen, home, conn, queue="home")
+    b = _job(gen, other, conn, queue="other")
+    copied = gen.jobs.CopyJobsParams(
+        id=uuid.uuid4(), queue="other", payload={}, priority=0, state=state.QUEUED, detail=None
+    )
+    assert other.copy_jobs(conn, [copied]) == 1
+    assert (home.count_jobs(conn), other.count_jobs(conn)) == (1, 2)
+    assert home.get_job(conn, id=b.id) is None
+    assert other.get_job(conn, id=a.id) is None
+    assert conn.execute(f"SELECT count(*) FROM {DEFAULT}.jobs").fetchone() == (1,)
+    assert conn.execute(f"SELECT count(*) FROM {OTHER}.jobs").fetchone() == (2,)
+    claimed = other.claim_jobs(conn, owner="w", queues=["home", "other"], max_jobs=10)
+    assert sorted(r.id for r in claimed) == sorted([b.id, copied.id])
+    assert home.get_state(conn, id=a.id) is state.QUEUED
+    # Each schema has its own enum types: the casts name the bound schema's.
+    assert home.jobs_in_states(conn, states=[state.LEASED]) == []
+    assert len(other.jobs_in_states(conn, states=[state.LEASED])) == 2
 
 
-def test_functions_ignore_the_connection_row_factory(
-    gen: SimpleNamespace, fixture_dsn: str
+def test_strings_keep_the_schema_name_in_every_schema(
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:
-    with psycopg.connect(fixture_dsn, autocommit=True, row_factory=dict_row) as conn:
-        job = _job(gen, conn)
-        assert gen.jobs.get_job(conn, id=job.id) == job
-        assert gen.jobs.count_jobs(conn) == 1
-        assert gen.jobs.ack_job(conn, [gen.jobs.AckJobParams(id=job.id)]) == [None]
+    job = _job(gen, q, conn)
+    q.insert_event(
+        conn,
+        [gen.jobs.InsertEventParams(job_id=job.id, kind=k, detail=None) for k in ("a", "b")],
+    )
+    row = q.schema_names(conn)
+    assert (row.literal, row.escaped, row.dollar_quoted) == (
+        "jobrun.jobs",
+        "it's jobrun.jobs",
+        "jobrun.jobs",
+    )
+    # The quoted and the upper-case qualifiers count the bound schema's rows.
+    assert (row.jobs, row.events) == (1, 2)
+
+
+def test_a_schema_named_like_an_sql_keyword_works(
+    gen: SimpleNamespace, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute(ddl_in('"user"').encode())
+    q = gen.Queries(schema="user")
+    job = _job(gen, q, conn, queue="kw")
+    assert q.get_job(conn, id=job.id) == job
+    params = gen.jobs.CopyJobsParams(
+        id=uuid.uuid4(), queue="kw", payload=[1], priority=1, state=job.state, detail=None
+    )
+    assert q.copy_jobs(conn, [params]) == 1
+    assert conn.execute('SELECT count(*) FROM "user".jobs').fetchone() == (2,)

@@ -3,8 +3,11 @@
 The plugin runs as sqlc runs it (a subprocess, JSON on stdin and stdout) on
 tests/unit/sqlc_fixture/request.json, a GenerateRequest saved from sqlc for
 the fixture project next to it (its schema and queries cover every type and
-command the plugin maps). The generated code is then inspected with ast and
-imported. tests/postgres/test_sqlc_fixture_roundtrip.py runs it on PostgreSQL.
+command the plugin maps, all in the schema jobrun, the plugin option schema).
+The generated code is then inspected with ast and imported, and its schema
+rewrite (_schema.py) is run on the fixture's SQL and on odd SQL of its own.
+tests/postgres/test_sqlc_fixture_roundtrip.py runs it on PostgreSQL, in the
+default schema and in another.
 
 Also here: tools/check_sqlc_schema.py and tools/check_generated.py.
 """
@@ -19,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -38,6 +42,8 @@ FIXTURE = Path(__file__).resolve().parent / "sqlc_fixture"
 REQUEST = FIXTURE / "request.json"
 PACKAGE = "sqlc_fixture_gen"
 SQLC = Path(sys.executable).parent / "sqlc"
+RUFF = Path(sys.executable).parent / "ruff"
+SCHEMA = "jobrun"  # the fixture's plugin option schema
 
 needs_sqlc = pytest.mark.skipif(not SQLC.exists(), reason=f"sqlc not installed at {SQLC}")
 
@@ -84,7 +90,14 @@ def query(request: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def functions(source: str) -> dict[str, ast.FunctionDef]:
+    """The module-level functions of ``source``."""
     return {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+
+
+def methods(source: str) -> dict[str, ast.FunctionDef]:
+    """The methods of the module's Queries class: one per query."""
+    cls = classes(source)["Queries"]
+    return {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
 
 
 def classes(source: str) -> dict[str, ast.ClassDef]:
@@ -109,7 +122,7 @@ def fields(cls: ast.ClassDef) -> dict[str, str]:
 
 
 def signature(fn: ast.FunctionDef) -> str:
-    """``(conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None``."""
+    """``(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None``."""
     returns = ast.unparse(fn.returns) if fn.returns else "None"
     return f"({ast.unparse(fn.args)}) -> {returns}"
 
@@ -146,10 +159,11 @@ def imported(generated: dict[str, str], tmp_path: Path) -> Iterator[dict[str, Mo
     write_package(generated, tmp_path)
     sys.path.insert(0, str(tmp_path))
     try:
-        yield {
+        modules = {
             name: importlib.import_module(f"{PACKAGE}.{name}")
-            for name in ("models", "jobs", "all_types")
+            for name in ("models", "jobs", "all_types", "_schema")
         }
+        yield {"package": importlib.import_module(PACKAGE), **modules}
     finally:
         sys.path.remove(str(tmp_path))
         for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
@@ -187,7 +201,13 @@ def test_saved_request_is_a_real_sqlc_request_in_json() -> None:
 def test_writes_one_module_per_query_file_plus_models_and_init(
     generated: dict[str, str],
 ) -> None:
-    assert sorted(generated) == ["__init__.py", "all_types.py", "jobs.py", "models.py"]
+    assert sorted(generated) == [
+        "__init__.py",
+        "_schema.py",
+        "all_types.py",
+        "jobs.py",
+        "models.py",
+    ]
 
 
 def test_every_file_starts_with_the_do_not_edit_header(generated: dict[str, str]) -> None:
@@ -195,8 +215,9 @@ def test_every_file_starts_with_the_do_not_edit_header(generated: dict[str, str]
     sources = {
         "jobs.py": "query/jobs.sql",
         "all_types.py": "query/all_types.sql",
-        "models.py": "schema/0001.types.sql, schema/0002.all_types.sql",
+        "models.py": "schema/0001.types.sql, schema/0002.all_types.sql, schema/0003.audit.sql",
         "__init__.py": "query",
+        "_schema.py": "query",
     }
     for name, text in generated.items():
         lines = text.splitlines()
@@ -425,34 +446,34 @@ def test_enum_array_text_is_parsed_into_enum_members(imported: dict[str, ModuleT
 # --------------------------------------------------------------------------- functions
 
 
-def test_functions_take_the_connection_and_keyword_only_typed_parameters(
+def test_methods_take_the_connection_and_keyword_only_typed_parameters(
     generated: dict[str, str],
 ) -> None:
-    fns = functions(generated["jobs.py"])
+    fns = methods(generated["jobs.py"])
     assert signature(fns["claim_jobs"]) == (
-        "(conn: psycopg.Connection[Any], *, owner: str | None, queues: list[str], "
+        "(self, conn: psycopg.Connection[Any], *, owner: str | None, queues: list[str], "
         "max_jobs: int) -> list[ClaimJobsRow]"
     )
     assert signature(fns["set_state"]) == (
-        "(conn: psycopg.Connection[Any], *, new_state: JobState, ids: list[uuid.UUID]) -> int"
+        "(self, conn: psycopg.Connection[Any], *, new_state: JobState, ids: list[uuid.UUID]) -> int"
     )
     assert signature(fns["jobs_in_states"]) == (
-        "(conn: psycopg.Connection[Any], *, states: list[JobState]) -> list[JobsInStatesRow]"
+        "(self, conn: psycopg.Connection[Any], *, states: list[JobState]) -> list[JobsInStatesRow]"
     )
-    assert signature(fns["count_jobs"]) == "(conn: psycopg.Connection[Any]) -> int | None"
+    assert signature(fns["count_jobs"]) == "(self, conn: psycopg.Connection[Any]) -> int | None"
 
 
 def test_parameter_names_are_deduplicated_numbered_and_kept_off_reserved_words(
     generated: dict[str, str],
 ) -> None:
-    fns = functions(generated["jobs.py"])
+    fns = methods(generated["jobs.py"])
     # SELECT pg_notify($1, $2): sqlc names both after the function.
     assert signature(fns["notify"]) == (
-        "(conn: psycopg.Connection[Any], *, pg_notify: str, pg_notify_2: str) -> None"
+        "(self, conn: psycopg.Connection[Any], *, pg_notify: str, pg_notify_2: str) -> None"
     )
     # $1::int + $2::int has no name; sqlc.arg(class) and sqlc.arg(rows) would clash.
     assert signature(fns["add_numbers"]) == (
-        "(conn: psycopg.Connection[Any], *, param_1: int, param_2: int, class_: str, "
+        "(self, conn: psycopg.Connection[Any], *, param_1: int, param_2: int, class_: str, "
         "rows_: int) -> AddNumbersRow | None"
     )
     assert fields(classes(generated["jobs.py"])["AddNumbersRow"]) == {
@@ -462,21 +483,21 @@ def test_parameter_names_are_deduplicated_numbered_and_kept_off_reserved_words(
     }
 
 
-def test_every_function_runs_on_a_raw_cursor_with_tuple_rows(generated: dict[str, str]) -> None:
+def test_every_method_runs_on_a_raw_cursor_with_tuple_rows(generated: dict[str, str]) -> None:
     for module in ("jobs.py", "all_types.py"):
-        for name, fn in functions(generated[module]).items():
+        for name, fn in methods(generated[module]).items():
             assert "psycopg.RawCursor(conn, row_factory=tuple_row)" in body(fn), name
             assert "%s" not in body(fn), name
 
 
 def test_whole_table_results_reuse_the_shared_model(generated: dict[str, str]) -> None:
-    jobs = functions(generated["jobs.py"])
+    jobs = methods(generated["jobs.py"])
     assert signature(jobs["insert_job"]).endswith("-> Job | None")  # RETURNING *
     assert signature(jobs["get_job"]).endswith("-> Job | None")  # SELECT jobs.*
     # a data-modifying CTE whose result is exactly a jobs row
     assert signature(jobs["insert_job_with_event"]).endswith("-> Job | None")
     assert signature(jobs["events_for_job"]).endswith("-> list[list[JobEvent]]")
-    all_types = functions(generated["all_types.py"])
+    all_types = methods(generated["all_types.py"])
     assert signature(all_types["list_all_types"]).endswith("-> list[AllType]")
     assert signature(all_types["list_audit_entries"]).endswith("-> list[AuditEntry]")
     assert "InsertJobRow" not in generated["jobs.py"]
@@ -502,7 +523,7 @@ def test_partial_or_nullable_results_get_their_own_row_dataclass(
 
 
 def test_single_column_results_are_bare_values(generated: dict[str, str]) -> None:
-    fns = functions(generated["jobs.py"])
+    fns = methods(generated["jobs.py"])
     returns = {name: ast.unparse(fn.returns) for name, fn in fns.items() if fn.returns}
     assert returns["list_job_ids"] == "list[uuid.UUID]"
     assert returns["count_jobs"] == "int | None"
@@ -515,11 +536,11 @@ def test_single_column_results_are_bare_values(generated: dict[str, str]) -> Non
 
 
 def test_enum_columns_are_converted_to_the_strenum(generated: dict[str, str]) -> None:
-    fns = functions(generated["jobs.py"])
+    fns = methods(generated["jobs.py"])
     assert "JobState(r[0])" in body(fns["get_state"])
     assert "state=JobState(r[3])" in body(fns["claim_jobs"])
     assert "state=JobState(r[5]) if r[5] is not None else None" in body(fns["jobs_with_events"])
-    all_types = functions(generated["all_types.py"])
+    all_types = methods(generated["all_types.py"])
     assert "parse_enum_array(Mood, r[39]) if r[39] is not None else None" in body(
         all_types["list_all_types"]
     )
@@ -528,13 +549,13 @@ def test_enum_columns_are_converted_to_the_strenum(generated: dict[str, str]) ->
 def test_json_parameters_are_wrapped_for_psycopg_unless_already_wrapped(
     generated: dict[str, str],
 ) -> None:
-    insert_job = body(functions(generated["jobs.py"])["insert_job"])
+    insert_job = body(methods(generated["jobs.py"])["insert_job"])
     assert "payload if isinstance(payload, Jsonb) else Jsonb(payload)" in insert_job
     assert (
         "(detail if isinstance(detail, Jsonb) else Jsonb(detail)) if detail is not None else None"
         in insert_job
     )
-    insert_all = body(functions(generated["all_types.py"])["insert_all_types"])
+    insert_all = body(methods(generated["all_types.py"])["insert_all_types"])
     assert "c_jsonb if isinstance(c_jsonb, Jsonb) else Jsonb(c_jsonb)" in insert_all
     assert "isinstance(c_json, Json) else Json(c_json)" in insert_all
     # array elements: None stays an SQL NULL, wrapped values pass through
@@ -542,24 +563,24 @@ def test_json_parameters_are_wrapped_for_psycopg_unless_already_wrapped(
         "[v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in c_jsonb_array]"
         in insert_all
     )
-    batch = body(functions(generated["jobs.py"])["insert_event"])
+    batch = body(methods(generated["jobs.py"])["insert_event"])
     assert "isinstance(p.detail, Jsonb) else Jsonb(p.detail)" in batch
 
 
 def test_one_fetches_one_row_or_none(generated: dict[str, str]) -> None:
-    fn = functions(generated["jobs.py"])["get_job"]
-    assert "cur.execute(GET_JOB, (id,))" in body(fn)
+    fn = methods(generated["jobs.py"])["get_job"]
+    assert "cur.execute(self.sql(GET_JOB), (id,))" in body(fn)
     assert "cur.fetchone()" in body(fn)
     assert "if r is None:\n    return None" in body(fn)
 
 
 def test_many_fetches_all_rows(generated: dict[str, str]) -> None:
-    fn = functions(generated["jobs.py"])["claim_jobs"]
+    fn = methods(generated["jobs.py"])["claim_jobs"]
     assert "for r in cur.fetchall()]" in body(fn)
 
 
 def test_exec_returns_nothing_and_execrows_the_row_count(generated: dict[str, str]) -> None:
-    fns = functions(generated["jobs.py"])
+    fns = methods(generated["jobs.py"])
     assert signature(fns["delete_job"]).endswith("-> None")
     assert "fetch" not in body(fns["delete_job"])
     assert "return cur.rowcount" in body(fns["set_state"])
@@ -567,9 +588,9 @@ def test_exec_returns_nothing_and_execrows_the_row_count(generated: dict[str, st
 
 def test_copyfrom_streams_rows_through_binary_copy(generated: dict[str, str]) -> None:
     source = generated["jobs.py"]
-    fn = functions(source)["copy_jobs"]
+    fn = methods(source)["copy_jobs"]
     assert signature(fn) == (
-        "(conn: psycopg.Connection[Any], rows: Iterable[CopyJobsParams]) -> int"
+        "(self, conn: psycopg.Connection[Any], rows: Iterable[CopyJobsParams]) -> int"
     )
     assert fields(classes(source)["CopyJobsParams"]) == {
         "id": "uuid.UUID",
@@ -581,12 +602,12 @@ def test_copyfrom_streams_rows_through_binary_copy(generated: dict[str, str]) ->
     }
     consts = constants(source)
     assert consts["COPY_JOBS_COPY"] == (
-        "COPY jobs (id, queue, payload, priority, state, detail) FROM STDIN (FORMAT BINARY)"
+        "COPY jobrun.jobs (id, queue, payload, priority, state, detail) FROM STDIN (FORMAT BINARY)"
     )
     # An enum travels as text in binary COPY; jsonb gets its version byte from psycopg.
     assert consts["COPY_JOBS_COPY_TYPES"] == ("uuid", "text", "jsonb", "int4", "text", "jsonb")
     text = body(fn)
-    assert "cur.copy(COPY_JOBS_COPY) as copy" in text
+    assert "cur.copy(self.sql(COPY_JOBS_COPY)) as copy" in text
     assert "copy.set_types(COPY_JOBS_COPY_TYPES)" in text
     assert "for p in rows:" in text
     assert (
@@ -605,18 +626,18 @@ def test_copyfrom_with_an_enum_array_falls_back_to_text_copy(generated: dict[str
 def test_copyfrom_follows_the_insert_column_order(plugin: ModuleType) -> None:
     request = load_request()
     q = query(request, "CopyJobs")
-    q["text"] = "INSERT INTO jobs (queue, id) VALUES ($2, $1)"
+    q["text"] = "INSERT INTO jobrun.jobs (queue, id) VALUES ($2, $1)"
     q["params"] = [p for p in q["params"] if p["number"] in (1, 2)]
     files = generate_ok(request)
     source = files["jobs.py"]
-    assert constants(source)["COPY_JOBS_COPY"].startswith("COPY jobs (queue, id) FROM STDIN")
-    assert "copy.write_row((p.queue, p.id))" in body(functions(source)["copy_jobs"])
+    assert constants(source)["COPY_JOBS_COPY"].startswith("COPY jobrun.jobs (queue, id) FROM STDIN")
+    assert "copy.write_row((p.queue, p.id))" in body(methods(source)["copy_jobs"])
 
 
 def test_copyfrom_rejects_a_parameter_used_twice() -> None:
     request = load_request()
     q = query(request, "CopyJobs")
-    q["text"] = "INSERT INTO jobs (id, queue) VALUES ($1, $1)"
+    q["text"] = "INSERT INTO jobrun.jobs (id, queue) VALUES ($1, $1)"
     q["params"] = q["params"][:1]
     rc, _, err = run_plugin(request)
     assert rc == 1
@@ -625,11 +646,11 @@ def test_copyfrom_rejects_a_parameter_used_twice() -> None:
 
 def test_batchexec_sends_all_rows_with_executemany(generated: dict[str, str]) -> None:
     source = generated["jobs.py"]
-    fn = functions(source)["insert_event"]
+    fn = methods(source)["insert_event"]
     assert signature(fn) == (
-        "(conn: psycopg.Connection[Any], rows: Sequence[InsertEventParams]) -> None"
+        "(self, conn: psycopg.Connection[Any], rows: Sequence[InsertEventParams]) -> None"
     )
-    assert "cur.executemany(INSERT_EVENT, (" in body(fn)
+    assert "cur.executemany(self.sql(INSERT_EVENT), (" in body(fn)
     assert fields(classes(source)["InsertEventParams"]) == {
         "job_id": "uuid.UUID",
         "kind": "str",
@@ -638,9 +659,10 @@ def test_batchexec_sends_all_rows_with_executemany(generated: dict[str, str]) ->
 
 
 def test_batchone_returns_one_row_or_none_per_input(generated: dict[str, str]) -> None:
-    fn = functions(generated["jobs.py"])["ack_job"]
+    fn = methods(generated["jobs.py"])["ack_job"]
     assert signature(fn) == (
-        "(conn: psycopg.Connection[Any], rows: Sequence[AckJobParams]) -> list[AckJobRow | None]"
+        "(self, conn: psycopg.Connection[Any], rows: Sequence[AckJobParams]) "
+        "-> list[AckJobRow | None]"
     )
     text = body(fn)
     assert "returning=True" in text
@@ -649,17 +671,300 @@ def test_batchone_returns_one_row_or_none_per_input(generated: dict[str, str]) -
 
 
 def test_batchmany_returns_a_list_of_rows_per_input(generated: dict[str, str]) -> None:
-    fn = functions(generated["jobs.py"])["events_for_job"]
+    fn = methods(generated["jobs.py"])["events_for_job"]
     assert signature(fn) == (
-        "(conn: psycopg.Connection[Any], rows: Sequence[EventsForJobParams]) "
+        "(self, conn: psycopg.Connection[Any], rows: Sequence[EventsForJobParams]) "
         "-> list[list[JobEvent]]"
     )
     assert "cur.fetchall()" in body(fn)
 
 
 def test_query_comments_become_docstrings(generated: dict[str, str]) -> None:
-    fn = functions(generated["jobs.py"])["insert_job"]
+    fn = methods(generated["jobs.py"])["insert_job"]
     assert ast.get_docstring(fn) == "Returns the whole row: the result reuses the shared Job model."
+
+
+# --------------------------------------------------------------------------- Queries classes
+
+
+def test_each_query_module_has_a_queries_class_with_one_method_per_query(
+    generated: dict[str, str],
+) -> None:
+    request = load_request()
+    snake = load_plugin_module().snake
+    for module in ("jobs", "all_types"):
+        source = generated[f"{module}.py"]
+        cls = classes(source)["Queries"]
+        assert [ast.unparse(b) for b in cls.bases] == ["QueriesBase"]
+        expected = [
+            snake(q["name"]) for q in request["queries"] if q["filename"] == f"{module}.sql"
+        ]
+        assert list(methods(source)) == expected
+        assert functions(source) == {}  # no module-level query functions any more
+        assert all(next(iter(fn.args.args)).arg == "self" for fn in methods(source).values())
+
+
+def test_the_package_queries_class_inherits_every_modules_queries(
+    imported: dict[str, ModuleType],
+) -> None:
+    package, jobs, all_types = imported["package"], imported["jobs"], imported["all_types"]
+    queries = package.Queries
+    assert queries.__bases__ == (all_types.Queries, jobs.Queries)
+    assert issubclass(queries, imported["_schema"].QueriesBase)
+    q = queries(schema="myapp_jobs")
+    assert q.schema == "myapp_jobs" and repr(q) == "Queries(schema='myapp_jobs')"
+    assert q.claim_jobs.__func__ is jobs.Queries.claim_jobs
+    assert q.copy_all_types.__func__ is all_types.Queries.copy_all_types
+    with pytest.raises(AttributeError):
+        q.anything = 1  # slots: the schema is all an instance holds
+    assert package.DEFAULT_SCHEMA == SCHEMA == queries().schema
+
+
+def test_every_statement_runs_through_the_schema(generated: dict[str, str]) -> None:
+    for module in ("jobs.py", "all_types.py"):
+        consts = constants(generated[module])
+        for name, fn in methods(generated[module]).items():
+            calls = [
+                n
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Call)
+                and ast.unparse(n.func) in ("cur.execute", "cur.executemany", "cur.copy")
+            ]
+            assert len(calls) == 1, name
+            statement = ast.unparse(calls[0].args[0])
+            assert statement.startswith("self.sql(") and statement.endswith(")"), name
+            assert statement[len("self.sql(") : -1] in consts, name
+
+
+def test_the_default_schema_uses_the_sql_text_unchanged(imported: dict[str, ModuleType]) -> None:
+    for q in (imported["package"].Queries(), imported["package"].Queries(schema=SCHEMA)):
+        for module in (imported["jobs"], imported["all_types"]):
+            for name, value in vars(module).items():
+                if name.isupper() and isinstance(value, str):
+                    assert q.sql(value) is value, name
+
+
+def _oracle(text: str, schema: str) -> str:
+    """The fixture's SQL rebound by plain text substitution: right where it
+    names jobrun only in lower case and never inside a string or comment."""
+    return re.sub(r"\bjobrun\.", f'"{schema}".', text)
+
+
+def test_a_custom_schema_rewrites_every_qualified_reference_and_nothing_else(
+    imported: dict[str, ModuleType],
+) -> None:
+    q = imported["package"].Queries(schema="myapp_jobs")
+    seen = 0
+    for module in (imported["jobs"], imported["all_types"]):
+        for name, value in vars(module).items():
+            if not (name.isupper() and isinstance(value, str)) or name == "SCHEMA_NAMES":
+                continue
+            rebound = q.sql(value)
+            assert rebound == _oracle(value, "myapp_jobs"), name
+            assert "jobrun" not in rebound, name
+            seen += value.count("jobrun.")
+    assert seen > 30
+    # The other schema (audit) is not the queries' schema: it stays.
+    assert q.sql(imported["all_types"].ADD_AUDIT_ENTRY).startswith("INSERT INTO audit.entries")
+    # Strings, comments and dollar quotes keep the name; "jobrun" and JOBRUN are names.
+    assert q.sql(imported["jobs"].SCHEMA_NAMES) == (
+        "SELECT 'jobrun.jobs'::text AS literal, E'it\\'s jobrun.jobs'::text AS escaped,\n"
+        "    $$jobrun.jobs$$::text AS dollar_quoted,\n"
+        '    (SELECT count(*) FROM "myapp_jobs".jobs)::int AS jobs,\n'
+        '    (SELECT count(*) FROM "myapp_jobs".job_events /* not jobrun.jobs */)::int AS events'
+    )
+
+
+@pytest.mark.parametrize(
+    ("sql", "expected"),
+    [
+        ("SELECT * FROM jobrun.jobs j", 'SELECT * FROM "s".jobs j'),
+        ("SELECT jobrun.jobs.id FROM jobrun.jobs", 'SELECT "s".jobs.id FROM "s".jobs'),
+        ("SELECT $1::jobrun.job_state[]", 'SELECT $1::"s".job_state[]'),
+        ("SELECT JobRun.f(1)", 'SELECT "s".f(1)'),  # unquoted names fold to lower case
+        ('SELECT "jobrun".t', 'SELECT "s".t'),
+        ('SELECT "JobRun".t', 'SELECT "JobRun".t'),  # quoted: another schema
+        ('SELECT "jobrun.t"', 'SELECT "jobrun.t"'),  # one quoted name holding a dot
+        ('SELECT "a""jobrun".t', 'SELECT "a""jobrun".t'),
+        ("SELECT 'jobrun.t'", "SELECT 'jobrun.t'"),
+        ("SELECT 'it''s jobrun.t', jobrun.t", "SELECT 'it''s jobrun.t', \"s\".t"),
+        ("SELECT E'\\' jobrun.t', jobrun.t", "SELECT E'\\' jobrun.t', \"s\".t"),
+        ("SELECT e'\\\\', jobrun.t", "SELECT e'\\\\', \"s\".t"),
+        ("SELECT '\\', jobrun.t", "SELECT '\\', \"s\".t"),  # standard strings: \ is a char
+        ("SELECT U&'jobrun.t', B'01', X'ff'", "SELECT U&'jobrun.t', B'01', X'ff'"),
+        ("SELECT $$jobrun.t$$, jobrun.t", 'SELECT $$jobrun.t$$, "s".t'),
+        ("SELECT $q$ $$ jobrun.t $q$, jobrun.t", 'SELECT $q$ $$ jobrun.t $q$, "s".t'),
+        ("SELECT $1, jobrun.t, $2", 'SELECT $1, "s".t, $2'),
+        ("SELECT a$jobrun.t, jobrunx.t, x_jobrun.t", "SELECT a$jobrun.t, jobrunx.t, x_jobrun.t"),
+        ("SELECT 1 -- jobrun.t\n, jobrun.t", 'SELECT 1 -- jobrun.t\n, "s".t'),
+        (
+            "SELECT /* a /* jobrun.t */ jobrun.t */ jobrun.t",
+            'SELECT /* a /* jobrun.t */ jobrun.t */ "s".t',
+        ),
+        ("SELECT 'unterminated jobrun.t", "SELECT 'unterminated jobrun.t"),
+        ("SELECT jobrun.t, 'é', ÿjobrun.t, jobrun.t", 'SELECT "s".t, \'é\', ÿjobrun.t, "s".t'),
+    ],
+)
+def test_the_rewrite_replaces_qualifiers_only(
+    imported: dict[str, ModuleType], sql: str, expected: str
+) -> None:
+    assert imported["_schema"].rebind(sql, "s") == expected
+    assert imported["_schema"].rebind(sql, SCHEMA) is sql
+
+
+def test_a_schema_that_is_an_sql_keyword_works_quoted(imported: dict[str, ModuleType]) -> None:
+    q = imported["package"].Queries(schema="user")
+    assert q.sql(imported["jobs"].COUNT_JOBS) == 'SELECT count(*) FROM "user".jobs'
+
+
+@pytest.mark.parametrize(
+    "schema",
+    ["", "Jobs", "my-app", "1st", "pg_jobs", "a" * 64, "jobs;drop", 'x"y', "a b", "ünï", "a.b"],
+)
+def test_invalid_schema_names_are_refused(imported: dict[str, ModuleType], schema: str) -> None:
+    with pytest.raises(ValueError, match="invalid schema name"):
+        imported["package"].Queries(schema=schema)
+    with pytest.raises(ValueError, match="invalid schema name"):
+        imported["_schema"].rebind("SELECT 1", schema)
+
+
+@pytest.mark.parametrize("schema", ["a" * 63, "_x", "myapp_jobs", "jobs2", "pgjobs", "public"])
+def test_plain_lower_case_schema_names_are_accepted(
+    imported: dict[str, ModuleType], schema: str
+) -> None:
+    assert imported["package"].Queries(schema=schema).schema == schema
+
+
+def test_the_rewritten_text_is_made_once_per_schema(imported: dict[str, ModuleType]) -> None:
+    text = imported["jobs"].CLAIM_JOBS
+    first = imported["package"].Queries(schema="cached_a")
+    rebound = first.sql(text)
+    assert rebound is first.sql(text)
+    assert imported["jobs"].Queries(schema="cached_a").sql(text) is rebound  # any instance
+    assert imported["package"].Queries(schema="cached_b").sql(text) == rebound.replace(
+        '"cached_a"', '"cached_b"'
+    )
+
+
+def test_the_cache_stays_bounded_for_hand_written_sql(imported: dict[str, ModuleType]) -> None:
+    q = imported["package"].Queries(schema="bounded")
+    limit = imported["_schema"]._MAX_CACHED
+    for i in range(limit + 10):
+        assert q.sql(f"SELECT {i} FROM jobrun.t") == f'SELECT {i} FROM "bounded".t'
+    assert len(imported["_schema"]._REWRITTEN["bounded"]) == limit
+
+
+def test_copy_statements_are_schema_qualified(
+    generated: dict[str, str], imported: dict[str, ModuleType]
+) -> None:
+    consts = constants(generated["jobs.py"])
+    assert consts["COPY_JOBS_COPY"].startswith("COPY jobrun.jobs (id, queue,")
+    q = imported["package"].Queries(schema="myapp_jobs")
+    assert q.sql(imported["jobs"].COPY_JOBS_COPY).startswith('COPY "myapp_jobs".jobs (id, queue,')
+    assert q.sql(imported["all_types"].COPY_MOODS_COPY).startswith('COPY "myapp_jobs".all_types (')
+
+
+def test_copy_of_a_bare_table_name_is_qualified_with_sqlcs_schema() -> None:
+    # sqlc resolves a bare name in its default schema (public): COPY says so.
+    request = load_request()
+    query(request, "CopyJobs")["text"] = (
+        'INSERT INTO "jobs" (id, queue, payload, priority, state, detail) '
+        "VALUES ($1, $2, $3, $4, $5, $6)"
+    )
+    consts = constants(generate_ok(request)["jobs.py"])
+    assert consts["COPY_JOBS_COPY"].startswith('COPY public."jobs" (id, queue,')
+
+
+def test_copy_types_name_no_schema(generated: dict[str, str]) -> None:
+    # psycopg's set_types() looks names up in its client-side types registry,
+    # where an enum is only once registered (and a schema-qualified name only
+    # if it was fetched off the search_path). The enums go as text instead:
+    # every name is a built-in, the same in every schema.
+    builtin = {"uuid", "text", "jsonb", "json", "int2", "int4", "int8", "bool", "float4"}
+    builtin |= {"float8", "numeric", "timestamptz", "timestamp", "date", "time", "interval"}
+    builtin |= {"bytea"}
+    for module in ("jobs.py", "all_types.py"):
+        for name, value in constants(generated[module]).items():
+            if name.endswith("_COPY_TYPES"):
+                assert {t.removesuffix("[]") for t in value} <= builtin, name
+
+
+# --------------------------------------------------------------------------- the schema option
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT jobrun.id FROM jobrun.jobs jobrun",  # an alias named like the schema
+        "SELECT count(*) FROM jobrun . jobs",  # the dot apart
+        'SELECT "jobrun" FROM jobrun.jobs',  # a column
+    ],
+)
+def test_a_query_naming_the_schema_other_than_as_a_qualifier_fails(text: str) -> None:
+    request = load_request()
+    query(request, "CountJobs")["text"] = text
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'CountJobs'" in err and "'jobrun' without a dot" in err
+
+
+def test_the_schema_option_defaults_to_sqlcs_default_schema() -> None:
+    request = load_request()
+    request["plugin_options"] = base64.b64encode(json.dumps({"package": PACKAGE}).encode()).decode()
+    files = generate_ok(request)
+    assert 'DEFAULT_SCHEMA: Final = "public"' in files["_schema.py"]
+    # The models of jobrun take its name as a prefix then.
+    assert "class JobrunJob:" in files["models.py"]
+
+
+def test_the_schema_option_sets_the_default_schema_and_its_models_take_no_prefix() -> None:
+    request = load_request()
+    options = {"package": PACKAGE, "schema": "audit"}
+    request["plugin_options"] = base64.b64encode(json.dumps(options).encode()).decode()
+    files = generate_ok(request)
+    assert 'DEFAULT_SCHEMA: Final = "audit"' in files["_schema.py"]
+    assert "class Entry:" in files["models.py"]  # audit.entries, AuditEntry before
+    assert "class JobrunJob:" in files["models.py"]
+
+
+@pytest.mark.parametrize("name", ["Schema", "Sql"])
+def test_a_query_named_like_a_queriesbase_attribute_fails(name: str) -> None:
+    request = load_request()
+    query(request, "CountJobs")["name"] = name
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert f"Queries.{name.lower()}()" in err
+
+
+def test_queries_of_two_files_making_the_same_method_fail() -> None:
+    request = load_request()
+    query(request, "ListAuditEntries")["name"] = "count_jobs"  # CountJobs in jobs.sql
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'count_jobs'" in err and "'CountJobs'" in err and "Queries.count_jobs()" in err
+
+
+def test_generated_code_is_ruff_formatted_and_lint_clean(
+    generated: dict[str, str], tmp_path: Path
+) -> None:
+    if not RUFF.exists():
+        pytest.skip(f"ruff not installed at {RUFF}")
+    write_package(generated, tmp_path)
+    common = ["--isolated", "--line-length", "100", "--target-version", "py311"]
+    commands = [
+        ["format", "--check", "--diff", *common],
+        # E501 aside: the SQL texts and the header keep their long lines.
+        ["check", "--select=E,F,W,I,B,UP,SIM,RUF", "--ignore=E501", *common],
+    ]
+    for command in commands:
+        proc = subprocess.run(
+            [str(RUFF), *command, PACKAGE],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 # --------------------------------------------------------------------------- options
@@ -667,11 +972,16 @@ def test_query_comments_become_docstrings(generated: dict[str, str]) -> None:
 
 def test_plugin_options_are_decoded_from_base64(generated: dict[str, str]) -> None:
     request = load_request()
-    assert json.loads(base64.b64decode(request["plugin_options"])) == {"package": PACKAGE}
+    assert json.loads(base64.b64decode(request["plugin_options"])) == {
+        "package": PACKAGE,
+        "schema": SCHEMA,
+    }
     request["plugin_options"] = base64.b64encode(b'{"package": "other.pkg"}').decode()
     files = generate_ok(request)
     assert "from other.pkg.models import" in files["jobs.py"]
-    assert "from sqlc_fixture_gen" not in files["jobs.py"]
+    assert "from other.pkg._schema import QueriesBase" in files["jobs.py"]
+    assert "from other.pkg import all_types, jobs" in files["__init__.py"]
+    assert "from sqlc_fixture_gen" not in files["jobs.py"] + files["__init__.py"]
 
 
 @pytest.mark.parametrize(
@@ -681,6 +991,9 @@ def test_plugin_options_are_decoded_from_base64(generated: dict[str, str]) -> No
         (base64.b64encode(b"{}").decode(), "'package'"),
         (base64.b64encode(b'{"package": "not a name"}').decode(), "'package'"),
         (base64.b64encode(b'{"package": "p", "emit": 1}').decode(), "unknown plugin option"),
+        (base64.b64encode(b'{"package": "p", "schema": "Jobrun"}').decode(), "'schema'"),
+        (base64.b64encode(b'{"package": "p", "schema": "pg_jobs"}').decode(), "'schema'"),
+        (base64.b64encode(b'{"package": "p", "schema": 1}').decode(), "'schema'"),
         ("%%% not base64", "base64"),
     ],
 )
@@ -755,15 +1068,49 @@ def test_protobuf_input_fails_with_a_hint_about_format_json() -> None:
     assert "format: json" in err
 
 
+def _catalog_schema(request: dict[str, Any], name: str) -> dict[str, Any]:
+    schema: dict[str, Any] = next(s for s in request["catalog"]["schemas"] if s["name"] == name)
+    return schema
+
+
+def _jobs_table(request: dict[str, Any]) -> dict[str, Any]:
+    tables = _catalog_schema(request, SCHEMA)["tables"]
+    return copy.deepcopy(next(t for t in tables if t["rel"]["name"] == "jobs"))
+
+
 def test_model_class_name_clash_fails() -> None:
     request = load_request()
-    public = next(s for s in request["catalog"]["schemas"] if s["name"] == "public")
-    clone = copy.deepcopy(next(t for t in public["tables"] if t["rel"]["name"] == "jobs"))
+    clone = _jobs_table(request)
     clone["rel"]["name"] = "job"  # job and jobs both make `Job`
-    public["tables"].append(clone)
+    _catalog_schema(request, SCHEMA)["tables"].append(clone)
     rc, _, err = run_plugin(request)
     assert rc == 1
     assert "'Job'" in err
+
+
+def test_tables_of_sqlc_default_schema_and_the_plugin_schema_share_the_unprefixed_names() -> None:
+    # Neither public.jobs nor jobrun.jobs takes a prefix: both would be `Job`.
+    request = load_request()
+    clone = _jobs_table(request)
+    clone["rel"]["schema"] = "public"
+    _catalog_schema(request, "public")["tables"].append(clone)
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "public.jobs" in err and "'Job'" in err
+
+
+def test_a_model_named_like_the_generated_classes_fails() -> None:
+    for add in ("enum", "table"):
+        request = load_request()
+        if add == "enum":  # enum classes keep the name: queries -> Queries
+            _catalog_schema(request, SCHEMA)["enums"].append({"name": "queries", "vals": ["a"]})
+        else:  # table rows are singular: queries_bases -> QueriesBase
+            clone = _jobs_table(request)
+            clone["rel"]["name"] = "queries_bases"
+            _catalog_schema(request, SCHEMA)["tables"].append(clone)
+        rc, _, err = run_plugin(request)
+        assert rc == 1, add
+        assert "a name of the generated query modules" in err, add
 
 
 # --------------------------------------------------------------------------- with sqlc
@@ -811,13 +1158,14 @@ plugins:
       format: json
 sql:
   - engine: postgresql
-    schema: [schema/0001.types.sql, schema/0002.all_types.sql]
+    schema: [schema/0001.types.sql, schema/0002.all_types.sql, schema/0003.audit.sql]
     queries: query
     codegen:
       - plugin: psycopg
         out: out/{PACKAGE}
         options:
           package: {PACKAGE}
+          schema: {SCHEMA}
 """,
         encoding="utf-8",
     )
@@ -913,6 +1261,19 @@ def test_check_sqlc_schema_reads_flow_lists() -> None:
     assert module.schema_lists(text) == [["a.sql", "b.sql"], ["c.sql"]]
 
 
+def test_check_sqlc_schema_skips_the_plugins_schema_option() -> None:
+    spec = importlib.util.spec_from_file_location("check_sqlc_schema_under_test", CHECK_SCHEMA)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = (
+        "sql:\n  - schema:\n      - a.sql\n    codegen:\n      - plugin: p\n"
+        "        options:\n          package: x\n\n          schema: jobrun\n"
+        "        out: o\n  - schema: b.sql\n"
+    )
+    assert module.schema_lists(text) == [["a.sql"], ["b.sql"]]
+
+
 def test_check_sqlc_schema_passes_on_this_repository() -> None:
     proc = _check_schema(ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -938,13 +1299,17 @@ plugins:
       format: json
 sql:
   - engine: postgresql
-    schema: [db/migrations/0001.types.sql, db/migrations/0002.all_types.sql]
+    schema:
+      - db/migrations/0001.types.sql
+      - db/migrations/0002.all_types.sql
+      - db/migrations/0003.audit.sql
     queries: db/query
     codegen:
       - plugin: psycopg
         out: jobrun/postgres/sqlc
         options:
           package: jobrun.postgres.sqlc
+          schema: jobrun
 """,
         encoding="utf-8",
     )

@@ -1,5 +1,5 @@
 -- name: InsertAllTypes :one
-INSERT INTO all_types (
+INSERT INTO jobrun.all_types (
     c_smallint, c_int2, c_integer, c_int4, c_bigint, c_int8, c_boolean, c_bool,
     c_real, c_float4, c_double, c_float8, c_numeric, c_decimal,
     c_text, c_varchar, c_charvar, c_bpchar, c_character, c_name, c_uuid,
@@ -14,10 +14,10 @@ INSERT INTO all_types (
 RETURNING *;
 
 -- name: ListAllTypes :many
-SELECT * FROM all_types ORDER BY id;
+SELECT * FROM jobrun.all_types ORDER BY id;
 
 -- name: CopyAllTypes :copyfrom
-INSERT INTO all_types (
+INSERT INTO jobrun.all_types (
     c_smallint, c_int2, c_integer, c_int4, c_bigint, c_int8, c_boolean, c_bool,
     c_real, c_float4, c_double, c_float8, c_numeric, c_decimal,
     c_text, c_varchar, c_charvar, c_bpchar, c_character, c_name, c_uuid,
@@ -32,7 +32,7 @@ INSERT INTO all_types (
 
 -- name: CopyMoods :copyfrom
 -- mood[] cannot go through binary COPY without registering the type: text COPY.
-INSERT INTO all_types (c_smallint, c_integer, c_bigint, c_boolean, c_real, c_double,
+INSERT INTO jobrun.all_types (c_smallint, c_integer, c_bigint, c_boolean, c_real, c_double,
     c_numeric, c_text, c_uuid, c_jsonb, c_timestamptz, c_mood, c_text_array, c_mood_array)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
 
@@ -42,7 +42,7 @@ SELECT 1::smallint AS a_smallint, 2::bigint AS a_bigint, 1.5::real AS a_real,
     'x'::varchar AS a_varchar, 'y'::char(2) AS a_char, now() AS a_now,
     now()::timestamp AS a_timestamp, now()::date AS a_date, interval '1 day' AS an_interval,
     '\x00ff'::bytea AS a_bytea, '{"a": 1}'::json AS a_json, gen_random_uuid() AS a_uuid,
-    'happy'::mood AS a_mood, ARRAY['sad', 'so-so']::mood[] AS some_moods,
+    'happy'::jobrun.mood AS a_mood, ARRAY['sad', 'so-so']::jobrun.mood[] AS some_moods,
     ARRAY[1, 2]::int[] AS some_ints, 'n'::name AS a_name, '12:30'::time AS a_time;
 
 -- name: ListAuditEntries :many

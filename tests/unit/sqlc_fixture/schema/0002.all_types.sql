@@ -1,4 +1,4 @@
-CREATE TABLE all_types (
+CREATE TABLE jobrun.all_types (
     id              bigserial   PRIMARY KEY,
     c_serial        serial      NOT NULL,
     c_smallint      smallint    NOT NULL,
@@ -32,18 +32,11 @@ CREATE TABLE all_types (
     c_time          time,
     c_interval      interval,
     c_bytea         bytea,
-    c_mood          mood        NOT NULL,
-    c_mood_null     mood,
+    c_mood          jobrun.mood NOT NULL,
+    c_mood_null     jobrun.mood,
     c_text_array    text[]      NOT NULL,
     c_int_array     integer[],
     c_uuid_array    uuid[],
     c_jsonb_array   jsonb[],
-    c_mood_array    mood[]
-);
-
-CREATE SCHEMA audit;
-
-CREATE TABLE audit.entries (
-    id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    note text   NOT NULL
+    c_mood_array    jobrun.mood[]
 );
