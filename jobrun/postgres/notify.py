@@ -75,6 +75,7 @@ from psycopg import sql
 from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
+from jobrun.postgres import forksafe
 from jobrun.postgres.deadline import shutdown_socket
 from jobrun.postgres.pool import conninfo_with
 
@@ -550,6 +551,7 @@ class Notifier(_Hub):
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.Connection.connect(self._conninfo, autocommit=True)
+        forksafe.track(conn)  # a forked child severs it instead of keeping the session
         try:
             with interrupt_after(conn, self.probe_timeout):
                 configure_session(conn, self.probe_timeout)

@@ -347,12 +347,6 @@ sys.stdin.readline()
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deadline.shutdown_socket only shuts the socket down, so TCP keeps retransmitting "
-    "the request and delivers it when the link heals (issue 10: also abort the connection, "
-    "connect(AF_UNSPEC): RST now, send queue dropped)",
-)
 def test_a_statement_the_watchdog_gave_up_on_never_runs_once_the_network_heals(
     dsn: str, cable: NetNamespace, conn: psycopg.Connection[Any]
 ) -> None:
