@@ -507,11 +507,18 @@ _ERROR_SCAN_CHARS = 4 * MAX_ERROR_CHARS
 
 
 def error_text(value: str) -> str:
-    """Error text as stored: passwords redacted, NULs removed (text refuses them), truncated.
+    """Error text as stored: passwords redacted, NULs and lone surrogates escaped
+    (PostgreSQL's text refuses both), truncated.
 
     A handler's error may quote a connection string (its own DATABASE_URL):
-    the password must reach neither ``last_error`` nor ``job_events``.
+    the password must reach neither ``last_error`` nor ``job_events``. It may
+    also carry anything an exception message can: the text is the worker's
+    own report, so it is repaired rather than refused (a failure must always
+    be recordable).
     """
+    value = str.__str__(value)  # the real characters of a str subclass
+    if not value.isascii():
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
     text = _redaction.redact(value[:_ERROR_SCAN_CHARS]).replace("\x00", "\\0")
     if len(text) > MAX_ERROR_CHARS or len(value) > _ERROR_SCAN_CHARS:
         text = text[: MAX_ERROR_CHARS - 20] + " ... [truncated]"

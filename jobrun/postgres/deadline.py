@@ -25,10 +25,12 @@ shutdown acts on the socket both processes share).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -42,16 +44,43 @@ log = logging.getLogger(__name__)
 _TICK = 0.25
 
 
+class _SockaddrUnspec(ctypes.Structure):
+    _fields_ = (("sa_family", ctypes.c_ushort), ("sa_data", ctypes.c_char * 14))
+
+
+_LIBC: ctypes.CDLL | None = None
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(OSError):
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 def shutdown_socket(conn: psycopg.Connection[Any]) -> None:
-    """Shut the connection's socket down under whoever is blocked on it."""
+    """Shut the connection's socket down under whoever is blocked on it, then abort it.
+
+    ``shutdown()`` wakes the blocked call, but leaves a request already sent
+    into a dead link in the kernel's send queue, and TCP delivers it when the
+    link heals, seconds after the caller was told the call failed: a claim
+    that arrives then leases jobs to a worker that gave up on it. Connecting
+    the socket to ``AF_UNSPEC`` (Linux) resets it and drops that queue, so a
+    call given up on never happens later. (Bytes already on the wire may still
+    arrive; the worker adopts such claims, see jobrun.worker.)
+    """
     try:
         fd = conn.pgconn.socket
     except psycopg.Error:
         return  # already closed
     # fromfd duplicates the descriptor; shutdown() acts on the shared socket,
     # so a thread blocked on the original sees EOF and libpq fails the call.
+    # The abort goes through our duplicate too: libpq closes its own
+    # descriptor as soon as the shutdown wakes it.
     with contextlib.suppress(OSError), socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
         s.shutdown(socket.SHUT_RDWR)
+        if _LIBC is not None and s.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN) in (
+            socket.AF_INET,
+            socket.AF_INET6,
+        ):
+            unspec = _SockaddrUnspec(socket.AF_UNSPEC)
+            _LIBC.connect(s.fileno(), ctypes.byref(unspec), ctypes.sizeof(unspec))
 
 
 class CallWatchdog:

@@ -43,6 +43,9 @@ Liveness
     keepalives (from :func:`~jobrun.postgres.pool.conninfo_with`) back this
     up at the socket level. A dead connection is therefore noticed within
     ``liveness_interval + probe_timeout`` (plus one backoff step to recover).
+    :meth:`Notifier.activity` tells a stall watch (the worker's) what the
+    listener thread is doing and since when, so that a listener stuck on one
+    step longer than those bounds is reported instead of going silent.
 
 Disabled mode
     ``Notifier(..., enabled=False)`` (or :class:`NullDispatcher`) opens no
@@ -72,6 +75,7 @@ from psycopg import sql
 from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
+from jobrun.postgres import forksafe
 from jobrun.postgres.deadline import shutdown_socket
 from jobrun.postgres.pool import conninfo_with
 
@@ -390,6 +394,8 @@ class Notifier(_Hub):
         self._received = 0
         self._ignored = 0
         self._closed = False
+        # (what, busy since (monotonic) or None while backing off, thread ident)
+        self._activity: tuple[str, float | None, int | None] = ("not started", None, None)
         self.last_error: str | None = None
         """The last connection fault, redacted (for logs and health checks)."""
 
@@ -465,6 +471,22 @@ class Notifier(_Hub):
             ignored=self._ignored,
         )
 
+    def activity(self) -> tuple[str, float | None, int | None]:
+        """What the listener thread is doing: (step, busy since or None, thread ident).
+
+        "busy since" is a ``time.monotonic()`` reading, renewed at every step
+        (at least every half second while listening); None while the thread
+        sleeps between reconnects or is not running. A step that lasts much
+        longer than ``probe_timeout`` or the connect timeout is a stuck listener.
+        """
+        return self._activity
+
+    def _busy(self, what: str) -> None:
+        self._activity = (what, time.monotonic(), threading.get_ident())
+
+    def _idle(self, what: str) -> None:
+        self._activity = (what, None, threading.get_ident())
+
     def wait_connected(self, timeout: float) -> bool:
         """Block until the listener is connected (True) or ``timeout`` passes."""
         return self._connected.wait(check_seconds(timeout, "timeout", allow_zero=True))
@@ -483,10 +505,12 @@ class Notifier(_Hub):
     def _run(self) -> None:
         attempt = 0
         while not self._stop.is_set():
+            self._busy("connecting and running LISTEN")
             try:
                 conn = self._connect()
             except Exception as exc:  # noqa: BLE001 - any connect error is a fault: retry
                 self._fault("connect", exc)
+                self._idle("backing off before reconnecting")
                 self._stop.wait(backoff_delay(attempt, self.backoff_initial, self.backoff_max))
                 attempt += 1
                 continue
@@ -511,9 +535,11 @@ class Notifier(_Hub):
                 break
             if time.monotonic() - up_since >= self.backoff_max:
                 attempt = 0  # it was healthy for a while: start over from a short pause
+            self._idle("backing off before reconnecting")
             self._stop.wait(backoff_delay(attempt, self.backoff_initial, self.backoff_max))
             attempt += 1
         self._connected.clear()
+        self._activity = ("stopped", None, None)
 
     def _fault(self, where: str, exc: BaseException) -> None:
         self._faults += 1
@@ -525,6 +551,7 @@ class Notifier(_Hub):
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.Connection.connect(self._conninfo, autocommit=True)
+        forksafe.track(conn)  # a forked child severs it instead of keeping the session
         try:
             with interrupt_after(conn, self.probe_timeout):
                 configure_session(conn, self.probe_timeout)
@@ -550,10 +577,12 @@ class Notifier(_Hub):
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_probe:
+                self._busy("probing its session")
                 self._probe(conn)
                 now = time.monotonic()
                 next_probe = now + self.liveness_interval
             timeout = min(_TICK, max(0.0, next_probe - now))
+            self._busy("waiting for notifications")
             # A decode error (a non-UTF-8 payload in a SQL_ASCII database) or a
             # connection error ends the generator; both end this connection.
             for notify in conn.notifies(timeout=timeout):

@@ -17,6 +17,21 @@ Threads (all named, so ``py-spy dump`` and logs say who is who)::
                         jobs; cancels the context of every job the store
                         leaves out (cancel requested, lease lost)
     jobrun-timeouts     cancels the context of a job past its deadline
+    jobrun-stall-watch  says so when a loop is stuck: a WARNING naming the
+                        loop, what it is doing and where it is blocked
+                        (its innermost frames), once per ``stall_warning``
+                        while it stays stuck, then INFO when it moves again
+
+Lost claims: a claim whose connection died (``OutcomeUnknown``) may still
+have committed, either because only its reply was lost or because the
+request reached the server later (TCP delivers what a dead link held once
+the link heals). Such a job is leased to this worker, which never saw it:
+nobody would heartbeat or run it until its lease expired and a reaper
+requeued it (with an attempt burned for nothing). For a while after such a
+failure the claimer therefore looks for jobs leased to its own owner id
+that it does not know, confirms each lease with a heartbeat (fenced by its
+token) and runs them: the claim happened, so its attempt is the one that
+runs.
 
 Delivery: the transactional path (a handler returning a commit callable) is
 exactly-once in effect, through the effect ledger. Plain results are
@@ -45,6 +60,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -54,7 +70,13 @@ from types import FrameType
 from typing import Any
 
 from jobrun.job import validate
-from jobrun.job.errors import DatabaseError, JobrunError, LeaseLost, ValidationError
+from jobrun.job.errors import (
+    DatabaseError,
+    JobrunError,
+    LeaseLost,
+    OutcomeUnknown,
+    ValidationError,
+)
 from jobrun.job.model import CompleteManyResult, Job, State
 from jobrun.job.ports import CommitCallable as Commit
 from jobrun.job.ports import Dispatcher, Store, Waiter
@@ -73,6 +95,12 @@ DEFAULT_COMPLETE_FLUSH = dt.timedelta(milliseconds=5)
 MAX_CONCURRENCY = 1000
 _DB_RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0, 2.0)
 CLAIM_COALESCE = 0.002  # seconds a busy worker waits to claim several jobs at once
+LOST_CLAIM_DELIVERY = 30.0
+"""Seconds after a claim's connection died during which the server may still
+run it: a request stuck in a dead link is delivered when the link heals, for
+as long as the kernel retransmits it (``tcp_user_timeout``, 20 s by default).
+The claimer looks for lost claims this long plus one lease TTL."""
+_LIST_PAGE = 1000
 
 
 def parse_queues(spec: str | Sequence[str] | Mapping[str, int | None]) -> dict[str, int | None]:
@@ -123,6 +151,10 @@ class WorkerConfig:
     complete_flush_interval: dt.timedelta = DEFAULT_COMPLETE_FLUSH
     owner: str | None = None
     """Defaults to host:pid:random, unique per process start."""
+    stall_warning: dt.timedelta | None = None
+    """How long a loop (claimer, completer, heartbeat, listener) may take over
+    one step before the stall watch logs a WARNING naming it and where it is
+    blocked. Defaults to the lease TTL."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", parse_queues(self.queues))
@@ -137,6 +169,8 @@ class WorkerConfig:
             "complete_flush_interval",
         ):
             validate.positive_duration(name, getattr(self, name))
+        if self.stall_warning is not None:
+            validate.positive_duration("stall_warning", self.stall_warning)
         if self.heartbeat_interval * 3 > self.lease_ttl:
             raise ValidationError(
                 "heartbeat_interval",
@@ -200,6 +234,120 @@ class _Timeouts(threading.Thread):
                     ctx.cancel("timeout")
 
 
+class _Activity:
+    """What one loop is doing, for the stall watch.
+
+    ``busy(what)`` when a step starts (a step must end within the stall
+    bound), ``idle()`` while the loop waits for work (never a stall). Plain
+    attribute writes: the loop pays no lock.
+    """
+
+    __slots__ = ("ident", "name", "since", "what")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.what = "starting"
+        self.since: float | None = None
+        self.ident: int | None = None
+
+    def busy(self, what: str) -> None:
+        self.what = what
+        self.since = time.monotonic()
+        self.ident = threading.get_ident()
+
+    def idle(self) -> None:
+        self.since = None
+
+
+ActivityProbe = Callable[[], tuple[str, float | None, int | None]]
+"""An outside loop's state: (what it does, busy since (monotonic) or None, thread ident)."""
+
+
+class _StallWatch(threading.Thread):
+    """Logs a WARNING when a loop has been busy on one step longer than ``bound``.
+
+    The warning names the loop, what it is doing and the innermost frames of
+    its thread (what it is blocked on); it repeats every ``bound`` while the
+    loop stays stuck, and an INFO line says when it moves again.
+    """
+
+    def __init__(self, bound: float, logger: logging.LoggerAdapter[logging.Logger]) -> None:
+        super().__init__(name="jobrun-stall-watch", daemon=True)
+        self.bound = bound
+        self._log = logger
+        self._activities: list[_Activity] = []
+        self._probes: list[tuple[str, ActivityProbe]] = []
+        self._stop_event = threading.Event()
+        self._stuck: dict[str, tuple[float, float]] = {}  # name -> (busy since, next warning)
+
+    def track(self, name: str) -> _Activity:
+        activity = _Activity(name)
+        self._activities.append(activity)
+        return activity
+
+    def track_probe(self, name: str, probe: ActivityProbe) -> None:
+        self._probes.append((name, probe))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def stalled(self) -> dict[str, float]:
+        """The loops stuck right now: name -> seconds busy on the current step."""
+        now = time.monotonic()
+        return {
+            name: now - since
+            for name, (what, since, _) in self._states()
+            if since is not None and now - since >= self.bound
+        }
+
+    def _states(self) -> list[tuple[str, tuple[str, float | None, int | None]]]:
+        states = [(a.name, (a.what, a.since, a.ident)) for a in self._activities]
+        for name, probe in self._probes:
+            try:
+                states.append((name, probe()))
+            except Exception:  # a broken probe must not kill the watch
+                self._log.debug("activity probe of %s failed", name, exc_info=True)
+        return states
+
+    def run(self) -> None:
+        tick = min(1.0, max(self.bound / 4, 0.05))
+        while not self._stop_event.wait(tick):
+            self.check()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        for name, (what, since, ident) in self._states():
+            stuck = self._stuck.get(name)
+            if stuck is not None and since != stuck[0]:
+                del self._stuck[name]
+                self._log.info("%s is moving again after %.1f s on one step", name, now - stuck[0])
+                stuck = None
+            if since is None or now - since < self.bound:
+                continue
+            if stuck is not None and now < stuck[1]:
+                continue
+            self._stuck[name] = (since, now + self.bound)
+            self._log.warning(
+                "%s has been stuck for %.1f s (bound %g s) %s; blocked in: %s",
+                name,
+                now - since,
+                self.bound,
+                what,
+                _where(ident),
+            )
+
+
+def _where(ident: int | None, depth: int = 8) -> str:
+    """The innermost frames of thread ``ident``, innermost first."""
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    if frame is None:
+        return "(thread not running)"
+    stack = traceback.extract_stack(frame)[-depth:]
+    return " <- ".join(
+        f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(stack)
+    )
+
+
 class Worker:
     """Runs jobs of ``config.queues`` with ``config.concurrency`` handler threads."""
 
@@ -241,7 +389,18 @@ class Worker:
         self._started = False
         self._stopped = False
         self._log = logging.LoggerAdapter(log, {"owner": self.owner})
-        self.stats = {"succeeded": 0, "failed": 0, "cancelled": 0, "lease_lost": 0}
+        self.stats = {"succeeded": 0, "failed": 0, "cancelled": 0, "lease_lost": 0, "adopted": 0}
+        # Lost claims (see the module docstring): look for them until then.
+        self._lost_claims_until = 0.0
+        self._next_lost_claim_check = 0.0
+        # Claims whose handler ran but whose outcome could not be recorded:
+        # still leased to this owner in the database, and not lost claims.
+        self._abandoned: dict[uuid.UUID, float] = {}
+        stall = self.config.stall_warning or self.config.lease_ttl
+        self._stalls = _StallWatch(stall.total_seconds(), self._log)
+        self._claimer_activity = self._stalls.track("jobrun-claimer")
+        self._completer_activity = self._stalls.track("jobrun-completer")
+        self._heartbeat_activity = self._stalls.track("jobrun-heartbeat")
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -252,6 +411,9 @@ class Worker:
         self._started = True
         if self.dispatcher is not None:
             self._waiter = self.dispatcher.subscribe(self._queue_names)
+            probe = getattr(self.dispatcher, "activity", None)
+            if callable(probe):
+                self._stalls.track_probe("jobrun-listener", probe)
         self._start_timeouts()
         for n in range(self.config.concurrency):
             t = threading.Thread(target=self._handler_loop, name=f"jobrun-handler-{n}", daemon=True)
@@ -263,6 +425,7 @@ class Worker:
         ]
         for t in [*self._handlers, *self._threads]:
             t.start()
+        self._stalls.start()
         self._log.info(
             "worker %s started: queues %s, concurrency %d",
             self.owner,
@@ -303,6 +466,7 @@ class Worker:
         self._heartbeat_stop.set()
         self._threads[2].join(10)
         self._timeouts.stop()
+        self._stalls.stop()
         if self._waiter is not None:
             self._waiter.close()
         self._stopped = True
@@ -322,6 +486,7 @@ class Worker:
         self._stopping.set()
         self._heartbeat_stop.set()
         self._slot_freed.set()
+        self._stalls.stop()
         self._stopped = True
 
     def run(self, *, install_signals: bool = True) -> None:
@@ -451,9 +616,13 @@ class Worker:
         # run, wait a moment for more to free up (one claim statement for
         # several jobs); an idle worker claims at once.
         batch = max(1, min(self.config.concurrency // 4, 8))
+        activity = self._claimer_activity
         while not self._stopping.is_set():
+            activity.busy("planning a claim")
+            self._adopt_lost_claims_if_due()
             plan = self._claim_plan()
             if not plan:
+                activity.idle()
                 self._slot_freed.wait(self.config.poll_interval.total_seconds())
                 self._slot_freed.clear()
                 continue
@@ -464,6 +633,7 @@ class Worker:
             drained = False
             try:
                 for queues, n in plan:
+                    activity.busy(f"claiming up to {n} job(s) of {queues}")
                     jobs = self.store.claim(
                         self.owner, queues, min(n, validate.MAX_CLAIM_LIMIT), self.config.lease_ttl
                     )
@@ -472,17 +642,102 @@ class Worker:
                         drained = True
                 failures = 0
             except JobrunError as exc:
+                activity.idle()
+                if isinstance(exc, OutcomeUnknown):
+                    # It may have committed (now, or when a dead link heals).
+                    self._claim_may_be_lost()
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
                 self._log.warning("claim failed (%s); retrying in %.2f s", exc, pause)
                 self._stopping.wait(pause)
                 continue
             except Exception:
+                activity.idle()
                 self._log.exception("claim loop error")
                 self._stopping.wait(1.0)
                 continue
+            activity.idle()
             if drained:
                 self._wait_for_work()
+
+    # -- lost claims ---------------------------------------------------------------
+
+    def _claim_may_be_lost(self) -> None:
+        now = time.monotonic()
+        window = LOST_CLAIM_DELIVERY + self.config.lease_ttl.total_seconds()
+        self._lost_claims_until = max(self._lost_claims_until, now + window)
+        if self._next_lost_claim_check <= now:
+            self._next_lost_claim_check = now + self._lost_claim_interval()
+
+    def _lost_claim_interval(self) -> float:
+        # Often enough to find a lost claim long before its lease expires.
+        return min(
+            self.config.heartbeat_interval.total_seconds(),
+            max(self.config.poll_interval.total_seconds(), 0.1),
+        )
+
+    def _adopt_lost_claims_if_due(self) -> None:
+        now = time.monotonic()
+        if now >= self._lost_claims_until or now < self._next_lost_claim_check:
+            return
+        self._next_lost_claim_check = now + self._lost_claim_interval()
+        self._claimer_activity.busy("looking for claims whose reply was lost")
+        try:
+            self._adopt_lost_claims()
+        except JobrunError as exc:
+            self._log.info("looking for lost claims failed (%s); trying again", exc)
+
+    def _adopt_lost_claims(self) -> list[Job]:
+        """Run the jobs leased to this worker's owner id that it never saw claimed.
+
+        A claim whose reply was lost leaves such a lease. Each is confirmed by
+        a heartbeat (owner + token, not expired, not cancel-requested) before
+        it is dispatched like a fresh claim; a lost claim of a job whose cancel
+        was requested meanwhile is failed, which ends it cancelled. Called by
+        the claimer (the only thread that claims) for a while after a claim
+        failed with an unknown outcome; returns the jobs adopted.
+        """
+        # Known before the listing: a claim this worker finished since then
+        # had committed its outcome before the listing began.
+        with self._lock:
+            cutoff = time.monotonic() - 2 * self.config.lease_ttl.total_seconds()
+            for token in [t for t, at in self._abandoned.items() if at < cutoff]:
+                del self._abandoned[token]
+            known = set(self._running) | set(self._unflushed) | set(self._abandoned)
+        lost: list[Job] = []
+        for name in self._queue_names:
+            after: uuid.UUID | None = None
+            while True:
+                page = self.store.list(
+                    queue=name, state=State.LEASED, after=after, limit=_LIST_PAGE
+                )
+                lost += [
+                    job
+                    for job in page
+                    if job.lease_owner == self.owner
+                    and job.lease_token is not None
+                    and job.lease_token not in known
+                ]
+                if len(page) < _LIST_PAGE:
+                    break
+                after = page[-1].id
+        if not lost:
+            return []
+        until = self.store.now() + self.config.lease_ttl
+        kept = self.store.heartbeat(self.owner, [(job.id, _claim(job)) for job in lost], until)
+        adopted = [job for job in lost if job.id in kept]
+        if adopted:
+            self._log.warning(
+                "adopting %d job(s) leased to this worker by a claim whose reply was lost: %s",
+                len(adopted),
+                ", ".join(str(job.id) for job in adopted),
+            )
+            self._count("adopted", len(adopted))
+            self._dispatch(adopted)
+        for job in lost:
+            if job.id not in kept and job.cancel_requested:
+                self._fail(job, "cancelled (requested while the claim's reply was lost)")
+        return adopted
 
     def _wait_for_work(self) -> None:
         timeout = self.config.poll_interval.total_seconds()
@@ -524,6 +779,7 @@ class Worker:
                 self._run_one(running)
             except BaseException:
                 self._log.exception("unexpected error running job %s", job.id)
+                self._abandon([job])
             finally:
                 with self._lock:
                     self._running.pop(_claim(job), None)
@@ -587,6 +843,7 @@ class Worker:
                     job.id,
                     exc,
                 )
+                self._abandon([job])
                 return
             self._count("cancelled" if failed.state is State.CANCELLED else "failed")
             return
@@ -597,8 +854,11 @@ class Worker:
         size = self.config.complete_batch_size
         flush_after = self.config.complete_flush_interval.total_seconds()
         closing = False
+        activity = self._completer_activity
         while not closing:
+            activity.idle()
             first = self._done.get()
+            activity.busy("collecting a batch")
             if first is None:
                 closing = True
                 batch: list[tuple[Job, Commit | None]] = []
@@ -632,14 +892,21 @@ class Worker:
             self._count("lease_lost", superseded)
         plain = [job for job, commit in newest.values() if commit is None]
         with_commit = [(job, commit) for job, commit in newest.values() if commit is not None]
+        self._completer_activity.busy(
+            f"completing {len(plain)} plain result(s) and {len(with_commit)} with a commit callable"
+        )
         if plain:
             result = self._retrying(lambda: self.store.complete_many(plain), len(plain))
             self._account(result)
+            if result is None:
+                self._abandon(plain)
         if with_commit:
             result = self._retrying(
                 lambda: self.store.complete_many_tx(with_commit), len(with_commit)
             )
             self._account(result)
+            if result is None:
+                self._abandon([job for job, _ in with_commit])
             by_id = {job.id: job for job, _ in with_commit}
             for job_id, exc in (result.failed if result else {}).items():
                 self._fail(
@@ -671,6 +938,14 @@ class Worker:
                 return None
         return None
 
+    def _abandon(self, jobs: Sequence[Job]) -> None:
+        """These claims ran but their outcome is not recorded: they stay leased
+        to this owner until they expire, and they are not lost claims."""
+        now = time.monotonic()
+        with self._lock:
+            for job in jobs:
+                self._abandoned[_claim(job)] = now
+
     def _account(self, result: CompleteManyResult | None) -> None:
         if result is None:
             return
@@ -688,7 +963,9 @@ class Worker:
         interval = self.config.heartbeat_interval.total_seconds()
         ttl = self.config.lease_ttl.total_seconds()
         last_ok = time.monotonic()
+        activity = self._heartbeat_activity
         while not self._heartbeat_stop.wait(interval):
+            activity.busy("extending leases")
             try:
                 self.heartbeat_once()
                 last_ok = time.monotonic()
@@ -703,6 +980,7 @@ class Worker:
                         r.ctx.cancel("heartbeats failing for longer than the lease TTL")
             except Exception:
                 self._log.exception("heartbeat loop error")
+            activity.idle()
 
     def heartbeat_once(self) -> None:
         """Extend every lease this worker holds; cancel the jobs the store left out.
@@ -746,6 +1024,11 @@ class Worker:
     def running_jobs(self) -> list[Job]:
         with self._lock:
             return [r.job for r in self._running.values()]
+
+    @property
+    def stalled_loops(self) -> dict[str, float]:
+        """The loops stuck on one step longer than the stall bound: name -> seconds."""
+        return self._stalls.stalled()
 
     @property
     def idle(self) -> bool:

@@ -69,15 +69,20 @@ class EmbeddedHome:
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-c", AS_FROM_A_TERMINAL, *args],
-            env=self.env(),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    def popen(
+        self, *args: str, env: dict[str, str] | None = None, log: Path | None = None
+    ) -> subprocess.Popen[str]:
+        """The command in the background; stdout and stderr piped, or both into ``log``."""
+        with contextlib.ExitStack() as stack:
+            out = stack.enter_context(open(log, "w")) if log else None
+            return subprocess.Popen(
+                [sys.executable, "-c", AS_FROM_A_TERMINAL, *args],
+                env={**self.env(), **(env or {})},
+                cwd=ROOT,
+                stdout=out or subprocess.PIPE,
+                stderr=subprocess.STDOUT if out else subprocess.PIPE,
+                text=True,
+            )
 
     def start(self) -> str:
         """``jobrun embedded start``; returns the URL."""

@@ -6,13 +6,16 @@ without ``DATABASE_URL``, so it falls back to the embedded cluster there.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import psycopg
 import pytest
 
 from jobrun.postgres import embedded
+from tests.acceptance.conftest import FAST_ENV
 from tests.acceptance.embedded_home import EmbeddedHome, embedded_home
 
 pytestmark = pytest.mark.slow
@@ -59,6 +63,36 @@ def test_restart_keeps_the_url_and_the_old_url_connects_again(home: EmbeddedHome
     assert again["url"] == url
     with psycopg.connect(url) as conn:  # the URL copied before the stop
         assert conn.execute("SELECT n FROM kept").fetchall() == [(42,)]
+
+
+def test_a_running_worker_carries_on_after_a_restart(home: EmbeddedHome, tmp_path: Path) -> None:
+    home.start()
+    assert home.jobrun("migrate").code == 0
+    log = tmp_path / "worker.log"
+    worker = home.popen(
+        "worker", "--app", "tests.acceptance.apps.touch:registry", env=FAST_ENV, log=log
+    )
+    try:
+
+        def touched(name: str) -> bool:
+            target = tmp_path / name
+            assert home.jobrun("enqueue", "touch", json.dumps({"path": str(target)})).code == 0
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and worker.poll() is None:
+                if target.exists():
+                    return True
+                time.sleep(0.1)
+            return False
+
+        assert touched("before")
+        assert home.jobrun("embedded", "stop").code == 0
+        time.sleep(2)  # the worker notices
+        assert home.jobrun("embedded", "start").code == 0
+        assert touched("after"), log.read_text()
+        assert worker.poll() is None
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=60)
 
 
 def test_a_taken_port_is_a_clear_error_and_never_a_new_address(home: EmbeddedHome) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -18,6 +21,7 @@ from jobrun.postgres.store import Store
 from tests.faults.app import commit_for
 from tests.faults.harness import (
     QUICK_RETRY,
+    ROOT,
     TTL,
     NetNamespace,
     Workers,
@@ -74,6 +78,35 @@ def test_a_worker_whose_commit_reply_is_lost_completes_the_job_once(
     assert drop.fired.is_set()
     assert scalar(conn, "SELECT max(attempts) FROM jobrun.jobs") == 1
     assert scalar(conn, "SELECT count(*) FROM effects") == 3
+
+
+def test_a_claim_whose_reply_is_lost_runs_on_its_worker_long_before_its_lease_expires(
+    store: Store, proxy: TcpProxy, conn: psycopg.Connection[Any], workers: Workers, oracle: Oracle
+) -> None:
+    """The server commits the claim, the worker only sees its connection die.
+
+    The jobs are leased to a worker that never saw them: without more, no one
+    heartbeats or runs them until the lease expires and a reaper (there is
+    none here) requeues them with an attempt burned for nothing. The worker
+    finds its own lost claims and runs them under the claim that was made.
+    """
+    jobs = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(2)]
+    oracle.enqueued(jobs)
+    drop = proxy.drop_reply("WITH next AS", role="jobrun-worker")  # the claim statement
+    worker = workers.start(
+        url=proxy.conninfo,
+        concurrency=2,
+        env={"JOBRUN_LEASE_TTL": "60s", "JOBRUN_HEARTBEAT_INTERVAL": "1s"},
+    )
+    wait_until(drop.fired.is_set, 30, "the first claim's reply is dropped")
+    wait_until(
+        lambda: states(conn) == {"succeeded": 2},
+        20,  # a third of the lease: run by the worker, not after an expiry
+        lambda: _diagnosis(conn) + worker.output()[-3000:],
+    )
+    assert scalar(conn, "SELECT max(attempts) FROM jobs") == 1
+    assert scalar(conn, "SELECT count(*) FROM effects") == 2
+    assert "a claim whose reply was lost" in worker.output()
 
 
 def test_a_lost_reply_to_a_keyed_enqueue_is_outcome_unknown_and_the_retry_is_deduplicated(
@@ -223,6 +256,11 @@ def test_a_worker_cut_off_by_a_silent_network_bounds_its_calls_and_recovers(
     bounds it. With the default lease (30 s, heartbeat every 5 s) the
     heartbeat must fail within the lease, so that the worker can stop its
     handlers before their jobs are reaped and run elsewhere.
+
+    A claim the worker gave up on while the cable was out can still reach the
+    server once it is back (TCP delivers what the dead link held) and lease
+    one of the later jobs to the worker behind its back: the worker must find
+    and run it, as no reaper runs here (issue 10).
     """
     with TcpProxy(dsn, listen_host=cable.host) as proxy:
         worker = workers.start(
@@ -252,7 +290,106 @@ def test_a_worker_cut_off_by_a_silent_network_bounds_its_calls_and_recovers(
         store.cancel(long.id)
         later = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(3)]
         oracle.enqueued(later)
-        wait_until(lambda: states(conn).get("succeeded") == 6, 60, worker.output)
+        wait_until(
+            lambda: states(conn).get("succeeded") == 6,
+            60,
+            lambda: _diagnosis(conn) + worker.output()[-4000:],
+        )
+
+
+def _diagnosis(conn: psycopg.Connection[Any]) -> str:
+    """The jobs and the sessions in the test's database, for a failure message."""
+    jobs = conn.execute(
+        "SELECT j.id, j.type, j.state::text, j.attempts, j.lease_expires_at, j.updated_at,"
+        " (SELECT string_agg(e.kind::text || '@' || e.at::time::text, ' ' ORDER BY e.id)"
+        "  FROM job_events e WHERE e.job_id = j.id)"
+        " FROM jobs j ORDER BY j.created_at"
+    ).fetchall()
+    sessions = conn.execute(
+        "SELECT pid, application_name, state, xact_start, wait_event_type, wait_event,"
+        " left(query, 100) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchall()
+    locks = conn.execute(
+        "SELECT l.pid, l.locktype, l.relation::regclass::text, l.mode, l.granted"
+        " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE a.datname = current_database() AND l.locktype <> 'virtualxid'"
+        " AND a.pid <> pg_backend_pid()"
+    ).fetchall()
+    lines = [
+        f"at {scalar(conn, 'SELECT clock_timestamp()')}",
+        "jobs:",
+        *map(str, jobs),
+        "sessions:",
+        *map(str, sessions),
+        "locks:",
+        *map(str, locks),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+_GIVE_UP_CLIENT = """
+import sys
+import psycopg
+from jobrun.postgres.deadline import WATCHDOG
+
+conn = psycopg.connect(sys.argv[1], autocommit=True, application_name="test-give-up")
+conn.execute("SELECT 1")
+print("ready", flush=True)
+sys.stdin.readline()
+try:
+    with WATCHDOG.watch(conn, 2.0):
+        conn.execute("INSERT INTO ghost VALUES (1)")
+except psycopg.Error as exc:
+    print("gave up:", type(exc).__name__, flush=True)
+else:
+    print("answered", flush=True)
+conn.close()  # as the pool does with a broken connection
+sys.stdin.readline()
+"""
+
+
+def test_a_statement_the_watchdog_gave_up_on_never_runs_once_the_network_heals(
+    dsn: str, cable: NetNamespace, conn: psycopg.Connection[Any]
+) -> None:
+    """Giving up on a call must make it never happen, not happen later.
+
+    The caller was told the connection is gone (for a claim: no job was
+    handed to it), so a request still queued in the kernel must not reach
+    the server once the link comes back: a claim delivered then leases jobs
+    to a worker that does not know it holds them.
+    """
+    conn.execute("CREATE TABLE ghost (n int)")
+    with TcpProxy(dsn, listen_host=cable.host) as proxy:
+        command = ["ip", "netns", "exec", cable.name, sys.executable, "-c", _GIVE_UP_CLIENT]
+        with subprocess.Popen(
+            [*command, proxy.conninfo],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+        ) as client:
+            try:
+                assert client.stdin is not None and client.stdout is not None
+                assert client.stdout.readline().strip() == "ready"
+                cable.down()
+                client.stdin.write("go\n")
+                client.stdin.flush()
+                assert client.stdout.readline().startswith("gave up")
+                # Packets handed to the network before it gave up may still
+                # arrive (the kernel queues them while it resolves the peer's
+                # address, about 3 s): wait those out. What must not arrive is
+                # what TCP would send afterwards (it retransmits for as long as
+                # the socket lives: tcp_user_timeout, or about 15 minutes).
+                time.sleep(4)
+                cable.up()
+                deadline = time.monotonic() + 12
+                while time.monotonic() < deadline:
+                    assert scalar(conn, "SELECT count(*) FROM ghost") == 0, "it ran after all"
+                    time.sleep(0.2)
+            finally:
+                client.kill()
 
 
 # -- 8. the listener killed; notifications off ------------------------------------------------

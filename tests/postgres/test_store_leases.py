@@ -445,6 +445,20 @@ def test_fail_truncates_and_cleans_the_error_text(store: Store) -> None:
     assert "\x00" not in failed.last_error and len(failed.last_error) <= 8192
 
 
+def test_fail_records_an_error_text_with_lone_surrogates_escaped(store: Store) -> None:
+    """A handler's exception message may carry anything; the failure is always recorded."""
+
+    class Sly(str):
+        def __str__(self) -> str:
+            return "harmless"
+
+    store.enqueue(new_job())
+    job = claim_one(store)
+    failed = store.fail(job, Sly("boom \ud800 and \udcff\x00!"), None)
+    assert failed.last_error == "boom \\ud800 and \\udcff\\0!"
+    assert store.events(job.id)[-1].detail["error"] == failed.last_error  # type: ignore[index]
+
+
 def test_fail_without_retry_at_retries_at_database_now(store: Store) -> None:
     store.enqueue(new_job())
     job = claim_one(store)
