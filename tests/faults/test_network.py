@@ -104,7 +104,7 @@ def test_a_claim_whose_reply_is_lost_runs_on_its_worker_long_before_its_lease_ex
         20,  # a third of the lease: run by the worker, not after an expiry
         lambda: _diagnosis(conn) + worker.output()[-3000:],
     )
-    assert scalar(conn, "SELECT max(attempts) FROM jobs") == 1
+    assert scalar(conn, "SELECT max(attempts) FROM jobrun.jobs") == 1
     assert scalar(conn, "SELECT count(*) FROM effects") == 2
     assert "a claim whose reply was lost" in worker.output()
 
@@ -302,8 +302,8 @@ def _diagnosis(conn: psycopg.Connection[Any]) -> str:
     jobs = conn.execute(
         "SELECT j.id, j.type, j.state::text, j.attempts, j.lease_expires_at, j.updated_at,"
         " (SELECT string_agg(e.kind::text || '@' || e.at::time::text, ' ' ORDER BY e.id)"
-        "  FROM job_events e WHERE e.job_id = j.id)"
-        " FROM jobs j ORDER BY j.created_at"
+        "  FROM jobrun.job_events e WHERE e.job_id = j.id)"
+        " FROM jobrun.jobs j ORDER BY j.created_at"
     ).fetchall()
     sessions = conn.execute(
         "SELECT pid, application_name, state, xact_start, wait_event_type, wait_event,"
