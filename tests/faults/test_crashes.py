@@ -14,7 +14,6 @@ import pytest
 
 from jobrun.job.errors import LeaseLost
 from jobrun.job.model import Job, NewJob, State
-from jobrun.postgres import store as store_module
 from jobrun.postgres.store import Store
 from tests.faults.app import commit_for
 from tests.faults.harness import (
@@ -248,7 +247,8 @@ def test_a_complete_arriving_while_the_reaper_holds_the_row_gets_lease_lost(
     [claimed] = store.claim(OWNER, ["default"], 1, TTL)
     _expire(conn, claimed)
     selected, go = threading.Event(), threading.Event()
-    select = store_module.q.select_expired_leases
+    queries = type(store.q)
+    select = queries.select_expired_leases
 
     def paused_select(*args: Any, **kwargs: Any) -> Any:
         rows = select(*args, **kwargs)
@@ -256,7 +256,7 @@ def test_a_complete_arriving_while_the_reaper_holds_the_row_gets_lease_lost(
         assert go.wait(30)  # ... and is parked before its UPDATE
         return rows
 
-    monkeypatch.setattr(store_module.q, "select_expired_leases", paused_select)
+    monkeypatch.setattr(queries, "select_expired_leases", paused_select)
     reaper = Background(lambda: store.reap_expired(store.now(), 10), "test-reaper")
     assert selected.wait(30)
     ran: list[bool] = []

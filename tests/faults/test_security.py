@@ -41,7 +41,8 @@ from tests.faults.harness import wait_until as wait
 from tests.faults.oracle import Oracle
 
 ROLE = "jobrun_fault_rt"
-JOBRUN_TABLES = ("jobs", "job_events", "processed_effects", "schedules", "queue_pauses", "effects")
+JOBRUN_TABLES = ("jobs", "job_events", "processed_effects", "schedules", "queue_pauses")
+"""jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""
 
 
 def _with(dsn: str, **params: Any) -> str:
@@ -63,19 +64,31 @@ def runtime_role(conn: psycopg.Connection[Any], admin_dsn: str) -> Iterator[tupl
         )
     )
     conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-    for table in JOBRUN_TABLES:
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA jobrun TO {}").format(role))
+    for table in (*(("jobrun", t) for t in JOBRUN_TABLES), ("public", "effects")):
         conn.execute(
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-                sql.Identifier(table), role
+                sql.Identifier(*table), role
             )
         )
-    conn.execute(sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {}").format(role))
+    for schema in ("jobrun", "public"):
+        conn.execute(
+            sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(
+                sql.Identifier(schema), role
+            )
+        )
     try:
         yield _with(admin_dsn, user=ROLE, password=password), password
     finally:
-        conn.execute(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {}").format(role))
-        conn.execute(sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {}").format(role))
-        conn.execute(sql.SQL("REVOKE ALL ON SCHEMA public FROM {}").format(role))
+        for schema in ("jobrun", "public"):
+            name = sql.Identifier(schema)
+            conn.execute(
+                sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(name, role)
+            )
+            conn.execute(
+                sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(name, role)
+            )
+            conn.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(name, role))
 
 
 # -- least privilege ---------------------------------------------------------------------------
@@ -252,7 +265,7 @@ INJECTIONS = [
 
 def _intact(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
     tables = conn.execute(
-        "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename = ANY(%s)",
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'jobrun' AND tablename = ANY(%s)",
         [list(JOBRUN_TABLES)],
     ).fetchone()
     rows = conn.execute(
