@@ -50,4 +50,5 @@ def test_a_wheel_installed_in_a_fresh_venv_migrates_an_empty_database(
     )
     assert applied == forward
     with psycopg.connect(empty_dsn) as c:
-        assert c.execute("SELECT to_regclass('public.jobs')").fetchone() == ("jobs",)
+        assert c.execute("SELECT to_regclass('jobrun.jobs')::text").fetchone() == ("jobrun.jobs",)
+        assert c.execute("SELECT to_regclass('public.jobs')").fetchone() == (None,)
