@@ -233,19 +233,26 @@ FROM j;
 -- records. The row is locked since CompleteBegin, so it matches exactly one
 -- row, and its timestamps are the transaction's now() that CompleteBegin
 -- returned: nothing needs to come back. The claim's token stays on the row as
--- finished_token (SET reads the row as it was).
+-- finished_token (SET reads the row as it was). The handler's result is
+-- stored with the success (never with a cancellation), and a client waiting
+-- for the job is told on the finish channel.
 WITH done AS (
     UPDATE jobrun.jobs AS jobs
     SET state = sqlc.arg(state)::jobrun.job_state, finished_at = now(),
         finished_token = lease_token,
+        result = CASE WHEN sqlc.arg(state)::jobrun.job_state = 'succeeded'
+                      THEN sqlc.narg(result_json)::jsonb END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
-    RETURNING jobs.id, jobs.state, jobs.attempts
+    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
+    SELECT done.id, done.state::text, done.attempts, sqlc.narg(detail)::jsonb FROM done
 )
-INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
-SELECT done.id, done.state::text, done.attempts, sqlc.narg(detail)::jsonb FROM done;
+SELECT pg_notify(sqlc.arg(finish_channel)::text, done.id::text) FROM done
+WHERE done.notify_finished;
 
 -- name: CompleteBeginMany :many
 -- The first statement of a batched transactional Complete: CompleteBegin for
@@ -281,19 +288,24 @@ FROM j;
 -- COMMIT: each job's guarded end of lease with its terminal event.
 WITH input AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(states)::jobrun.job_state[]) AS state,
-           unnest(sqlc.arg(details)::jsonb[]) AS detail
+           unnest(sqlc.arg(details)::jsonb[]) AS detail,
+           unnest(sqlc.arg(results)::jsonb[]) AS result
 ), done AS (
     UPDATE jobrun.jobs AS jobs
     SET state = input.state, finished_at = now(), finished_token = lease_token,
+        result = CASE WHEN input.state = 'succeeded' THEN input.result END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM input
     WHERE jobs.id = input.id AND jobs.state = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text
-    RETURNING jobs.id, jobs.state, jobs.attempts, input.detail
+    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished, input.detail
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
+    SELECT done.id, done.state::text, done.attempts, done.detail FROM done
 )
-INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
-SELECT done.id, done.state::text, done.attempts, done.detail FROM done;
+SELECT pg_notify(sqlc.arg(finish_channel)::text, done.id::text) FROM done
+WHERE done.notify_finished;
 
 -- name: FailJob :one
 -- The owner- and token-guarded failure of an attempt, verdict included, in
@@ -330,8 +342,11 @@ WITH failed AS (
                               'permanent', sqlc.arg(permanent)::boolean)
     FROM failed
     WHERE sqlc.arg(write_all)::boolean OR failed.state <> 'queued'
+), wake AS (
+    SELECT pg_notify(sqlc.arg(finish_channel)::text, failed.id::text) FROM failed
+    WHERE failed.state <> 'queued' AND failed.notify_finished
 )
-SELECT * FROM failed;
+SELECT * FROM failed WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: CompleteJobs :many
 -- complete_many: every job still leased by this owner and token ends
@@ -342,9 +357,10 @@ SELECT * FROM failed;
 -- lease.
 WITH input AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
-           unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key
+           unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key,
+           unnest(sqlc.arg(results)::jsonb[]) AS result
 ), owned AS (
-    SELECT jobs.id, jobs.cancel_requested FROM jobrun.jobs AS jobs
+    SELECT jobs.id, jobs.cancel_requested, input.result FROM jobrun.jobs AS jobs
     JOIN input ON jobs.id = input.id AND jobs.lease_token = input.token
     WHERE jobs.state = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
     ORDER BY jobs.id
@@ -358,10 +374,14 @@ WITH input AS (
     UPDATE jobrun.jobs AS jobs
     SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::jobrun.job_state,
         finished_at = now(), finished_token = lease_token,
+        result = CASE WHEN owned.cancel_requested THEN NULL ELSE owned.result END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM owned WHERE jobs.id = owned.id
-    RETURNING jobs.id, jobs.state, jobs.attempts
+    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished
+), wake AS (
+    SELECT pg_notify(sqlc.arg(finish_channel)::text, done.id::text) FROM done
+    WHERE done.notify_finished
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT done.id, done.state::text, done.attempts,
@@ -372,7 +392,7 @@ WITH input AS (
     SELECT jobs.id, jobs.state FROM jobrun.jobs AS jobs
     JOIN input ON jobs.id = input.id AND jobs.finished_token = input.token
 )
-SELECT done.id, done.state FROM done
+SELECT done.id, done.state FROM done WHERE (SELECT count(*) FROM wake) >= 0
 UNION ALL
 SELECT before.id, before.state FROM before;
 
@@ -388,17 +408,24 @@ FOR UPDATE SKIP LOCKED;
 -- name: ReapJob :batchone
 -- One per expired lease, sent as one batch. It re-checks the lease it
 -- selected (state, token, expiry) in the same statement, so a row that
--- finished in between is never rewritten.
-UPDATE jobrun.jobs AS jobs
-SET state = sqlc.arg(state)::jobrun.job_state,
-    run_at = COALESCE(sqlc.narg(run_at)::timestamptz, run_at),
-    finished_at = CASE WHEN sqlc.arg(state)::jobrun.job_state = 'queued' THEN NULL ELSE now() END,
-    last_error = sqlc.arg(last_error)::text,
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-    updated_at = now()
-WHERE id = sqlc.arg(id) AND state = 'leased' AND lease_token = sqlc.arg(token)::uuid
-  AND lease_expires_at < sqlc.arg(now)::timestamptz
-RETURNING id;
+-- finished in between is never rewritten. A job it ends (dead, cancelled)
+-- wakes a client waiting for it.
+WITH reaped AS (
+    UPDATE jobrun.jobs AS jobs
+    SET state = sqlc.arg(state)::jobrun.job_state,
+        run_at = COALESCE(sqlc.narg(run_at)::timestamptz, run_at),
+        finished_at = CASE WHEN sqlc.arg(state)::jobrun.job_state = 'queued' THEN NULL ELSE now() END,
+        last_error = sqlc.arg(last_error)::text,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    WHERE id = sqlc.arg(id) AND state = 'leased' AND lease_token = sqlc.arg(token)::uuid
+      AND lease_expires_at < sqlc.arg(now)::timestamptz
+    RETURNING jobs.id, jobs.state, jobs.notify_finished
+), wake AS (
+    SELECT pg_notify(sqlc.arg(finish_channel)::text, reaped.id::text) FROM reaped
+    WHERE reaped.state <> 'queued' AND reaped.notify_finished
+)
+SELECT reaped.id FROM reaped WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: GetJob :one
 SELECT * FROM jobrun.jobs AS jobs WHERE id = sqlc.arg(id);
@@ -414,9 +441,16 @@ ORDER BY id
 LIMIT sqlc.arg(max_rows);
 
 -- name: CancelQueuedJob :one
-UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
-WHERE id = sqlc.arg(id) AND state = 'queued'
-RETURNING *;
+-- A queued job cancelled at once (waking a client waiting for it).
+WITH cancelled AS (
+    UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE id = sqlc.arg(id) AND state = 'queued'
+    RETURNING *
+), wake AS (
+    SELECT pg_notify(sqlc.arg(finish_channel)::text, cancelled.id::text) FROM cancelled
+    WHERE cancelled.notify_finished
+)
+SELECT cancelled.* FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: RequestCancel :one
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
@@ -429,7 +463,8 @@ RETURNING *;
 -- the next attempt overwrites it.
 UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
-    cancel_requested = false, finished_at = NULL, finished_token = NULL, updated_at = now()
+    cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
+    notify_finished = false, updated_at = now()
 WHERE id = sqlc.arg(id) AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
 RETURNING *;
 
@@ -516,3 +551,46 @@ ORDER BY state;
 -- name: SchemaVersion :one
 -- The version of the schema this database holds (see migration 0004).
 SELECT version FROM jobrun.schema_version;
+
+-- name: WatchJob :one
+-- A client is about to wait for the job: ask every transition that ends it to
+-- notify the finish channel (the client LISTENs first). Returns the job as it
+-- stands; a job that has already finished needs no waiting. Waits for a
+-- Complete in flight (it holds the row), so the answer is never stale.
+UPDATE jobrun.jobs AS jobs SET notify_finished = true
+WHERE id = sqlc.arg(id)
+RETURNING *;
+
+-- name: ReleaseJob :one
+-- Give a claimed job back without counting its attempt (a worker that has no
+-- handler for its type, or a handler that asks to run later): queued again
+-- at now() + delay with the attempt the claim burned returned, owner- and
+-- token-guarded like Fail, with a "released" event. A job whose cancel was
+-- requested ends cancelled instead (cancel wins).
+WITH released AS (
+    UPDATE jobrun.jobs AS jobs
+    SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END::jobrun.job_state,
+        attempts = CASE WHEN cancel_requested THEN attempts ELSE greatest(attempts - 1, 0) END,
+        run_at = CASE WHEN cancel_requested THEN run_at
+                      ELSE now() + make_interval(secs => sqlc.arg(delay_seconds)::float8) END,
+        finished_at = CASE WHEN cancel_requested THEN now() END,
+        last_error = sqlc.arg(reason)::text,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
+      AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
+    RETURNING *
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
+    SELECT released.id,
+           CASE released.state WHEN 'queued' THEN 'released' ELSE 'cancelled' END,
+           released.attempts,
+           jsonb_build_object('via', 'release', 'reason', left(sqlc.arg(reason)::text, 1000),
+                              'delay_seconds', sqlc.arg(delay_seconds)::float8)
+    FROM released
+    WHERE sqlc.arg(write_all)::boolean OR released.state <> 'queued'
+), wake AS (
+    SELECT pg_notify(sqlc.arg(finish_channel)::text, released.id::text) FROM released
+    WHERE released.state <> 'queued' AND released.notify_finished
+)
+SELECT * FROM released WHERE (SELECT count(*) FROM wake) >= 0;

@@ -13,6 +13,8 @@ carries its context as attributes rather than only in the message::
     ├── CommitRefused          a commit callable ended the transaction it was given
     ├── SchemaMismatch         the database's jobrun schema is missing, older or newer than
     │                          this code: run ``jobrun migrate`` (or upgrade jobrun)
+    ├── WaitTimeout            the job had not finished when a wait for it ran out (also a
+    │                          ``TimeoutError``)
     └── DatabaseError          the database could not do it
         ├── TransientError     connection lost, server shutting down, read-only, pool timeout:
         │                      retry later, nothing was decided
@@ -179,3 +181,14 @@ class SchemaMismatch(JobrunError):
         self.schema = schema
         self.found = found
         self.needed = needed
+
+
+class WaitTimeout(JobrunError, TimeoutError):
+    """The job had not finished when the wait ran out; ``job`` is how it stood last."""
+
+    def __init__(self, job: object, timeout: float) -> None:
+        job_id = getattr(job, "id", job)
+        state = getattr(job, "state", "?")
+        super().__init__(f"job {job_id} had not finished after {timeout:g} s (it is {state})")
+        self.job = job
+        self.timeout = timeout

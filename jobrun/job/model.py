@@ -245,6 +245,8 @@ class Job:
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
+    result: JSONValue = None
+    """The JSON value the handler returned, stored with the success (None otherwise)."""
 
     @property
     def attempts_left(self) -> int:
@@ -267,6 +269,8 @@ class EventKind(enum.StrEnum):
     """An operator made a job runnable again."""
     REAPED = "reaped"
     """The lease expired; ``detail.verdict`` is the state the reaper chose."""
+    RELEASED = "released"
+    """The claim was given back without counting its attempt (``detail.reason``)."""
 
     @property
     def terminal(self) -> bool:

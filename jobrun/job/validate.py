@@ -311,6 +311,28 @@ _encode_json = json.JSONEncoder(
 ).encode
 
 
+MAX_RESULT_BYTES = MAX_PAYLOAD_BYTES
+"""A handler's result is held to a payload's limits (1 MiB of JSON, same depth)."""
+
+_RESULT_PREFIX = '{"result":'
+
+
+def result(value: object) -> str | None:
+    """A handler's return value as the JSON text to store; None for None.
+
+    Any JSON value (not only an object), checked by the payload's rules (one
+    validator): a ValidationError naming ``result`` otherwise.
+    """
+    if value is None:
+        return None
+    try:
+        _, text = payload({"result": value})
+    except ValidationError as exc:
+        raise ValidationError("result", exc.message.replace("payload", "result")) from None
+    assert text.startswith(_RESULT_PREFIX) and text.endswith("}")
+    return text[len(_RESULT_PREFIX) : -1]
+
+
 def payload_from_json(text: str | bytes) -> Any:
     """Parse JSON text given for a payload (the CLI's); every problem is a ValidationError.
 

@@ -98,6 +98,8 @@ class JobRow(Protocol):
     def updated_at(self) -> dt.datetime: ...
     @property
     def finished_at(self) -> dt.datetime | None: ...
+    @property
+    def result(self) -> Any: ...
 
 
 def job_from_row(row: JobRow) -> Job:
@@ -121,6 +123,7 @@ def job_from_row(row: JobRow) -> Job:
         created_at=utc(row.created_at),
         updated_at=utc(row.updated_at),
         finished_at=utc_or_none(row.finished_at),
+        result=row.result,
     )
 
 

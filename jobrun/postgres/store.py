@@ -97,7 +97,7 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -206,6 +206,8 @@ class Store(SchedulesMixin):
             validate.positive_duration("call_timeout", call_timeout)
         self.call_timeout = None if call_timeout is None else call_timeout.total_seconds()
         self.notify_channel = validate_channel(notify_channel, "notify_channel")
+        self.finish_channel = validate_channel(f"{notify_channel}_done", "notify_channel")
+        """Where the end of a watched job is announced (the job's id; see :meth:`watch`)."""
         self.pool = pool
         self._notify_warned_at = -math.inf
         self._notify_warn_lock = threading.Lock()
@@ -708,17 +710,22 @@ class Store(SchedulesMixin):
         )
         return set(kept)
 
-    def complete(self, job: Job, commit: CommitCallable | None = None) -> Job:
+    def complete(
+        self, job: Job, commit: CommitCallable | None = None, *, result: Any = None
+    ) -> Job:
         """Finish a claimed job: succeeded, or cancelled when cancel was requested.
 
         With ``commit``, the handler's callable runs inside this transaction
         after the effect row is inserted, and only when that row is new. A
         lost lease, a failing callable or ``commit_timeout`` rolls everything
-        back, the callable's writes included.
+        back, the callable's writes included. ``result`` (any JSON value, the
+        handler's return value) is stored with the success, in the same
+        transaction; a cancelled job keeps none.
         """
         owner, token = _lease_of(job)
         if commit is not None and not callable(commit):
             raise ValidationError("commit", "must be callable")
+        result_text = validate.result(result)
 
         key = EffectKey.of(job)
         begin = self._begin_with_timeout()
@@ -771,7 +778,14 @@ class Store(SchedulesMixin):
             committing[0] = True
             with c.pipeline():
                 self.q.complete_finish(
-                    c, state=state, id=job.id, owner=owner, token=token, detail=detail
+                    c,
+                    state=state,
+                    id=job.id,
+                    owner=owner,
+                    token=token,
+                    detail=detail,
+                    result_json=None if result_text is None else raw_json(result_text),
+                    finish_channel=self.finish_channel,
                 )
                 c.execute("COMMIT")
             return dataclasses.replace(
@@ -783,12 +797,19 @@ class Store(SchedulesMixin):
                 lease_expires_at=None,
                 finished_at=utc(row.now),
                 updated_at=utc(row.now),
+                result=result if state_now is State.SUCCEEDED and result_text is not None else None,
             )
 
         return self._with_explicit_tx(run, timeout=self._commit_bound())
 
-    def complete_many(self, jobs: Sequence[Job]) -> CompleteManyResult:
-        """Complete many claimed jobs (no commit callables) in one statement, each fenced."""
+    def complete_many(
+        self, jobs: Sequence[Job], *, results: Mapping[uuid.UUID, Any] | None = None
+    ) -> CompleteManyResult:
+        """Complete many claimed jobs (no commit callables) in one statement, each fenced.
+
+        ``results`` maps a job's id to its handler's return value (stored with
+        its success); every value is checked before any SQL runs.
+        """
         if len(jobs) > MAX_HEARTBEAT_IDS:
             raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
         if not jobs:
@@ -800,6 +821,7 @@ class Store(SchedulesMixin):
             raise ValidationError("jobs", "complete_many takes the jobs of one owner")
         owner = owners.pop()
         keys = [EffectKey.of(j) for j in jobs]
+        texts = _result_texts(jobs, results)
         rows = self._on_pool(
             lambda c: self.q.complete_jobs(
                 c,
@@ -807,7 +829,9 @@ class Store(SchedulesMixin):
                 tokens=[_lease_of(j)[1] for j in jobs],
                 scopes=[k.scope for k in keys],
                 keys=[k.key for k in keys],
+                results=texts,
                 owner=owner,
+                finish_channel=self.finish_channel,
             )
         )
         # Rows back: the jobs finished now, and those this very claim finished
@@ -818,7 +842,10 @@ class Store(SchedulesMixin):
         return CompleteManyResult(completed=completed, cancelled=cancelled, lease_lost=lost)
 
     def complete_many_tx(
-        self, items: Sequence[tuple[Job, CommitCallable | None]]
+        self,
+        items: Sequence[tuple[Job, CommitCallable | None]],
+        *,
+        results: Mapping[uuid.UUID, Any] | None = None,
     ) -> CompleteManyResult:
         """Complete many claimed jobs of one owner, each with its commit callable, in one
         transaction: the transactional path past the one-COMMIT-per-job ceiling.
@@ -850,6 +877,7 @@ class Store(SchedulesMixin):
                 raise ValidationError("commit", "must be callable")
         owner = owners.pop()
         keys = [EffectKey.of(j) for j in jobs]
+        texts = dict(zip((j.id for j in jobs), _result_texts(jobs, results), strict=True))
         begin = self._begin_with_timeout()
 
         def run(c: psycopg.Connection[Any], committing: list[bool]) -> CompleteManyResult:
@@ -898,7 +926,9 @@ class Store(SchedulesMixin):
                         ids=[f[0] for f in finish],
                         states=[f[1] for f in finish],
                         details=[f[2] for f in finish],
+                        results=[texts[f[0]] for f in finish],
                         owner=owner,
+                        finish_channel=self.finish_channel,
                     )
                 c.execute("COMMIT")
             return CompleteManyResult(
@@ -915,10 +945,12 @@ class Store(SchedulesMixin):
             log.info(
                 "a batch of %d completions rolled back (%s); completing one by one", len(items), exc
             )
-            return self._complete_one_by_one(items)
+            return self._complete_one_by_one(items, results or {})
 
     def _complete_one_by_one(
-        self, items: Sequence[tuple[Job, CommitCallable | None]]
+        self,
+        items: Sequence[tuple[Job, CommitCallable | None]],
+        results: Mapping[uuid.UUID, Any],
     ) -> CompleteManyResult:
         completed: set[uuid.UUID] = set()
         cancelled: set[uuid.UUID] = set()
@@ -926,7 +958,7 @@ class Store(SchedulesMixin):
         failed: dict[uuid.UUID, BaseException] = {}
         for job, commit in items:
             try:
-                done = self.complete(job, commit)
+                done = self.complete(job, commit, result=results.get(job.id))
             except LeaseLost:
                 lost.add(job.id)
             except (TransientError, OutcomeUnknown):
@@ -983,6 +1015,37 @@ class Store(SchedulesMixin):
                 owner=owner,
                 token=token,
                 write_all=self.event_mode is EventMode.ALL,
+                finish_channel=self.finish_channel,
+            )
+        )
+        if row is None:
+            raise LeaseLost(job.id)
+        return job_from_row(row)
+
+    def release(self, job: Job, delay: dt.timedelta, reason: str) -> Job:
+        """Give a claimed job back without counting its attempt: queued again after
+        ``delay`` (from the database clock), or cancelled when cancel was requested.
+
+        For a worker that cannot run the job (no handler for its type, say,
+        while a newer worker rolls out), so that a job is never burnt to dead
+        by workers that do not know it. The caller bounds how often it does
+        this; ``reason`` is kept as ``last_error`` and in the event.
+        """
+        owner, token = _lease_of(job)
+        validate.delay(delay)
+        if not isinstance(reason, str):
+            raise ValidationError("reason", "must be a str")
+        text = validate.error_text(reason)
+        row = self._on_pool(
+            lambda c: self.q.release_job(
+                c,
+                delay_seconds=delay.total_seconds(),
+                reason=text,
+                id=job.id,
+                owner=owner,
+                token=token,
+                write_all=self.event_mode is EventMode.ALL,
+                finish_channel=self.finish_channel,
             )
         )
         if row is None:
@@ -1023,6 +1086,7 @@ class Store(SchedulesMixin):
                         id=job.id,
                         token=job.lease_token,
                         now=now,
+                        finish_channel=self.finish_channel,
                     )
                 )
             reaped = self.q.reap_job(c, params)
@@ -1055,6 +1119,29 @@ class Store(SchedulesMixin):
         return self._with_tx(run)
 
     # -- administration ---------------------------------------------------------
+
+    def watch(self, job_id: uuid.UUID) -> Job:
+        """Ask for the end of the job to be announced on :attr:`finish_channel`; the job now.
+
+        LISTEN on the channel *before* calling this: every transition that
+        ends the job from now on sends its id there, in its own transaction.
+        A job already finished is returned as it is (nothing will be sent).
+        """
+        _check_id(job_id)
+        row = self._on_pool(lambda c: self.q.watch_job(c, id=job_id))
+        if row is None:
+            raise NotFound("job", job_id)
+        return job_from_row(row)
+
+    def wait(
+        self, job_id: uuid.UUID, timeout: float | None = None, *, poll_interval: float = 5.0
+    ) -> Job:
+        """The job once it has finished (succeeded, dead or cancelled), woken by a
+        notification (see :mod:`jobrun.postgres.wait`); WaitTimeout after ``timeout`` s."""
+        from jobrun.postgres.wait import wait_finished  # noqa: PLC0415 - a cycle otherwise
+
+        _check_id(job_id)
+        return wait_finished(self, job_id, timeout, poll_interval=poll_interval)
 
     def get(self, job_id: uuid.UUID) -> Job:
         _check_id(job_id)
@@ -1106,7 +1193,7 @@ class Store(SchedulesMixin):
             if row is None:
                 raise NotFound("job", job_id)
             if row.state == models.JobState.QUEUED:
-                done = self.q.cancel_queued_job(c, id=job_id)
+                done = self.q.cancel_queued_job(c, id=job_id, finish_channel=self.finish_channel)
                 assert done is not None
                 record(
                     self.q,
@@ -1310,6 +1397,16 @@ def _other_unique_violation(exc: psycopg.errors.UniqueViolation) -> DatabaseErro
         f"the job violates the unique constraint {exc.diag.constraint_name!r}: "
         f"{exc.diag.message_detail or exc.diag.message_primary}"
     )
+
+
+def _result_texts(
+    jobs: Sequence[Job], results: Mapping[uuid.UUID, Any] | None
+) -> builtins.list[Jsonb | None]:
+    """Each job's result as stored (checked, serialised once), aligned with ``jobs``."""
+    if not results:
+        return [None] * len(jobs)
+    texts = [validate.result(results.get(j.id)) for j in jobs]
+    return [None if t is None else raw_json(t) for t in texts]
 
 
 def _check_id(job_id: object) -> None:

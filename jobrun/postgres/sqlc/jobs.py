@@ -28,7 +28,7 @@ WITH ins AS (
                      now() + make_interval(secs => $9::float8)),
             NULL)
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $10::boolean
@@ -38,7 +38,7 @@ WITH ins AS (
     SELECT pg_notify($11::text, ins.queue) FROM ins, usage
     WHERE usage.used < $12::float8
 )
-SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
 FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
@@ -64,6 +64,8 @@ class EnqueueJobRow:
     updated_at: datetime.datetime
     finished_at: datetime.datetime | None
     finished_token: uuid.UUID | None
+    result: Any
+    notify_finished: bool
     notify_queue_usage: float
 
 
@@ -77,7 +79,7 @@ WITH ins AS (
                      now() + make_interval(secs => $9::float8)),
             $10::text)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $11::boolean
@@ -87,7 +89,7 @@ WITH ins AS (
     SELECT pg_notify($12::text, ins.queue) FROM ins, usage
     WHERE usage.used < $13::float8
 )
-SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
 FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
@@ -113,6 +115,8 @@ class EnqueueKeyedJobRow:
     updated_at: datetime.datetime
     finished_at: datetime.datetime | None
     finished_token: uuid.UUID | None
+    result: Any
+    notify_finished: bool
     notify_queue_usage: float
 
 
@@ -124,11 +128,11 @@ JOIN (SELECT unnest($1::uuid[]) AS id,
 WHERE jobs.payload = sent.payload"""
 
 
-GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
+GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
 
 
 GET_JOBS_BY_KEYS: Final = """\
-SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token FROM jobrun.jobs AS jobs
+SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest($1::text[]) AS queue,
              unnest($2::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key"""
@@ -146,7 +150,7 @@ ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHIN
 RETURNING id"""
 
 
-GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
 
 
 COPY_JOBS: Final = """\
@@ -206,13 +210,13 @@ WITH next AS (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT claimed.id, 'claimed', claimed.attempts FROM claimed
     WHERE $5::boolean
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM claimed"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM claimed"""
 
 
 HEARTBEAT_JOBS: Final = """\
@@ -241,7 +245,7 @@ WITH lease AS (
 SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0"""
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
+LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
 
 
 COMPLETE_BEGIN: Final = """\
@@ -282,14 +286,19 @@ WITH done AS (
     UPDATE jobrun.jobs AS jobs
     SET state = $2::jobrun.job_state, finished_at = now(),
         finished_token = lease_token,
+        result = CASE WHEN $2::jobrun.job_state = 'succeeded'
+                      THEN $3::jsonb END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
-      AND jobs.lease_owner = $4::text AND jobs.lease_token = $5::uuid
-    RETURNING jobs.id, jobs.state, jobs.attempts
+    WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
+      AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
+    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
+    SELECT done.id, done.state::text, done.attempts, $7::jsonb FROM done
 )
-INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
-SELECT done.id, done.state::text, done.attempts, $1::jsonb FROM done"""
+SELECT pg_notify($1::text, done.id::text) FROM done
+WHERE done.notify_finished"""
 
 
 COMPLETE_BEGIN_MANY: Final = """\
@@ -332,20 +341,25 @@ class CompleteBeginManyRow:
 
 COMPLETE_FINISH_MANY: Final = """\
 WITH input AS (
-    SELECT unnest($1::uuid[]) AS id, unnest($2::jobrun.job_state[]) AS state,
-           unnest($3::jsonb[]) AS detail
+    SELECT unnest($2::uuid[]) AS id, unnest($3::jobrun.job_state[]) AS state,
+           unnest($4::jsonb[]) AS detail,
+           unnest($5::jsonb[]) AS result
 ), done AS (
     UPDATE jobrun.jobs AS jobs
     SET state = input.state, finished_at = now(), finished_token = lease_token,
+        result = CASE WHEN input.state = 'succeeded' THEN input.result END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM input
     WHERE jobs.id = input.id AND jobs.state = 'leased'
-      AND jobs.lease_owner = $4::text
-    RETURNING jobs.id, jobs.state, jobs.attempts, input.detail
+      AND jobs.lease_owner = $6::text
+    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished, input.detail
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
+    SELECT done.id, done.state::text, done.attempts, done.detail FROM done
 )
-INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
-SELECT done.id, done.state::text, done.attempts, done.detail FROM done"""
+SELECT pg_notify($1::text, done.id::text) FROM done
+WHERE done.notify_finished"""
 
 
 FAIL_JOB: Final = """\
@@ -368,7 +382,7 @@ WITH failed AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
@@ -378,18 +392,22 @@ WITH failed AS (
                               'permanent', $1::boolean)
     FROM failed
     WHERE $7::boolean OR failed.state <> 'queued'
+), wake AS (
+    SELECT pg_notify($8::text, failed.id::text) FROM failed
+    WHERE failed.state <> 'queued' AND failed.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM failed"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 COMPLETE_JOBS: Final = """\
 WITH input AS (
     SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token,
-           unnest($3::text[]) AS scope, unnest($4::text[]) AS key
+           unnest($3::text[]) AS scope, unnest($4::text[]) AS key,
+           unnest($5::jsonb[]) AS result
 ), owned AS (
-    SELECT jobs.id, jobs.cancel_requested FROM jobrun.jobs AS jobs
+    SELECT jobs.id, jobs.cancel_requested, input.result FROM jobrun.jobs AS jobs
     JOIN input ON jobs.id = input.id AND jobs.lease_token = input.token
-    WHERE jobs.state = 'leased' AND jobs.lease_owner = $5::text
+    WHERE jobs.state = 'leased' AND jobs.lease_owner = $6::text
     ORDER BY jobs.id
     FOR UPDATE OF jobs
 ), effects AS (
@@ -401,10 +419,14 @@ WITH input AS (
     UPDATE jobrun.jobs AS jobs
     SET state = CASE WHEN owned.cancel_requested THEN 'cancelled' ELSE 'succeeded' END::jobrun.job_state,
         finished_at = now(), finished_token = lease_token,
+        result = CASE WHEN owned.cancel_requested THEN NULL ELSE owned.result END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM owned WHERE jobs.id = owned.id
-    RETURNING jobs.id, jobs.state, jobs.attempts
+    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished
+), wake AS (
+    SELECT pg_notify($7::text, done.id::text) FROM done
+    WHERE done.notify_finished
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT done.id, done.state::text, done.attempts,
@@ -415,7 +437,7 @@ WITH input AS (
     SELECT jobs.id, jobs.state FROM jobrun.jobs AS jobs
     JOIN input ON jobs.id = input.id AND jobs.finished_token = input.token
 )
-SELECT done.id, done.state FROM done
+SELECT done.id, done.state FROM done WHERE (SELECT count(*) FROM wake) >= 0
 UNION ALL
 SELECT before.id, before.state FROM before"""
 
@@ -427,7 +449,7 @@ class CompleteJobsRow:
 
 
 SELECT_EXPIRED_LEASES: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs
 WHERE state = 'leased' AND lease_expires_at < $1::timestamptz
 ORDER BY id
 LIMIT $2
@@ -435,16 +457,22 @@ FOR UPDATE SKIP LOCKED"""
 
 
 REAP_JOB: Final = """\
-UPDATE jobrun.jobs AS jobs
-SET state = $1::jobrun.job_state,
-    run_at = COALESCE($2::timestamptz, run_at),
-    finished_at = CASE WHEN $1::jobrun.job_state = 'queued' THEN NULL ELSE now() END,
-    last_error = $3::text,
-    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-    updated_at = now()
-WHERE id = $4 AND state = 'leased' AND lease_token = $5::uuid
-  AND lease_expires_at < $6::timestamptz
-RETURNING id"""
+WITH reaped AS (
+    UPDATE jobrun.jobs AS jobs
+    SET state = $1::jobrun.job_state,
+        run_at = COALESCE($2::timestamptz, run_at),
+        finished_at = CASE WHEN $1::jobrun.job_state = 'queued' THEN NULL ELSE now() END,
+        last_error = $3::text,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    WHERE id = $4 AND state = 'leased' AND lease_token = $5::uuid
+      AND lease_expires_at < $6::timestamptz
+    RETURNING jobs.id, jobs.state, jobs.notify_finished
+), wake AS (
+    SELECT pg_notify($7::text, reaped.id::text) FROM reaped
+    WHERE reaped.state <> 'queued' AND reaped.notify_finished
+)
+SELECT reaped.id FROM reaped WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -457,13 +485,14 @@ class ReapJobParams:
     id: uuid.UUID
     token: uuid.UUID
     now: datetime.datetime
+    finish_channel: str
 
 
-GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs WHERE id = $1"
+GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs WHERE id = $1"
 
 
 LIST_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs
 WHERE ($1::text IS NULL OR queue = $1::text)
   AND ($2::jobrun.job_state IS NULL OR state = $2::jobrun.job_state)
   AND ($3::text IS NULL OR type = $3::text)
@@ -473,23 +502,30 @@ LIMIT $5"""
 
 
 CANCEL_QUEUED_JOB: Final = """\
-UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
-WHERE id = $1 AND state = 'queued'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token"""
+WITH cancelled AS (
+    UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE id = $1 AND state = 'queued'
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
+), wake AS (
+    SELECT pg_notify($2::text, cancelled.id::text) FROM cancelled
+    WHERE cancelled.notify_finished
+)
+SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 REQUEST_CANCEL: Final = """\
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
 WHERE id = $1 AND state = 'leased'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished"""
 
 
 REQUEUE_JOB: Final = """\
 UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
-    cancel_requested = false, finished_at = NULL, finished_token = NULL, updated_at = now()
+    cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
+    notify_finished = false, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished"""
 
 
 PURGE_JOBS: Final = """\
@@ -594,6 +630,42 @@ class CountByStateRow:
 SCHEMA_VERSION: Final = "SELECT version FROM jobrun.schema_version"
 
 
+WATCH_JOB: Final = """\
+UPDATE jobrun.jobs AS jobs SET notify_finished = true
+WHERE id = $1
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished"""
+
+
+RELEASE_JOB: Final = """\
+WITH released AS (
+    UPDATE jobrun.jobs AS jobs
+    SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END::jobrun.job_state,
+        attempts = CASE WHEN cancel_requested THEN attempts ELSE greatest(attempts - 1, 0) END,
+        run_at = CASE WHEN cancel_requested THEN run_at
+                      ELSE now() + make_interval(secs => $1::float8) END,
+        finished_at = CASE WHEN cancel_requested THEN now() END,
+        last_error = $2::text,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
+      AND jobs.lease_owner = $4::text AND jobs.lease_token = $5::uuid
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
+    SELECT released.id,
+           CASE released.state WHEN 'queued' THEN 'released' ELSE 'cancelled' END,
+           released.attempts,
+           jsonb_build_object('via', 'release', 'reason', left($2::text, 1000),
+                              'delay_seconds', $1::float8)
+    FROM released
+    WHERE $6::boolean OR released.state <> 'queued'
+), wake AS (
+    SELECT pg_notify($7::text, released.id::text) FROM released
+    WHERE released.state <> 'queued' AND released.notify_finished
+)
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
+
+
 class Queries(QueriesBase):
     """The queries of db/query/jobs.sql, run in the schema given (see QueriesBase)."""
 
@@ -675,7 +747,9 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
-            notify_queue_usage=r[20],
+            result=r[20],
+            notify_finished=r[21],
+            notify_queue_usage=r[22],
         )
 
     def enqueue_keyed_job(
@@ -744,7 +818,9 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
-            notify_queue_usage=r[20],
+            result=r[20],
+            notify_finished=r[21],
+            notify_queue_usage=r[22],
         )
 
     def same_payloads(
@@ -799,6 +875,8 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
         )
 
     def get_jobs_by_keys(
@@ -832,6 +910,8 @@ class Queries(QueriesBase):
                     updated_at=r[17],
                     finished_at=r[18],
                     finished_token=r[19],
+                    result=r[20],
+                    notify_finished=r[21],
                 )
                 for r in cur.fetchall()
             ]
@@ -900,6 +980,8 @@ class Queries(QueriesBase):
                     updated_at=r[17],
                     finished_at=r[18],
                     finished_token=r[19],
+                    result=r[20],
+                    notify_finished=r[21],
                 )
                 for r in cur.fetchall()
             ]
@@ -978,6 +1060,8 @@ class Queries(QueriesBase):
                     updated_at=r[17],
                     finished_at=r[18],
                     finished_token=r[19],
+                    result=r[20],
+                    notify_finished=r[21],
                 )
                 for r in cur.fetchall()
             ]
@@ -1034,6 +1118,8 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
         )
 
     def complete_begin(
@@ -1074,11 +1160,13 @@ class Queries(QueriesBase):
         self,
         conn: psycopg.Connection[Any],
         *,
-        detail: Any,
+        finish_channel: str,
         state: JobState,
+        result_json: Any,
         id: uuid.UUID,
         owner: str,
         token: uuid.UUID,
+        detail: Any,
     ) -> None:
         """The last statement of Complete, sent with COMMIT in one round trip: the
         owner- and token-guarded end of the lease (succeeded, or cancelled when
@@ -1086,21 +1174,29 @@ class Queries(QueriesBase):
         records. The row is locked since CompleteBegin, so it matches exactly one
         row, and its timestamps are the transaction's now() that CompleteBegin
         returned: nothing needs to come back. The claim's token stays on the row as
-        finished_token (SET reads the row as it was).
+        finished_token (SET reads the row as it was). The handler's result is
+        stored with the success (never with a cancellation), and a client waiting
+        for the job is told on the finish channel.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
                 self.sql(COMPLETE_FINISH),
                 (
+                    finish_channel,
+                    state,
+                    (
+                        (result_json if isinstance(result_json, Jsonb) else Jsonb(result_json))
+                        if result_json is not None
+                        else None
+                    ),
+                    id,
+                    owner,
+                    token,
                     (
                         (detail if isinstance(detail, Jsonb) else Jsonb(detail))
                         if detail is not None
                         else None
                     ),
-                    state,
-                    id,
-                    owner,
-                    token,
                 ),
             )
 
@@ -1139,9 +1235,11 @@ class Queries(QueriesBase):
         self,
         conn: psycopg.Connection[Any],
         *,
+        finish_channel: str,
         ids: list[uuid.UUID],
         states: list[JobState],
         details: list[Any],
+        results: list[Any],
         owner: str,
     ) -> None:
         """The last statement of a batched transactional Complete, pipelined with
@@ -1151,9 +1249,11 @@ class Queries(QueriesBase):
             cur.execute(
                 self.sql(COMPLETE_FINISH_MANY),
                 (
+                    finish_channel,
                     ids,
                     states,
                     [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in details],
+                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results],
                     owner,
                 ),
             )
@@ -1169,6 +1269,7 @@ class Queries(QueriesBase):
         owner: str,
         token: uuid.UUID,
         write_all: bool,
+        finish_channel: str,
     ) -> Job | None:
         """The owner- and token-guarded failure of an attempt, verdict included, in
         one statement: cancelled when cancel was requested (cancel wins), dead when
@@ -1179,7 +1280,7 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
                 self.sql(FAIL_JOB),
-                (permanent, retry_at, error, id, owner, token, write_all),
+                (permanent, retry_at, error, id, owner, token, write_all, finish_channel),
             )
             r = cur.fetchone()
         if r is None:
@@ -1205,6 +1306,8 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
         )
 
     def complete_jobs(
@@ -1215,7 +1318,9 @@ class Queries(QueriesBase):
         tokens: list[uuid.UUID],
         scopes: list[str],
         keys: list[str],
+        results: list[Any],
         owner: str,
+        finish_channel: str,
     ) -> list[CompleteJobsRow]:
         """complete_many: every job still leased by this owner and token ends
         succeeded (or cancelled when cancel was requested), with its effect row
@@ -1225,7 +1330,18 @@ class Queries(QueriesBase):
         lease.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(COMPLETE_JOBS), (ids, tokens, scopes, keys, owner))
+            cur.execute(
+                self.sql(COMPLETE_JOBS),
+                (
+                    ids,
+                    tokens,
+                    scopes,
+                    keys,
+                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results],
+                    owner,
+                    finish_channel,
+                ),
+            )
             return [CompleteJobsRow(id=r[0], state=JobState(r[1])) for r in cur.fetchall()]
 
     def select_expired_leases(
@@ -1262,6 +1378,8 @@ class Queries(QueriesBase):
                     updated_at=r[17],
                     finished_at=r[18],
                     finished_token=r[19],
+                    result=r[20],
+                    notify_finished=r[21],
                 )
                 for r in cur.fetchall()
             ]
@@ -1273,7 +1391,8 @@ class Queries(QueriesBase):
     ) -> list[uuid.UUID | None]:
         """One per expired lease, sent as one batch. It re-checks the lease it
         selected (state, token, expiry) in the same statement, so a row that
-        finished in between is never rewritten.
+        finished in between is never rewritten. A job it ends (dead, cancelled)
+        wakes a client waiting for it.
         """
         result: list[uuid.UUID | None] = []
         if not rows:
@@ -1281,7 +1400,10 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.executemany(
                 self.sql(REAP_JOB),
-                ((p.state, p.run_at, p.last_error, p.id, p.token, p.now) for p in rows),
+                (
+                    (p.state, p.run_at, p.last_error, p.id, p.token, p.now, p.finish_channel)
+                    for p in rows
+                ),
                 returning=True,
             )
             while True:
@@ -1321,6 +1443,8 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
         )
 
     def list_jobs(
@@ -1358,13 +1482,22 @@ class Queries(QueriesBase):
                     updated_at=r[17],
                     finished_at=r[18],
                     finished_token=r[19],
+                    result=r[20],
+                    notify_finished=r[21],
                 )
                 for r in cur.fetchall()
             ]
 
-    def cancel_queued_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
+    def cancel_queued_job(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        id: uuid.UUID,
+        finish_channel: str,
+    ) -> Job | None:
+        """A queued job cancelled at once (waking a client waiting for it)."""
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(CANCEL_QUEUED_JOB), (id,))
+            cur.execute(self.sql(CANCEL_QUEUED_JOB), (id, finish_channel))
             r = cur.fetchone()
         if r is None:
             return None
@@ -1389,6 +1522,8 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
         )
 
     def request_cancel(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1418,6 +1553,8 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
         )
 
     def requeue_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1451,6 +1588,8 @@ class Queries(QueriesBase):
             updated_at=r[17],
             finished_at=r[18],
             finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
         )
 
     def purge_jobs(
@@ -1569,3 +1708,90 @@ class Queries(QueriesBase):
             return None
         value: int = r[0]
         return value
+
+    def watch_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
+        """A client is about to wait for the job: ask every transition that ends it to
+        notify the finish channel (the client LISTENs first). Returns the job as it
+        stands; a job that has already finished needs no waiting. Waits for a
+        Complete in flight (it holds the row), so the answer is never stale.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WATCH_JOB), (id,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return Job(
+            id=r[0],
+            queue=r[1],
+            type=r[2],
+            payload=r[3],
+            priority=r[4],
+            state=JobState(r[5]),
+            attempts=r[6],
+            max_attempts=r[7],
+            backoff=r[8],
+            run_at=r[9],
+            lease_owner=r[10],
+            lease_token=r[11],
+            lease_expires_at=r[12],
+            cancel_requested=r[13],
+            idempotency_key=r[14],
+            last_error=r[15],
+            created_at=r[16],
+            updated_at=r[17],
+            finished_at=r[18],
+            finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
+        )
+
+    def release_job(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        delay_seconds: float,
+        reason: str,
+        id: uuid.UUID,
+        owner: str,
+        token: uuid.UUID,
+        write_all: bool,
+        finish_channel: str,
+    ) -> Job | None:
+        """Give a claimed job back without counting its attempt (a worker that has no
+        handler for its type, or a handler that asks to run later): queued again
+        at now() + delay with the attempt the claim burned returned, owner- and
+        token-guarded like Fail, with a "released" event. A job whose cancel was
+        requested ends cancelled instead (cancel wins).
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(
+                self.sql(RELEASE_JOB),
+                (delay_seconds, reason, id, owner, token, write_all, finish_channel),
+            )
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return Job(
+            id=r[0],
+            queue=r[1],
+            type=r[2],
+            payload=r[3],
+            priority=r[4],
+            state=JobState(r[5]),
+            attempts=r[6],
+            max_attempts=r[7],
+            backoff=r[8],
+            run_at=r[9],
+            lease_owner=r[10],
+            lease_token=r[11],
+            lease_expires_at=r[12],
+            cancel_requested=r[13],
+            idempotency_key=r[14],
+            last_error=r[15],
+            created_at=r[16],
+            updated_at=r[17],
+            finished_at=r[18],
+            finished_token=r[19],
+            result=r[20],
+            notify_finished=r[21],
+        )
