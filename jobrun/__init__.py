@@ -1,11 +1,21 @@
 """jobrun: a durable background-job system on PostgreSQL.
 
 Enqueue with a :class:`Client` (inside your own transaction if you like), run
-handlers from a :class:`Registry` with a :class:`Worker` (or ``jobrun worker
---app module:registry``), and let the :class:`SchedulerService` fire cron
-schedules and rescue expired leases.
+handlers from a :class:`Registry` with ``jobrun worker --app module:registry``
+or, inside your own program, a :class:`Runtime` (a worker and a scheduler
+candidate: ``with jobrun.Runtime(settings, registry): ...``). One
+:class:`Settings` (``Settings.from_env()``) configures both sides. The
+:class:`SchedulerService` fires cron schedules and rescues expired leases;
+:class:`Worker` is the bare claim loop on a Store, for those who wire their
+own. :func:`migrate` applies the schema, :func:`migration_sql` prints it for
+another migration tool, and every entry point raises :class:`SchemaMismatch`
+at start when the two disagree. ``jobrun.testing.run_jobs`` runs queued jobs
+inside a test.
 """
 
+# jobrun.testing imported here makes ``import jobrun; jobrun.testing.run_jobs``
+# work; it needs nothing the facade does not import anyway.
+from jobrun import testing as testing
 from jobrun.client import Client
 from jobrun.config import Settings
 from jobrun.job.errors import (
@@ -18,6 +28,7 @@ from jobrun.job.errors import (
     LeaseLost,
     NotFound,
     OutcomeUnknown,
+    SchemaMismatch,
     TransientError,
     ValidationError,
 )
@@ -35,7 +46,7 @@ from jobrun.job.model import (
     State,
 )
 from jobrun.postgres.events import EventMode
-from jobrun.postgres.migrate import migrate
+from jobrun.postgres.migrate import migrate, migration_sql
 from jobrun.runtime import Runtime
 from jobrun.scheduler import SchedulerConfig, SchedulerService
 from jobrun.worker import JobContext, PermanentFailure, Registry, Worker, WorkerConfig
@@ -70,6 +81,7 @@ __all__ = [
     "ScheduleSpec",
     "SchedulerConfig",
     "SchedulerService",
+    "SchemaMismatch",
     "Settings",
     "State",
     "TransientError",
@@ -78,4 +90,5 @@ __all__ = [
     "WorkerConfig",
     "__version__",
     "migrate",
+    "migration_sql",
 ]

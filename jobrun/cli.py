@@ -3,7 +3,7 @@
 ::
 
     jobrun --version            (also: python -m jobrun ...)
-    jobrun migrate
+    jobrun migrate [--sql]
     jobrun worker --app myapp.jobs:registry [--queues emails=4,default] [--concurrency N] ...
     jobrun scheduler [--app MODULE:REGISTRY]
     jobrun enqueue TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--queue Q] [--priority N]
@@ -22,14 +22,21 @@
     jobrun demo [...]
     jobrun embedded start | status | stop
 
-Global options (``--database-url``, ``--job-events``, ``--notify-channel``) may
-be given before or after the subcommand. Without ``--database-url`` the
+Global options (``--database-url``, ``--schema``, ``--job-events``,
+``--notify-channel``) may be given before or after the subcommand. Without ``--database-url`` the
 command reads ``DATABASE_URL``, and without that it starts (or reuses) the
 embedded PostgreSQL, saying so on stderr (one line: its URL and where its data
 lives). That cluster belongs to the invoking user (``$JOBRUN_EMBEDDED_DIR``, or
 a per-user default, see :func:`jobrun.postgres.embedded.default_home`) and
 keeps its URL across ``jobrun embedded stop``. Every other setting comes from the
 environment (see :mod:`jobrun.config`), overridden by the flags given.
+
+``--schema`` (``JOBRUN_SCHEMA``, default ``jobrun``) is the PostgreSQL schema
+every jobrun object lives in; ``jobrun migrate`` creates it, and ``jobrun
+migrate --sql`` prints the DDL instead of applying it (no connection made),
+for teams that apply DDL through Alembic, Django, Flyway or a review. Every
+command but ``migrate`` checks the schema's version once at start and stops
+with exit code 8 when it is missing, older or newer than this jobrun.
 
 Output: tables for people (plain text, no colour codes, when stdout is not a
 terminal; as wide as the terminal, or COLUMNS when set, else unlimited in a
@@ -55,6 +62,8 @@ code  meaning
       (retry of a leased job, cancel of a finished one, bulk retry of leased jobs)
 6     database unavailable (cannot connect, connection lost, outcome unknown)
 7     validation error: bad input or bad configuration
+8     the jobrun schema is missing, or at another version than this jobrun
+      needs: run ``jobrun migrate`` (or upgrade jobrun when it is newer)
 130   interrupted (Ctrl-C during a short command)
 ====  ==========================================================================
 """
@@ -97,6 +106,7 @@ from jobrun.job.errors import (
     InvalidState,
     NotFound,
     OutcomeUnknown,
+    SchemaMismatch,
     TransientError,
     ValidationError,
 )
@@ -131,6 +141,7 @@ EXIT_CONFLICT = 4
 EXIT_INVALID_STATE = 5
 EXIT_UNAVAILABLE = 6
 EXIT_VALIDATION = 7
+EXIT_SCHEMA = 8
 EXIT_INTERRUPTED = 130
 
 PROG = "jobrun"
@@ -147,6 +158,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...],
     (InvalidState, EXIT_INVALID_STATE),
     ((TransientError, OutcomeUnknown, psycopg.OperationalError, PoolTimeout), EXIT_UNAVAILABLE),
     (ValidationError, EXIT_VALIDATION),
+    (SchemaMismatch, EXIT_SCHEMA),
 )
 
 
@@ -282,6 +294,12 @@ def _global_options() -> _Parser:
         help=_setting_help("PostgreSQL URL", "database_url", "the embedded PostgreSQL"),
     )
     g.add_argument(
+        "--schema",
+        metavar="NAME",
+        default=argparse.SUPPRESS,
+        help=_setting_help("the PostgreSQL schema jobrun's tables live in", "schema"),
+    )
+    g.add_argument(
         "--job-events",
         choices=("all", "terminal"),
         type=str.lower,
@@ -312,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         allow_abbrev=False,
         epilog="exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 conflict, "
-        "5 invalid state, 6 database unavailable, 7 validation",
+        "5 invalid state, 6 database unavailable, 7 validation, 8 schema missing or "
+        "at another version (run jobrun migrate)",
     )
     parser.add_argument(
         "--version", action="version", version=f"{PROG} {version()}", help="print the version"
@@ -330,6 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = command(sub, "migrate", cmd_migrate, "apply pending schema migrations", json=True)
+    p.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the schema's DDL on stdout instead (connects nowhere), "
+        "for Alembic, Django, Flyway or a review",
+    )
 
     p = command(sub, "worker", cmd_worker, "run a worker (and a scheduler candidate)", json=False)
     p.add_argument(
@@ -592,6 +617,7 @@ def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
         database_url=getattr(args, "database_url", None),
         job_events=getattr(args, "job_events", None),
         notify_channel=getattr(args, "notify_channel", None),
+        schema=getattr(args, "schema", None),
         **given,
     )
     if switched_off:
@@ -604,7 +630,7 @@ def database_url(settings: Settings) -> str:
     from jobrun.runtime import resolve_database_url  # noqa: PLC0415 - heavy, not for every command
 
     try:
-        url = resolve_database_url(settings)
+        url = resolve_database_url(settings, say=_announce)
     except embedded.ClusterError as exc:
         raise CommandError(f"embedded PostgreSQL: {exc}", EXIT_UNAVAILABLE) from None
     conninfo_with(url)  # ValidationError for an unparseable string, without the password
@@ -614,17 +640,19 @@ def database_url(settings: Settings) -> str:
     return dsn.normalize(url)  # SQLAlchemy's postgresql+psycopg:// and kin, as libpq reads them
 
 
+def _announce(line: str) -> None:
+    """The embedded fallback's line on stderr: a command says what it did, in one line."""
+    sys.stderr.write(f"{PROG}: {line}\n")
+    sys.stderr.flush()
+
+
 @contextlib.contextmanager
 def open_client(args: argparse.Namespace) -> Iterator[Client]:
+    """A client on the settings and flags, its schema version checked (SchemaMismatch: exit 8)."""
     settings = settings_from(args)
     url = database_url(settings)
     with Client.connect(
-        url,
-        pool_size=1,
-        event_mode=settings.job_events,
-        notify_channel=settings.notify_channel,
-        commit_timeout=settings.commit_timeout,
-        application_name="jobrun-cli",
+        url, settings=settings, pool_size=1, application_name="jobrun-cli"
     ) as client:
         yield client
 
@@ -880,10 +908,17 @@ def _parse_state(text: str) -> State:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from jobrun.postgres.migrate import migrate  # noqa: PLC0415 - yoyo is slow to import
+    """Apply the migrations (never checking the version first: this is the fix), or print them."""
+    from jobrun.postgres.migrate import migrate, migration_sql  # noqa: PLC0415 - yoyo is slow
 
-    url = database_url(settings_from(args))
-    applied = migrate(url)
+    settings = settings_from(args)
+    if args.sql:
+        if args.json:
+            raise _UsageError("migrate: --sql prints SQL, not JSON: give one of --sql and --json")
+        sys.stdout.write(migration_sql(settings.schema))
+        return EXIT_OK
+    url = database_url(settings)
+    applied = migrate(url, schema=settings.schema)
     if args.json:
         _print_json({"applied": applied})
     elif applied:

@@ -4,12 +4,27 @@
 
     import jobrun
 
-    with jobrun.Client.connect("postgresql://app@db/app") as client:
+    with jobrun.Client.connect() as client:      # DATABASE_URL, JOBRUN_SCHEMA, ...
         job = client.enqueue("email.send", {"to": "a@example.com"}, queue="emails")
         # inside your own transaction: the job exists iff you commit
         with psycopg.connect(dsn) as conn:
             conn.execute("INSERT INTO orders ...")
             client.enqueue("order.ship", {"order": 7}, conn=conn)
+
+``Client.connect()`` reads its settings from the environment
+(:meth:`jobrun.Settings.from_env`) unless given ``settings=``: the same
+fields a worker reads, so that both agree on the schema, the event mode and
+the notification channel. The database URL is the argument, else the
+settings' ``database_url`` (``DATABASE_URL``), else the embedded PostgreSQL,
+which is then announced by a WARNING of the ``jobrun`` logger (Python prints
+it on stderr when the application has not configured logging). A library
+says what it did through logging rather than writing to a stream the
+application owns; the ``jobrun`` command prints its own line instead.
+
+At connect, the schema's version is checked once (``check_schema=True``):
+a database never migrated, or migrated by another jobrun version, raises
+:class:`~jobrun.SchemaMismatch` naming the fix, instead of every later call
+failing on a missing table.
 
 The client wires the PostgreSQL adapter in; it never runs SQL itself.
 """
@@ -23,6 +38,9 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
+from psycopg_pool import ConnectionPool
+
+from jobrun.config import Settings
 from jobrun.job.model import (
     DEFAULT_BACKOFF,
     DEFAULT_MAX_ATTEMPTS,
@@ -41,14 +59,24 @@ from jobrun.job.model import (
     State,
     new_job_id,
 )
-from jobrun.postgres.events import EventMode
 from jobrun.postgres.pool import open_pool
-from jobrun.postgres.store import (
-    DEFAULT_CALL_TIMEOUT,
-    DEFAULT_COMMIT_TIMEOUT,
-    DEFAULT_NOTIFY_CHANNEL,
-    Store,
-)
+from jobrun.postgres.store import Store
+
+
+def make_store(pool: ConnectionPool[Any], settings: Settings) -> Store:
+    """A Store on ``pool`` with every store setting of ``settings``.
+
+    The one place a Settings becomes a Store, for the client, the runtime and
+    the command alike: a field added to one is never missed by another.
+    """
+    return Store(
+        pool,
+        event_mode=settings.job_events,
+        commit_timeout=settings.commit_timeout,
+        notify_channel=settings.notify_channel,
+        call_timeout=settings.call_timeout,
+        schema=settings.schema,
+    )
 
 
 class Client:
@@ -61,27 +89,34 @@ class Client:
     @classmethod
     def connect(
         cls,
-        database_url: str,
+        database_url: str | None = None,
         *,
+        settings: Settings | None = None,
         pool_size: int = 4,
-        event_mode: EventMode | str = EventMode.ALL,
-        notify_channel: str = DEFAULT_NOTIFY_CHANNEL,
-        commit_timeout: dt.timedelta | None = DEFAULT_COMMIT_TIMEOUT,
-        call_timeout: dt.timedelta | None = DEFAULT_CALL_TIMEOUT,
+        check_schema: bool = True,
         application_name: str = "jobrun-client",
     ) -> Client:
-        """Open a pool (``pool_size`` + the reserve) and a Store on it. Close it when done."""
-        pool = open_pool(
-            database_url, concurrency=pool_size, min_size=1, application_name=application_name
-        )
+        """Open a pool (``pool_size`` + the reserve) and a Store on it. Close it when done.
+
+        ``settings`` default to :meth:`Settings.from_env`; ``database_url``
+        overrides theirs; with neither, the embedded PostgreSQL is started (or
+        reused) and a WARNING says so (see the module docstring). With
+        ``check_schema`` (the default) the schema version is read once and
+        :class:`~jobrun.SchemaMismatch` raised when it is missing or not this
+        code's; pass False for tools that inspect a database before migrating.
+        """
+        if settings is None:
+            settings = Settings.from_env()
+        url = database_url or settings.database_url
+        if not url:
+            from jobrun.runtime import resolve_database_url  # noqa: PLC0415 - the fallback only
+
+            url = resolve_database_url(settings)
+        pool = open_pool(url, concurrency=pool_size, min_size=1, application_name=application_name)
         try:
-            store = Store(
-                pool,
-                event_mode=event_mode,
-                commit_timeout=commit_timeout,
-                notify_channel=notify_channel,
-                call_timeout=call_timeout,
-            )
+            store = make_store(pool, settings)
+            if check_schema:
+                store.check_schema()
         except BaseException:
             pool.close()
             raise
@@ -142,7 +177,7 @@ class Client:
     def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
         return self.store.enqueue(job, conn=conn)
 
-    def enqueue_many(self, jobs: Iterable[NewJob], *, conn: Any = None) -> BatchResult:
+    def enqueue_batch(self, jobs: Iterable[NewJob], *, conn: Any = None) -> BatchResult:
         """Enqueue many jobs at once (COPY), all or nothing; streams any iterable."""
         return self.store.enqueue_batch(jobs, conn=conn)
 

@@ -1,9 +1,16 @@
 """Settings from the environment (each with a matching ``jobrun`` flag).
 
+One :class:`Settings` serves every part of a deployment: the producer's
+``Client.connect(settings=...)``, the worker's ``Runtime(settings, registry)``
+and the ``jobrun`` command read the same fields, so a producer and a worker
+built from ``Settings.from_env()`` cannot disagree on the database, the
+schema, the event mode or the notification channel without noticing.
+
 =============================  ======================  =========================
 environment                    flag                    default
 =============================  ======================  =========================
-DATABASE_URL                   --database-url          embedded PostgreSQL
+DATABASE_URL                   --database-url          none (see below)
+JOBRUN_SCHEMA                  --schema                jobrun
 WORKER_CONCURRENCY             --concurrency           10
 JOB_EVENTS (all|terminal)      --job-events            all
 JOBRUN_QUEUES                  --queues                default
@@ -18,6 +25,12 @@ JOBRUN_SHUTDOWN_GRACE          --shutdown-grace        30s
 JOBRUN_RETENTION               --retention             7d (finished jobs; "off" keeps them)
 JOBRUN_EVENTS_RETENTION        --events-retention      7d ("off" keeps them)
 =============================  ======================  =========================
+
+Without a database URL, the ``jobrun`` command and ``Client.connect()`` fall
+back to the embedded PostgreSQL (and say so); a :class:`~jobrun.Runtime`
+refuses to start instead. ``JOBRUN_SCHEMA`` is the PostgreSQL schema every
+jobrun object lives in (:func:`jobrun.postgres.schema.schema_name` says
+which names are valid); ``jobrun migrate`` creates it.
 
 Durations are ``250ms``, ``30s``, ``5m``, ``2h``, ``7d`` or plain seconds.
 Invalid settings raise ValidationError naming the variable, at start.
@@ -35,10 +48,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
+from jobrun.postgres.schema import DEFAULT_SCHEMA, schema_name
 from jobrun.scheduler.service import SchedulerConfig
 from jobrun.worker.worker import (
     DEFAULT_CONCURRENCY,
@@ -89,9 +104,14 @@ def _switch(text: str, name: str) -> bool:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Everything a jobrun process is configured with."""
+    """Everything a jobrun process is configured with: the client's settings and the worker's.
+
+    Frozen and validated on construction, so a bad value fails where it is
+    made, naming its environment variable where it has one.
+    """
 
     database_url: str | None = None
+    schema: str = DEFAULT_SCHEMA
     concurrency: int = DEFAULT_CONCURRENCY
     job_events: EventMode = EventMode.ALL
     queues: Mapping[str, int | None] = dataclasses.field(default_factory=lambda: {"default": None})
@@ -122,6 +142,14 @@ class Settings:
         except ValueError:
             raise ValidationError("JOB_EVENTS", "must be 'all' or 'terminal'") from None
         validate_channel(self.notify_channel, "JOBRUN_NOTIFY_CHANNEL")
+        schema_name(self.schema, "JOBRUN_SCHEMA")
+        for name, var in (
+            ("commit_timeout", "JOBRUN_COMMIT_TIMEOUT"),
+            ("call_timeout", "JOBRUN_CALL_TIMEOUT"),
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                validate.positive_duration(var, value)
         # Building the service configs validates the rest, with their own messages.
         self.worker_config()
         self.scheduler_config()
@@ -155,6 +183,7 @@ class Settings:
 
 _ENV: dict[str, tuple[str, Any]] = {
     "DATABASE_URL": ("database_url", lambda text, name: text.strip()),
+    "JOBRUN_SCHEMA": ("schema", lambda text, name: text.strip()),
     "WORKER_CONCURRENCY": ("concurrency", _int),
     "JOB_EVENTS": ("job_events", lambda text, name: text.strip().lower()),
     "JOBRUN_QUEUES": ("queues", lambda text, name: parse_queues(text)),

@@ -1,4 +1,21 @@
-"""Wiring: a worker process from Settings and a Registry.
+"""Wiring: a worker process (or a worker inside your own program) from Settings and a Registry.
+
+::
+
+    import jobrun
+
+    settings = jobrun.Settings.from_env()          # the same settings as the producers'
+    with jobrun.Runtime(settings, registry):       # started; stopped (drained) on exit
+        serve_my_http_api()
+
+    # or: block here until SIGTERM/SIGINT, as `jobrun worker` does
+    jobrun.Runtime(settings, registry).run()
+
+    # or: your program owns its signals; stop() from any thread ends run()
+    runtime = jobrun.Runtime(settings, registry)
+    threading.Thread(target=runtime.run, kwargs={"install_signals": False}).start()
+    ...
+    runtime.stop(timeout=10)
 
 One process holds, each on connections of its own role::
 
@@ -7,157 +24,283 @@ One process holds, each on connections of its own role::
     jobrun-leader    the scheduler's advisory-lock connection
     jobrun-reaper    the scheduler's small pool (never starved by handlers)
 
-``Runtime.run()`` starts everything and blocks until SIGTERM/SIGINT; the
-shutdown order is: stop claiming and drain the worker, stop the scheduler
-(releasing leadership), stop the listener, close the pools.
+The service shape is the repo's: the configuration (:class:`~jobrun.Settings`)
+is frozen and validated before anything connects; constructing a
+:class:`Runtime` opens its pools and checks the schema version once
+(``SchemaMismatch`` when ``jobrun migrate`` was not run, so a worker started
+too early exits at once instead of failing every query); ``start()`` and
+``stop()`` are safe to call twice and from any thread. The shutdown order
+is: stop claiming and drain the worker, stop the scheduler (releasing
+leadership), stop the listener, close the pools.
+
+A Runtime needs a database URL: in library code, silently starting a private
+embedded database because a setting was misspelt would hide the mistake, so
+that fallback belongs to the ``jobrun`` command and to ``Client.connect()``
+(see :func:`resolve_database_url`), which always say so.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType, TracebackType
 from typing import Any
 
 from psycopg_pool import ConnectionPool
 
+from jobrun.client import make_store
 from jobrun.config import Settings
+from jobrun.job.errors import ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.embedded import EMBEDDED_DATABASE, ensure_embedded
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.notify import Notifier, NullDispatcher
 from jobrun.postgres.pool import describe, open_pool
+from jobrun.postgres.schema import DEFAULT_SCHEMA
 from jobrun.postgres.store import Store
 from jobrun.scheduler.service import SchedulerService
 from jobrun.worker.registry import Registry
 from jobrun.worker.worker import Worker
 
+__all__ = ["Runtime", "make_store", "resolve_database_url"]
+
 log = logging.getLogger("jobrun")
 
 
-def resolve_database_url(settings: Settings, *, announce: bool = True) -> str:
-    """DATABASE_URL, or the embedded PostgreSQL (started or reused; said on stderr)."""
+def resolve_database_url(settings: Settings, *, say: Callable[[str], None] | None = None) -> str:
+    """``settings.database_url``, or the embedded PostgreSQL (started or reused), said out loud.
+
+    For the ``jobrun`` command and ``Client.connect()`` without a URL only:
+    the fallback is announced in one line, given to ``say`` (the command
+    writes it on stderr), by default a WARNING of the ``jobrun`` logger.
+    """
     if settings.database_url:
         return settings.database_url
     cluster, started = ensure_embedded()
     url = cluster.url(EMBEDDED_DATABASE)
-    if announce:
-        what = "started" if started else "reusing"
-        sys.stderr.write(
-            f"jobrun: no DATABASE_URL; {what} the embedded PostgreSQL at {url} "
-            f"(data in {cluster.datadir})\n"
-        )
+    what = "started" if started else "reusing"
+    line = f"no DATABASE_URL; {what} the embedded PostgreSQL at {url} (data in {cluster.datadir})"
+    if say is None:
+        log.warning("%s", line)
+    else:
+        say(line)
     return url
 
 
-def make_store(pool: ConnectionPool[Any], settings: Settings) -> Store:
-    return Store(
-        pool,
-        event_mode=settings.job_events,
-        commit_timeout=settings.commit_timeout,
-        notify_channel=settings.notify_channel,
-        call_timeout=settings.call_timeout,
-    )
+def leader_lock_name(schema: str) -> str | None:
+    """The leader lock's name for ``schema``: each schema in a database elects its own leader.
+
+    None (the historical key) for the default schema, so that processes of
+    an older jobrun and of this one still agree on a single leader.
+    """
+    return None if schema == DEFAULT_SCHEMA else f"schema:{schema}"
 
 
 class Runtime:
-    """A worker (and, by default, a scheduler candidate) in this process."""
+    """A worker (and, by default, a scheduler candidate) in this process.
+
+    ``settings`` must name the database (``database_url``, or the
+    ``database_url`` argument); ``registry`` holds the handlers and is
+    required unless ``worker=False``. With ``check_schema`` (the default)
+    the constructor raises :class:`~jobrun.SchemaMismatch` when the schema
+    is missing or at another version, before anything runs.
+    """
 
     def __init__(
         self,
         settings: Settings,
-        registry: Registry | None,
+        registry: Registry | None = None,
         *,
         database_url: str | None = None,
         worker: bool = True,
         scheduler: bool = True,
+        check_schema: bool = True,
     ) -> None:
         self.settings = settings
-        url = dsn.normalize(database_url or resolve_database_url(settings))
+        url = database_url or settings.database_url
+        if not url:
+            raise ValidationError(
+                "DATABASE_URL",
+                "no database URL: set DATABASE_URL or Settings(database_url=...) "
+                "(a Runtime never falls back to the embedded PostgreSQL; only the "
+                "jobrun command and Client.connect() do, and they say so)",
+            )
+        if worker and registry is None:
+            raise ValidationError("registry", "a worker needs a Registry of handlers")
+        if not worker and not scheduler:
+            raise ValidationError("worker", "a Runtime runs a worker, a scheduler or both")
+        url = dsn.normalize(url)
         self._pools: list[ConnectionPool[Any]] = []
         self.worker: Worker | None = None
         self.scheduler: SchedulerService | None = None
         self.notifier: Notifier | NullDispatcher | None = None
+        self._lock = threading.RLock()
+        self._release_lock = threading.Lock()
+        self._released = False
+        self._started = False
+        self._stopping = False
+        self._stopped = False
+        self._drained = True
+        self._stop_requested = threading.Event()
+        self._killed = threading.Event()
         try:
+            stores: list[Store] = []
             if worker:
-                if registry is None:
-                    raise ValueError("a worker needs a registry of handlers")
+                assert registry is not None
                 pool = open_pool(
                     url, concurrency=settings.concurrency, application_name="jobrun-worker"
                 )
                 self._pools.append(pool)
+                stores.append(make_store(pool, settings))
+                if check_schema:
+                    stores[0].check_schema()
                 if settings.notifications:
                     self.notifier = Notifier(url, channel=settings.notify_channel)
                 else:
                     self.notifier = NullDispatcher()
                 self.worker = Worker(
-                    make_store(pool, settings),
-                    registry,
-                    settings.worker_config(),
-                    dispatcher=self.notifier,
+                    stores[0], registry, settings.worker_config(), dispatcher=self.notifier
                 )
             if scheduler:
                 spool = open_pool(
                     url, concurrency=1, min_size=1, max_size=3, application_name="jobrun-reaper"
                 )
                 self._pools.append(spool)
+                sstore = make_store(spool, settings)
+                if check_schema and not stores:
+                    sstore.check_schema()
                 self.scheduler = SchedulerService(
-                    make_store(spool, settings), AdvisoryLocker(url), settings.scheduler_config()
+                    sstore,
+                    AdvisoryLocker(url, leader_lock_name(settings.schema)),
+                    settings.scheduler_config(),
                 )
         except BaseException:
-            self.close()
+            self._release()
             raise
-        log.info("jobrun runtime on %s", describe(url))
+        log.info("jobrun runtime on %s (schema %s)", describe(url), settings.schema)
+
+    # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        if self.notifier is not None:
-            self.notifier.start()
-        if self.scheduler is not None:
-            self.scheduler.start()
-        if self.worker is not None:
-            self.worker.start()
+        """Start the listener, the scheduler and the worker; returns at once.
 
-    def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-        self.close()
+        Safe to call twice. A stopped Runtime cannot start again (its pools
+        are closed): build a new one.
+        """
+        with self._lock:
+            if self._stopping or self._stopped:
+                raise RuntimeError("this Runtime was stopped; create a new one to start again")
+            if self._started:
+                return
+            self._started = True
+            if self.notifier is not None:
+                self.notifier.start()
+            if self.scheduler is not None:
+                self.scheduler.start()
+            if self.worker is not None:
+                self.worker.start()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop claiming, drain, and release everything (see the module docstring).
+
+        Running handlers get ``timeout`` seconds (default: the settings'
+        shutdown grace) before they are cancelled. Safe to call twice and
+        from any thread: a second caller waits for the first and gets its
+        answer. Returns True when every handler returned. Ends :meth:`run`.
+        """
+        self._stop_requested.set()
+        with self._lock:
+            if self._stopping or self._stopped:  # done, or re-entered (a signal handler)
+                return self._drained
+            self._stopping = True
+            try:
+                if self.worker is not None and self._started:
+                    self._drained = self.worker.stop(timeout)
+            finally:
+                self._release()
+                self._stopped = True
+        return self._drained
 
     def close(self) -> None:
+        """Same as :meth:`stop`."""
+        self.stop()
+
+    def __enter__(self) -> Runtime:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def run(self, *, install_signals: bool = True) -> None:
+        """Start, block until told to stop, then stop gracefully.
+
+        With ``install_signals`` (what ``jobrun worker`` does) SIGTERM and
+        SIGINT stop it, a second signal at once; the previous handlers are
+        put back on return. Only the main thread can install them. Without,
+        the program keeps its own signal handling and ends ``run`` by calling
+        :meth:`stop` (from a signal handler or another thread).
+        """
+        if install_signals and threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "Runtime.run() installs signal handlers, which only the main thread can; "
+                "pass install_signals=False and call stop() yourself"
+            )
+        signals = 0
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            nonlocal signals
+            signals += 1
+            if signals == 1:
+                log.info("signal %d: stopping gracefully (again to stop at once)", signum)
+                self._stop_requested.set()
+            else:
+                log.warning("second signal: stopping at once")
+                self._kill()
+
+        previous: dict[int, Any] = {}
+        if install_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, on_signal)
+        try:
+            self.start()
+            while not self._stop_requested.wait(0.5):
+                pass
+            # The graceful stop runs on a thread of its own, so that a second
+            # signal (handled on this thread) can cut it short.
+            done = threading.Thread(target=self.stop, name="jobrun-shutdown", daemon=True)
+            done.start()
+            while done.is_alive() and not self._killed.is_set():
+                done.join(0.2)
+            if self._killed.is_set():
+                self._release()  # leadership and connections go now; leases expire
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+    def _kill(self) -> None:
+        """Stop at once: nothing more is claimed, completed or heartbeated (leases expire)."""
+        self._killed.set()
+        self._stop_requested.set()
+        if self.worker is not None:
+            self.worker.kill()
+
+    def _release(self) -> None:
+        """Stop the scheduler and the listener and close the pools, once (from any thread)."""
+        with self._release_lock:
+            if self._released:
+                return
+            self._released = True
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.notifier is not None:
             self.notifier.stop()
         for pool in self._pools:
             pool.close()
-        self._pools.clear()
-
-    def run(self) -> None:
-        """Run until SIGTERM/SIGINT (a second signal stops at once)."""
-        try:
-            if self.notifier is not None:
-                self.notifier.start()
-            if self.scheduler is not None:
-                self.scheduler.start()
-            if self.worker is not None:
-                self.worker.run()
-            else:
-                _wait_for_signal()
-        finally:
-            self.close()
-
-
-def _wait_for_signal() -> None:
-    import signal  # noqa: PLC0415
-    import threading  # noqa: PLC0415
-
-    stop = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)

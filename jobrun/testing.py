@@ -12,7 +12,13 @@
 ``run_jobs`` runs the queued, runnable jobs of a registry to completion,
 synchronously, in the calling thread, against a real database, through the
 same code path as a worker (claims, leases, commit callables, failures and
-their backoff). A retry scheduled for later is left queued.
+their backoff). It works every queue unless given ``queues=``, jobs that the
+handlers enqueue meanwhile (in any queue) included: a test that enqueues to
+``queue="emails"`` needs no knowledge of how its workers are deployed. A
+retry scheduled for later is left queued, and so are the jobs of paused
+queues (a worker would not claim them either).
+
+``import jobrun`` makes it reachable as ``jobrun.testing.run_jobs`` too.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from jobrun.worker.worker import Worker, WorkerConfig, parse_queues
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunReport:
+    """What :func:`run_jobs` did: how many jobs it ran, and how each attempt ended."""
+
     ran: int
     succeeded: int
     failed: int
@@ -39,18 +47,33 @@ def run_jobs(
     target: Client | Store,
     registry: Registry,
     *,
-    queues: Sequence[str] = ("default",),
+    queues: Sequence[str] | None = None,
     max_jobs: int = 10_000,
 ) -> RunReport:
-    """Run the runnable jobs of ``queues`` with ``registry``'s handlers until none is left."""
+    """Run the runnable jobs of ``queues`` (default: every queue) until none is left.
+
+    Without ``queues``, the queues come from the store's depth (those with
+    ready jobs), read again after each pass, so that a job enqueued by a
+    handler into a queue that was empty at first runs too. At most
+    ``max_jobs`` jobs run, over every queue together.
+    """
     store = target.store if isinstance(target, Client) else target
-    worker = Worker(store, registry, WorkerConfig(queues=parse_queues(queues), concurrency=1))
-    ran = worker.drain(max_jobs=max_jobs)
-    stats = worker.stats
-    return RunReport(
-        ran=ran,
-        succeeded=stats["succeeded"],
-        failed=stats["failed"],
-        cancelled=stats["cancelled"],
-        lease_lost=stats["lease_lost"],
-    )
+    totals = dict.fromkeys(("succeeded", "failed", "cancelled", "lease_lost"), 0)
+    ran = 0
+    while ran < max_jobs:
+        names = parse_queues(queues) if queues is not None else _ready_queues(store)
+        if not names:
+            break
+        worker = Worker(store, registry, WorkerConfig(queues=names, concurrency=1))
+        ran_now = worker.drain(max_jobs=max_jobs - ran)
+        ran += ran_now
+        for key in totals:
+            totals[key] += worker.stats[key]
+        if ran_now == 0 or queues is not None:
+            break
+    return RunReport(ran=ran, **totals)
+
+
+def _ready_queues(store: Store) -> dict[str, int | None]:
+    """Every queue with a job runnable now (names as stored: never parsed as a spec)."""
+    return dict.fromkeys(sorted(d.queue for d in store.depth() if d.ready > 0))

@@ -353,7 +353,7 @@ def test_newest_jobs_are_the_highest_ids_however_their_times_are_spread(client: 
     )
     ids = [_v7(ms, rng) for ms in times] + [uuid.uuid4() for _ in range(4)]
     states = [State.QUEUED] * len(ids)
-    client.enqueue_many(NewJob(type="t.a", id=job_id) for job_id in ids)
+    client.enqueue_batch(NewJob(type="t.a", id=job_id) for job_id in ids)
     for job_id in rng.sample(ids, 40):
         client.cancel(job_id)
         states[ids.index(job_id)] = State.CANCELLED

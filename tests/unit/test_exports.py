@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jobrun
 
 
@@ -43,3 +46,18 @@ def test_the_main_entry_points_are_exported() -> None:
         "IdempotencyConflict",
     ):
         assert name in jobrun.__all__
+
+
+def test_jobrun_testing_is_reachable_from_import_jobrun() -> None:
+    # A fresh interpreter: in this one another test may have imported it already.
+    script = "import jobrun; print(jobrun.testing.run_jobs.__name__)"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "run_jobs"
+
+
+def test_what_an_embedding_program_needs_is_exported() -> None:
+    for name in ("Runtime", "Settings", "SchemaMismatch", "migrate", "migration_sql"):
+        assert name in jobrun.__all__, name
