@@ -41,7 +41,14 @@ from tests.faults.harness import wait_until as wait
 from tests.faults.oracle import Oracle
 
 ROLE = "jobrun_fault_rt"
-JOBRUN_TABLES = ("jobs", "job_events", "processed_effects", "schedules", "queue_pauses")
+JOBRUN_TABLES = (
+    "jobs",
+    "job_events",
+    "processed_effects",
+    "schedules",
+    "queue_pauses",
+    "schema_version",
+)
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""
 
 
