@@ -186,6 +186,19 @@ class Client:
     def get(self, job_id: uuid.UUID | str) -> Job:
         return self.store.get(_uuid(job_id))
 
+    def wait(
+        self, job_id: uuid.UUID | str, timeout: float | None = None, *, poll_interval: float = 5.0
+    ) -> Job:
+        """Block until the job has finished (succeeded, dead or cancelled); return it.
+
+        Woken by a notification sent in the transaction that ends the job, not
+        by polling (the row is re-read every ``poll_interval`` s as a fallback).
+        ``job.result`` is the handler's return value. Raises WaitTimeout (a
+        TimeoutError carrying the job as it stood) after ``timeout`` seconds;
+        ``None`` waits for ever. Uses one connection of its own while waiting.
+        """
+        return self.store.wait(_uuid(job_id), timeout, poll_interval=poll_interval)
+
     def list(
         self,
         *,
