@@ -49,7 +49,7 @@ from jobrun.postgres.events import EventMode
 from jobrun.postgres.migrate import migrate, migration_sql
 from jobrun.runtime import Runtime
 from jobrun.scheduler import SchedulerConfig, SchedulerService
-from jobrun.worker import JobContext, PermanentFailure, Registry, Worker, WorkerConfig
+from jobrun.worker import Done, JobContext, PermanentFailure, Registry, Worker, WorkerConfig
 
 __version__ = "0.1.0"
 
@@ -60,6 +60,7 @@ __all__ = [
     "Client",
     "CommitRefused",
     "DatabaseError",
+    "Done",
     "EffectKey",
     "Event",
     "EventKind",

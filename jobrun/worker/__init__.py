@@ -1,10 +1,11 @@
 """The threaded worker runtime."""
 
 from jobrun.worker.context import JobContext
-from jobrun.worker.registry import Handler, PermanentFailure, Registry
+from jobrun.worker.registry import Done, Handler, PermanentFailure, Registry
 from jobrun.worker.worker import Worker, WorkerConfig, parse_queues
 
 __all__ = [
+    "Done",
     "Handler",
     "JobContext",
     "PermanentFailure",

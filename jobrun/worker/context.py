@@ -8,6 +8,7 @@ import threading
 import time
 
 from jobrun.job.model import Job
+from jobrun.worker.logs import job_fields
 
 
 @dataclasses.dataclass(eq=False)
@@ -31,11 +32,15 @@ class JobContext:
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
-        """``jobrun.job.<type>``, with the job id and attempt (made on first use)."""
+        """``jobrun.job.<type>``, its records carrying the job's fields (made on first use).
+
+        The same fields as the worker's own lines about the job (id, type,
+        attempt, max_attempts, queue; see :mod:`jobrun.worker.logs`), so that
+        the console and a log shipper tie a handler's lines to its job.
+        """
         if self._logger is None:
             self._logger = logging.LoggerAdapter(
-                logging.getLogger(f"jobrun.job.{self.job.type}"),
-                {"job_id": str(self.job.id), "attempt": self.job.attempts},
+                logging.getLogger(f"jobrun.job.{self.job.type}"), job_fields(self.job)
             )
         return self._logger
 

@@ -47,17 +47,58 @@ expires and the reaper requeues it. A second signal stops at once.
 
 A handler's exception never kills its thread; a database error never kills
 a loop (it is logged, and the loop backs off and tries again).
+
+Results: a handler's return value other than None, a callable or
+:class:`~jobrun.worker.registry.Done` is the job's result (see
+:mod:`jobrun.worker.registry`). It is checked in the handler's thread
+(``validate.result``), so a value that cannot be stored fails that attempt
+alone, and it travels with the job to the completer, which stores it with the
+success in the same transaction: ``complete_many(results=...)`` for plain
+successes, ``complete_many_tx(results=...)`` (and ``complete(result=...)``
+when a batch falls back to one by one) next to a commit callable.
+
+Unknown job types: a job whose type this worker has no handler for is not
+failed (which would burn its attempts into a dead job while a newer worker
+that knows the type rolls out). It is *released*: ``Store.release`` gives
+the claim's attempt back and queues the job again after a delay that grows
+with each release (``unknown_type_delay``, 60 s by default, doubling each
+time up to ten times that: 1, 2, 4, 8, then every 10 minutes), with a
+"released" event (when all events are recorded) and ``last_error`` saying
+``no handler for job type 'x' (release n of N, attempt not counted); worker
+W knows: a, b``. That text is the counter: the next worker that claims the
+job and does not know its type reads ``n`` back from ``last_error`` (no
+extra query, and it holds whatever the event mode), so the count is the
+job's own, across workers. Anything else written to ``last_error`` (a real
+attempt that failed, a reaped lease, the dead verdict below) starts the
+count again. After ``unknown_type_releases`` releases (24 by default: about
+3.6 hours with the default delay) the job is dead, its ``last_error`` saying
+why (``jobrun retry ID`` runs it again); ``unknown_type_releases=0`` makes it
+dead at once. A cancel requested meanwhile wins (the release ends it
+cancelled). Each worker logs one WARNING per unknown type, naming the types
+it knows; later releases of that type are DEBUG lines.
+
+Console (see :mod:`jobrun.worker.logs` for the formats): a start banner
+(version, database, queues with their limits, concurrency, registered job
+types), then one line per job outcome, each carrying the job's id, type,
+attempt, max_attempts and queue as ``extra``: ``succeeded in N ms`` at
+``success_log_level`` (DEBUG unless configured: free when off), ``failed``
+at INFO with the next run time and the error (the traceback attached when
+DEBUG is on), ``dead`` at WARNING, ``cancelled`` at INFO, ``lease lost`` at
+WARNING, ``released`` (unknown type) as above.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import heapq
+import inspect
 import itertools
 import logging
 import os
 import queue
+import re
 import signal
 import socket
 import sys
@@ -67,7 +108,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol, cast
 
 from jobrun.job import validate
 from jobrun.job.errors import (
@@ -80,8 +121,10 @@ from jobrun.job.errors import (
 from jobrun.job.model import CompleteManyResult, Job, State
 from jobrun.job.ports import CommitCallable as Commit
 from jobrun.job.ports import Dispatcher, Store, Waiter
+from jobrun.worker import logs
 from jobrun.worker.context import JobContext
-from jobrun.worker.registry import PermanentFailure, Registry
+from jobrun.worker.logs import job_fields
+from jobrun.worker.registry import Done, PermanentFailure, Registry
 
 log = logging.getLogger("jobrun.worker")
 
@@ -101,6 +144,36 @@ run it: a request stuck in a dead link is delivered when the link heals, for
 as long as the kernel retransmits it (``tcp_user_timeout``, 20 s by default).
 The claimer looks for lost claims this long plus one lease TTL."""
 _LIST_PAGE = 1000
+DEFAULT_UNKNOWN_TYPE_DELAY = dt.timedelta(seconds=60)
+DEFAULT_UNKNOWN_TYPE_RELEASES = 24
+UNKNOWN_TYPE_DELAY_GROWTH = 10
+"""A released job's delay doubles from ``unknown_type_delay`` up to this many times it."""
+_RELEASED = re.compile(
+    r"no handler for job type '[^']*' \(release (\d+) of \d+, attempt not counted\)"
+)
+"""The release counter, read back from ``last_error`` (see the module docstring)."""
+
+
+class ResultStore(Store, Protocol):
+    """The Store port with what the worker also uses: results and release.
+
+    (``jobrun.postgres.Store`` has them; they belong in ``jobrun.job.ports.Store``.)
+    """
+
+    def complete(self, job: Job, commit: Commit | None = None, *, result: Any = None) -> Job: ...
+
+    def complete_many(
+        self, jobs: Sequence[Job], *, results: Mapping[uuid.UUID, Any] | None = None
+    ) -> CompleteManyResult: ...
+
+    def complete_many_tx(
+        self,
+        items: Sequence[tuple[Job, Commit | None]],
+        *,
+        results: Mapping[uuid.UUID, Any] | None = None,
+    ) -> CompleteManyResult: ...
+
+    def release(self, job: Job, delay: dt.timedelta, reason: str) -> Job: ...
 
 
 def parse_queues(spec: str | Sequence[str] | Mapping[str, int | None]) -> dict[str, int | None]:
@@ -155,6 +228,15 @@ class WorkerConfig:
     """How long a loop (claimer, completer, heartbeat, listener) may take over
     one step before the stall watch logs a WARNING naming it and where it is
     blocked. Defaults to the lease TTL."""
+    unknown_type_delay: dt.timedelta = DEFAULT_UNKNOWN_TYPE_DELAY
+    """How long a job of a type no handler knows waits after its first release
+    (doubling with each release, up to ten times this; see the module docstring)."""
+    unknown_type_releases: int = DEFAULT_UNKNOWN_TYPE_RELEASES
+    """How many times such a job is released before it is dead (0: dead at once)."""
+    success_log_level: int | str | None = None
+    """The level of the ``succeeded`` line: ``logging.DEBUG`` or ``INFO``
+    (``"debug"``, ``"info"``); None takes the process default
+    (:func:`jobrun.worker.logs.set_success_level`, ``--log-success``), DEBUG."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", parse_queues(self.queues))
@@ -182,6 +264,19 @@ class WorkerConfig:
             raise ValidationError("complete_batch_size", "must be an int between 1 and 10000")
         if self.owner is not None:
             validate.owner(self.owner)
+        validate.positive_duration("unknown_type_delay", self.unknown_type_delay)
+        validate.delay(self.unknown_type_delay * UNKNOWN_TYPE_DELAY_GROWTH, "unknown_type_delay")
+        r = self.unknown_type_releases
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= 10_000:
+            raise ValidationError("unknown_type_releases", "must be an int between 0 and 10000")
+        if self.success_log_level is not None:
+            logs.success_level(self.success_log_level)
+
+    def unknown_type_delay_for(self, release: int) -> dt.timedelta:
+        """The delay of a job's ``release``-th release (1 for the first)."""
+        growth: int = min(2 ** min(release - 1, 30), UNKNOWN_TYPE_DELAY_GROWTH)
+        delay: dt.timedelta = self.unknown_type_delay * growth
+        return delay
 
     def with_owner(self) -> WorkerConfig:
         if self.owner is not None:
@@ -194,6 +289,18 @@ class WorkerConfig:
 class _Running:
     job: Job
     ctx: JobContext
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Finished:
+    """A handler's success on its way to the completer."""
+
+    job: Job
+    commit: Commit | None
+    result: Any
+    """The job's result (a checked JSON value), or None."""
+    duration: float
+    """Seconds the handler ran."""
 
 
 class _Timeouts(threading.Thread):
@@ -358,8 +465,16 @@ class Worker:
         config: WorkerConfig | None = None,
         *,
         dispatcher: Dispatcher | None = None,
+        database: str | None = None,
     ) -> None:
-        self.store = store
+        if not callable(getattr(store, "release", None)):
+            raise ValidationError(
+                "store", "the worker needs a Store with release() (jobrun.postgres.Store has it)"
+            )
+        # The port's Store lacks results and release so far (see ResultStore).
+        self.store = cast(ResultStore, store)
+        self.database = database
+        """A password-free description of the database, for the start banner."""
         self.registry = registry
         self.config = (config or WorkerConfig()).with_owner()
         assert self.config.owner is not None
@@ -376,8 +491,8 @@ class Worker:
         self._inflight = 0  # claimed and not yet returned by its handler
         self._inflight_by_queue: dict[str, int] = dict.fromkeys(self.config.queues, 0)
         self._work: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        # Handler results waiting for their batch: (job, commit callable or None).
-        self._done: queue.SimpleQueue[tuple[Job, Commit | None] | None] = queue.SimpleQueue()
+        # Handler successes waiting for their batch.
+        self._done: queue.SimpleQueue[_Finished | None] = queue.SimpleQueue()
         self._slot_freed = threading.Event()
         self._stopping = threading.Event()  # stop claiming
         self._hard_stop = threading.Event()  # give up on everything
@@ -389,7 +504,16 @@ class Worker:
         self._started = False
         self._stopped = False
         self._log = logging.LoggerAdapter(log, {"owner": self.owner})
-        self.stats = {"succeeded": 0, "failed": 0, "cancelled": 0, "lease_lost": 0, "adopted": 0}
+        self.stats = {
+            "succeeded": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "lease_lost": 0,
+            "adopted": 0,
+            "released": 0,
+        }
+        self._success_level = logs.success_level(self.config.success_log_level)
+        self._unknown_types: set[str] = set()  # warned about once each
         # Lost claims (see the module docstring): look for them until then.
         self._lost_claims_until = 0.0
         self._next_lost_claim_check = 0.0
@@ -409,6 +533,8 @@ class Worker:
         if self._started:
             return
         self._started = True
+        self._success_level = logs.success_level(self.config.success_log_level)
+        self._log_banner()
         if self.dispatcher is not None:
             self._waiter = self.dispatcher.subscribe(self._queue_names)
             probe = getattr(self.dispatcher, "activity", None)
@@ -426,11 +552,36 @@ class Worker:
         for t in [*self._handlers, *self._threads]:
             t.start()
         self._stalls.start()
-        self._log.info(
-            "worker %s started: queues %s, concurrency %d",
-            self.owner,
-            self.config.queues,
-            self.config.concurrency,
+
+    def _log_banner(self) -> None:
+        """The start banner: what this worker is, on one record (fields for JSON too)."""
+        version = logs.version()
+        queues = ", ".join(
+            name if limit is None else f"{name} (at most {limit} at once)"
+            for name, limit in self.config.queues.items()
+        )
+        types = self.registry.types
+        lines = [f"jobrun {version} worker {self.owner} starting"]
+        if self.database is not None:
+            lines.append(f"  database:    {self.database}")
+        lines.append(f"  queues:      {queues}")
+        lines.append(f"  concurrency: {self.config.concurrency}")
+        if types:
+            lines.append(f"  job types ({len(types)}):")
+            lines += [f"    . {name}" for name in types]
+        else:
+            lines.append("  job types:   none (every job claimed is released back to its queue)")
+        log.info(
+            "%s",
+            "\n".join(lines),
+            extra={
+                "owner": self.owner,
+                "version": version,
+                "database": self.database,
+                "queues": dict(self.config.queues),
+                "concurrency": self.config.concurrency,
+                "job_types": types,
+            },
         )
 
     def stop(self, timeout: float | None = None) -> bool:
@@ -563,7 +714,7 @@ class Worker:
                     self._running.pop(_claim(job), None)
                     self._inflight -= 1
                     self._inflight_by_queue[job.queue] -= 1
-            pending: list[tuple[Job, Commit | None]] = []
+            pending: list[_Finished] = []
             while not self._done.empty():
                 item = self._done.get_nowait()
                 if item is not None:
@@ -791,44 +942,134 @@ class Worker:
         job, ctx = running.job, running.ctx
         registration = self.registry.get(job.type)
         if registration is None:
-            self._fail(
-                job,
-                f"no handler for job type {job.type!r} in this worker "
-                f"(it knows {', '.join(self.registry.types) or 'none'})",
-            )
+            self._unknown_type(job)
             return
+        started = time.monotonic()
         try:
-            result = registration.handler(ctx, job)
+            value = registration.handler(ctx, job)
         except PermanentFailure as exc:
-            self._fail(job, _describe(exc), permanent=True)
+            self._fail(job, _describe(exc), permanent=True, exc=exc, started=started)
             return
         except Exception as exc:
-            ctx.logger.info("attempt %d failed: %s", job.attempts, _describe(exc))
-            self._fail(job, _describe(exc, with_traceback=True))
+            self._fail(job, _describe(exc, with_traceback=True), exc=exc, started=started)
+            return
+        if inspect.isawaitable(value):
+            _close(value)
+            self._fail(
+                job,
+                f"the handler returned a {type(value).__name__} (an async def handler?): "
+                "jobrun runs handlers on threads and never awaits; register a plain def",
+                permanent=True,  # it would fail every attempt the same way
+                started=started,
+            )
             return
         if ctx.is_cancelled:
             # Cancel wins: a handler that returns after cancellation never succeeds.
-            self._fail(job, f"cancelled ({ctx.cancel_reason})")
+            self._fail(job, f"cancelled ({ctx.cancel_reason})", started=started)
             return
-        if result is None or callable(result):
-            # Completed in a batch by the completer thread; heartbeated until then.
-            with self._lock:
-                self._unflushed[_claim(job)] = job
-            self._done.put((job, result))
+        commit: Commit | None = None
+        result: Any = None
+        if isinstance(value, Done):
+            commit, result = value.commit, value.result
+        elif callable(value):
+            commit = value
+        else:
+            result = value
+        if result is not None:
+            try:
+                validate.result(result)
+            except ValidationError as exc:
+                # Refused here, in its own attempt: never in the batch it would join.
+                self._fail(
+                    job,
+                    f"the handler's return value cannot be stored as the job's result: {exc}",
+                    exc=exc,
+                    started=started,
+                )
+                return
+        # Completed in a batch by the completer thread; heartbeated until then.
+        with self._lock:
+            self._unflushed[_claim(job)] = job
+        self._done.put(_Finished(job, commit, result, time.monotonic() - started))
+
+    def _fail(
+        self,
+        job: Job,
+        error: str,
+        *,
+        permanent: bool = False,
+        exc: BaseException | None = None,
+        started: float | None = None,
+    ) -> None:
+        """Record a failed attempt (retried, dead or cancelled) and log its outcome."""
+        duration = None if started is None else time.monotonic() - started
+
+        def write() -> Job:
+            retry_at = None if permanent else self.store.now() + job.backoff.delay(job.attempts)
+            return self.store.fail(job, error, retry_at, permanent=permanent)
+
+        failed = self._record(job, write, "failure")
+        if failed is None:
             return
-        self._fail(
-            job, f"handler returned a {type(result).__name__}; expected None or a commit callable"
+        self._count("cancelled" if failed.state is State.CANCELLED else "failed")
+        summary = error.split("\n", 1)[0]
+        fields: dict[str, Any] = {"error": summary}
+        if duration is not None:
+            fields["duration_ms"] = round(duration * 1000, 3)
+        took = "" if duration is None else f" in {_ms(duration)}"
+        if failed.state is State.CANCELLED:
+            how = "it stopped" if summary.startswith("cancelled (") else summary
+            message = f"cancelled{took}: cancel was requested ({how})"
+            self._job_log(logging.INFO, job, "cancelled", message, fields)
+            return
+        # The traceback goes with the line when DEBUG is on.
+        exc_info = exc if exc is not None and log.isEnabledFor(logging.DEBUG) else None
+        if failed.state is State.DEAD:
+            why = (
+                "permanent failure"
+                if permanent
+                else f"no attempts left ({job.attempts} of {job.max_attempts})"
+            )
+            self._job_log(
+                logging.WARNING,
+                job,
+                "dead",
+                f"dead{took} ({why}): {summary}",
+                fields,
+                exc_info=exc_info,
+            )
+            return
+        fields["next_run_at"] = _iso(failed.run_at)
+        wait = (failed.run_at - failed.updated_at).total_seconds()
+        self._job_log(
+            logging.INFO,
+            job,
+            "failed",
+            f"failed{took}: {summary}; next attempt ({job.attempts + 1} of "
+            f"{job.max_attempts}) at {_iso(failed.run_at)} (in {_seconds(wait)})",
+            fields,
+            exc_info=exc_info,
         )
 
-    def _fail(self, job: Job, error: str, *, permanent: bool = False) -> None:
+    def _record(self, job: Job, write: Callable[[], Job], what: str) -> Job | None:
+        """Write a job's outcome (a failure, a release), retrying database faults.
+
+        None when it could not be written: the lease was lost (another owner
+        has the job), or the database kept failing (the claim is abandoned:
+        its lease expires and the reaper requeues it). Both are logged.
+        """
         for attempt in range(len(_DB_RETRY_BACKOFF) + 1):
             try:
-                retry_at = None if permanent else self.store.now() + job.backoff.delay(job.attempts)
-                failed = self.store.fail(job, error, retry_at, permanent=permanent)
+                return write()
             except LeaseLost:
                 self._count("lease_lost", 1)
-                self._log.info("job %s: lease lost before fail; another owner has it", job.id)
-                return
+                self._job_log(
+                    logging.WARNING,
+                    job,
+                    "lease_lost",
+                    f"lease lost before its {what} was recorded: another worker owns the job now",
+                )
+                return None
             except JobrunError as exc:
                 if (
                     _db_fault(exc)
@@ -837,16 +1078,93 @@ class Worker:
                 ):
                     time.sleep(_DB_RETRY_BACKOFF[attempt])
                     continue
-                self._log.error(
-                    "job %s: could not record the failure (%s); its lease will "
-                    "expire and the reaper will requeue it",
-                    job.id,
-                    exc,
+                self._job_log(
+                    logging.ERROR,
+                    job,
+                    "unrecorded",
+                    f"could not record the {what} ({exc}); its lease will expire and "
+                    "the reaper will requeue it",
                 )
                 self._abandon([job])
-                return
-            self._count("cancelled" if failed.state is State.CANCELLED else "failed")
+                return None
+        return None  # pragma: no cover - the loop always returns
+
+    def _unknown_type(self, job: Job) -> None:
+        """No handler for the job's type: release it, not counting the attempt, up to a
+        limit; then it is dead (see the module docstring)."""
+        known = ", ".join(self.registry.types) or "none"
+        limit = self.config.unknown_type_releases
+        match = _RELEASED.match(job.last_error or "")
+        release = (int(match.group(1)) if match else 0) + 1
+        if release > limit:
+            self._fail(
+                job,
+                f"no handler for job type {job.type!r} in any worker that claimed it "
+                f"({limit} release(s)); dead (jobrun retry {job.id} runs it again); "
+                f"worker {self.owner} knows: {known}",
+                permanent=True,
+            )
             return
+        delay = self.config.unknown_type_delay_for(release)
+        reason = (
+            f"no handler for job type {job.type!r} (release {release} of {limit}, "
+            f"attempt not counted); worker {self.owner} knows: {known}"
+        )
+        released = self._record(job, lambda: self.store.release(job, delay, reason), "release")
+        if released is None:
+            return
+        if released.state is State.CANCELLED:
+            self._count("cancelled")
+            self._job_log(
+                logging.INFO, job, "cancelled", "cancelled (requested) instead of released"
+            )
+            return
+        self._count("released")
+        with self._lock:
+            first = job.type not in self._unknown_types
+            self._unknown_types.add(job.type)
+        fields = {"next_run_at": _iso(released.run_at), "error": reason}
+        if first:
+            self._job_log(
+                logging.WARNING,
+                job,
+                "released",
+                f"no handler for job type {job.type!r} in this worker (it knows: {known}); "
+                f"released back to its queue for {_seconds(delay.total_seconds())}, "
+                f"attempt not counted (release {release} of {limit}, then dead). "
+                "A worker that knows the type may still be rolling out; otherwise check "
+                "its spelling. (Said once per type; later releases are DEBUG lines.)",
+                fields,
+            )
+        elif log.isEnabledFor(logging.DEBUG):
+            self._job_log(
+                logging.DEBUG,
+                job,
+                "released",
+                f"released again (no handler; release {release} of {limit}), "
+                f"next try at {_iso(released.run_at)}",
+                fields,
+            )
+
+    def _job_log(
+        self,
+        level: int,
+        job: Job,
+        outcome: str,
+        message: str,
+        fields: Mapping[str, Any] | None = None,
+        *,
+        exc_info: BaseException | None = None,
+    ) -> None:
+        """One line about ``job``, its fields (and ``outcome``) as the record's extra."""
+        if not log.isEnabledFor(level):
+            return
+        extra = job_fields(job)
+        extra["owner"] = self.owner
+        extra["outcome"] = outcome
+        if fields:
+            extra.update(fields)
+        log.log(level, "%s", message, extra=extra, exc_info=exc_info)
 
     # -- completing ----------------------------------------------------------------
 
@@ -861,7 +1179,7 @@ class Worker:
             activity.busy("collecting a batch")
             if first is None:
                 closing = True
-                batch: list[tuple[Job, Commit | None]] = []
+                batch: list[_Finished] = []
             else:
                 batch = [first]
             deadline = time.monotonic() + flush_after
@@ -878,43 +1196,62 @@ class Worker:
             if batch:
                 self._flush(batch)
 
-    def _flush(self, batch: list[tuple[Job, Commit | None]]) -> None:
-        """Complete a batch: plain results with complete_many, commit callables with
-        complete_many_tx (one transaction each). Database faults are retried
-        (both are safe to repeat); until then the jobs keep being heartbeated."""
-        newest: dict[uuid.UUID, tuple[Job, Commit | None]] = {}
-        for job, commit in batch:
-            seen = newest.get(job.id)
-            if seen is None or job.attempts > seen[0].attempts:
-                newest[job.id] = (job, commit)
+    def _flush(self, batch: list[_Finished]) -> None:
+        """Complete a batch: plain successes with complete_many, commit callables with
+        complete_many_tx (one transaction each), results stored by the same
+        statements. Database faults are retried (both are safe to repeat);
+        until then the jobs keep being heartbeated."""
+        newest: dict[uuid.UUID, _Finished] = {}
+        for done in batch:
+            seen = newest.get(done.job.id)
+            if seen is None or done.job.attempts > seen.job.attempts:
+                newest[done.job.id] = done
         superseded = len(batch) - len(newest)
         if superseded:  # a stale claim of a job this worker claimed again
             self._count("lease_lost", superseded)
-        plain = [job for job, commit in newest.values() if commit is None]
-        with_commit = [(job, commit) for job, commit in newest.values() if commit is not None]
+            for done in batch:
+                if newest[done.job.id] is not done:
+                    self._job_log(
+                        logging.INFO,
+                        done.job,
+                        "lease_lost",
+                        "superseded by a newer claim of the same job; this one is dropped",
+                    )
+        plain = [done for done in newest.values() if done.commit is None]
+        with_commit = [done for done in newest.values() if done.commit is not None]
         self._completer_activity.busy(
             f"completing {len(plain)} plain result(s) and {len(with_commit)} with a commit callable"
         )
         if plain:
-            result = self._retrying(lambda: self.store.complete_many(plain), len(plain))
-            self._account(result)
-            if result is None:
-                self._abandon(plain)
-        if with_commit:
-            result = self._retrying(
-                lambda: self.store.complete_many_tx(with_commit), len(with_commit)
+            jobs = [done.job for done in plain]
+            results = {d.job.id: d.result for d in plain if d.result is not None} or None
+            outcome = self._retrying(
+                lambda: self.store.complete_many(jobs, results=results), len(jobs)
             )
-            self._account(result)
-            if result is None:
-                self._abandon([job for job, _ in with_commit])
-            by_id = {job.id: job for job, _ in with_commit}
-            for job_id, exc in (result.failed if result else {}).items():
+            self._account(outcome, plain)
+            if outcome is None:
+                self._abandon(jobs)
+        if with_commit:
+            items = [(done.job, done.commit) for done in with_commit]
+            results = {d.job.id: d.result for d in with_commit if d.result is not None} or None
+            outcome = self._retrying(
+                lambda: self.store.complete_many_tx(items, results=results), len(items)
+            )
+            self._account(outcome, with_commit)
+            if outcome is None:
+                self._abandon([job for job, _ in items])
+            by_id = {done.job.id: done for done in with_commit}
+            for job_id, exc in (outcome.failed if outcome else {}).items():
+                done = by_id[job_id]
                 self._fail(
-                    by_id[job_id], f"commit callable failed: {_describe(exc, with_traceback=True)}"
+                    done.job,
+                    f"commit callable failed: {_describe(exc, with_traceback=True)}",
+                    exc=exc,
+                    started=time.monotonic() - done.duration,
                 )
         with self._lock:
-            for job, _ in batch:
-                self._unflushed.pop(_claim(job), None)
+            for done in batch:
+                self._unflushed.pop(_claim(done.job), None)
         self._slot_freed.set()  # the backlog shrank: the claimer may claim again
 
     def _retrying(
@@ -946,16 +1283,50 @@ class Worker:
             for job in jobs:
                 self._abandoned[_claim(job)] = now
 
-    def _account(self, result: CompleteManyResult | None) -> None:
+    def _account(self, result: CompleteManyResult | None, batch: Sequence[_Finished]) -> None:
+        """Count a completion's outcomes and log one line per job.
+
+        The success lines cost one ``isEnabledFor`` check per batch when
+        their level is off (the default: DEBUG).
+        """
         if result is None:
             return
         self._count("succeeded", len(result.completed))
         self._count("cancelled", len(result.cancelled))
         self._count("lease_lost", len(result.lease_lost))
-        if result.lease_lost:
-            self._log.info(
-                "%d job(s) lost their lease before their batch completed", len(result.lease_lost)
-            )
+        level = self._success_level
+        if result.completed and log.isEnabledFor(level):
+            for done in batch:
+                if done.job.id in result.completed:
+                    stored = "" if done.result is None else ", result stored"
+                    self._job_log(
+                        level,
+                        done.job,
+                        "succeeded",
+                        f"succeeded in {_ms(done.duration)}{stored}",
+                        {"duration_ms": round(done.duration * 1000, 3)},
+                    )
+        if result.cancelled or result.lease_lost:
+            for done in batch:
+                if done.job.id in result.cancelled:
+                    self._job_log(
+                        logging.INFO,
+                        done.job,
+                        "cancelled",
+                        f"cancelled: its handler returned in {_ms(done.duration)} but cancel "
+                        "was requested first (cancel wins)",
+                        {"duration_ms": round(done.duration * 1000, 3)},
+                    )
+                elif done.job.id in result.lease_lost:
+                    self._job_log(
+                        logging.WARNING,
+                        done.job,
+                        "lease_lost",
+                        f"lease lost before its success was recorded (the handler ran "
+                        f"{_ms(done.duration)}): another worker owns the job now and may run it "
+                        "again",
+                        {"duration_ms": round(done.duration * 1000, 3)},
+                    )
 
     # -- heartbeats ----------------------------------------------------------------
 
@@ -1045,6 +1416,39 @@ def _claim(job: Job) -> uuid.UUID:
 def _db_fault(exc: JobrunError) -> bool:
     """A database fault (retry later), as opposed to a verdict like LeaseLost."""
     return isinstance(exc, DatabaseError)
+
+
+def _close(value: object) -> None:
+    """Close a coroutine nothing will await (no "never awaited" warning)."""
+    close = getattr(value, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):  # best effort on a value being refused
+            close()
+
+
+def _ms(seconds: float) -> str:
+    """A handler's run time as people read it: 0.4 ms, 12 ms, 3.2 s."""
+    ms = seconds * 1000
+    if ms < 10:
+        return f"{ms:.1f} ms"
+    if ms < 10_000:
+        return f"{ms:.0f} ms"
+    return f"{seconds:.1f} s"
+
+
+def _seconds(seconds: float) -> str:
+    """A wait as people read it: 2.0 s, 4 min, 1.5 h."""
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _iso(when: dt.datetime) -> str:
+    """A database time in ISO 8601 UTC (``Z``), to the millisecond."""
+    return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:

@@ -107,17 +107,17 @@ def test_a_permanent_failure_is_dead_at_once(
     assert store.get(job.id).attempts == 1
 
 
-def test_a_return_value_that_is_neither_none_nor_callable_fails_clearly(
+def test_a_return_value_that_is_neither_none_nor_callable_is_the_jobs_result(
     store: Store, registry: Registry, make_worker: Callable[..., Worker]
 ) -> None:
     registry.register("t", lambda ctx, job: 42)
     job = enqueue(store, max_attempts=1)
     make_worker()
-    wait_for(lambda: state_of(store, job) is State.DEAD)
-    assert "handler returned a int" in (store.get(job.id).last_error or "")
+    wait_for(lambda: state_of(store, job) is State.SUCCEEDED)
+    assert store.get(job.id).result == 42
 
 
-def test_a_job_without_a_handler_fails_with_normal_backoff(
+def test_a_job_without_a_handler_is_released_without_burning_its_attempt(
     store: Store, registry: Registry, make_worker: Callable[..., Worker]
 ) -> None:
     registry.register("known", lambda ctx, job: None)
@@ -125,8 +125,9 @@ def test_a_job_without_a_handler_fails_with_normal_backoff(
         store, type="unknown.type", backoff=Backoff(kind="constant", base=300.0, jitter=0.0)
     )
     make_worker()
-    wait_for(lambda: store.get(job.id).attempts == 1 and state_of(store, job) is State.QUEUED)
+    wait_for(lambda: [e.kind for e in store.events(job.id)][-1:] == ["released"])
     stored = store.get(job.id)
+    assert stored.state is State.QUEUED and stored.attempts == 0
     assert "no handler for job type 'unknown.type'" in (stored.last_error or "")
     assert stored.run_at > store.now()
 
