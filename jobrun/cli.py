@@ -38,6 +38,15 @@ for teams that apply DDL through Alembic, Django, Flyway or a review. Every
 command but ``migrate`` checks the schema's version once at start and stops
 with exit code 8 when it is missing, older or newer than this jobrun.
 
+``jobrun worker`` and ``jobrun scheduler`` log on stderr (see
+:mod:`jobrun.worker.logs`): ``--log-level`` (default info), ``--log-format
+text|json`` (``JOBRUN_LOG_FORMAT``; json is one object per line, for log
+shippers) and ``--log-success debug|info`` (``JOBRUN_LOG_SUCCESS``: the level
+of each job's "succeeded" line, debug by default). A worker starts with a
+banner (version, database, queues, concurrency, job types), then logs one
+line per job outcome, each naming the job's id, type and attempt. ``jobrun
+get`` shows a job's result (a handler's return value).
+
 Output: tables for people (plain text, no colour codes, when stdout is not a
 terminal; as wide as the terminal, or COLUMNS when set, else unlimited in a
 pipe: ``jobrun list`` keeps one line per job with its full id, and drops
@@ -82,7 +91,6 @@ import importlib.metadata
 import io
 import itertools
 import json
-import logging
 import os
 import sys
 import time
@@ -124,11 +132,11 @@ from jobrun.job.model import (
     ScheduleSpec,
     State,
 )
-from jobrun.job.redaction import RedactingFormatter
 from jobrun.job.validate import MAX_PAYLOAD_BYTES, payload_from_json, redact
 from jobrun.postgres import dsn, embedded
 from jobrun.postgres.pool import conninfo_with
 from jobrun.postgres.store import MAX_LIST_LIMIT
+from jobrun.worker import logs as worker_logs
 
 if TYPE_CHECKING:
     from jobrun.worker.registry import Registry
@@ -586,6 +594,20 @@ def _log_option(p: argparse.ArgumentParser) -> None:
         choices=("debug", "info", "warning", "error"),
         help="stderr log level (default: info)",
     )
+    p.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=worker_logs.LOG_FORMATS,
+        help="stderr log lines: text for people, json (one object per line) for log "
+        f"shippers (default: text; env {LOG_FORMAT_ENV})",
+    )
+    p.add_argument(
+        "--log-success",
+        type=str.lower,
+        choices=tuple(worker_logs.SUCCESS_LEVELS),
+        help="the level of each job's 'succeeded' line: debug (shown with --log-level "
+        f"debug) or info (default: debug; env {LOG_SUCCESS_ENV})",
+    )
 
 
 # -- settings, database, output -----------------------------------------------------------
@@ -848,6 +870,7 @@ def _job_details(job: Job) -> Table:
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
         ("priority", job.priority),
         ("payload", _compact(job.payload)),
+        ("result", "" if job.result is None else _compact(job.result)),
         ("run_at", _when(job.run_at)),
         ("idempotency_key", job.idempotency_key or ""),
         ("cancel_requested", "yes" if job.cancel_requested else "no"),
@@ -933,13 +956,37 @@ _LOG_SECRETS: list[str] = []
 """The secrets of the DSN in use, masked in every log line (see database_url)."""
 
 
-def _configure_logging(level: str) -> None:
-    """Log lines on stderr, each through the redactor (a handler's error may quote a DSN)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", known=_LOG_SECRETS)
+LOG_FORMAT_ENV = "JOBRUN_LOG_FORMAT"
+LOG_SUCCESS_ENV = "JOBRUN_LOG_SUCCESS"
+
+
+def _log_choice(flag: str | None, env: str, choices: Sequence[str], default: str) -> str:
+    """A logging option: the flag, else the environment variable (checked), else the default."""
+    if flag is not None:
+        return flag
+    text = os.environ.get(env, "").strip().lower()
+    if not text:
+        return default
+    if text not in choices:
+        raise ValidationError(env, f"{text!r}: expected one of {', '.join(choices)}")
+    return text
+
+
+def _configure_logging(
+    level: str, log_format: str | None = None, success: str | None = None
+) -> None:
+    """Log lines on stderr, each through the redactor (a handler's error may quote a DSN).
+
+    ``text`` (job id, type and attempt first on a job's lines) or ``json`` (one
+    object per line), see :mod:`jobrun.worker.logs`; ``success`` is the level
+    of the succeeded lines.
+    """
+    worker_logs.configure(
+        level=level,
+        log_format=_log_choice(log_format, LOG_FORMAT_ENV, worker_logs.LOG_FORMATS, "text"),
+        success=_log_choice(success, LOG_SUCCESS_ENV, tuple(worker_logs.SUCCESS_LEVELS), "debug"),
+        known=_LOG_SECRETS,
     )
-    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def load_app(spec: str, *, need_registry: bool = True) -> Any:
@@ -998,9 +1045,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         notifications=False if args.no_notifications else None,
         **_off_or_duration(args, "commit_timeout", "call_timeout", "retention", "events_retention"),
     )
-    _configure_logging(args.log_level)
+    _configure_logging(args.log_level, args.log_format, args.log_success)
     url = database_url(settings)
-    Runtime(settings, registry, database_url=url, scheduler=not args.no_scheduler).run()
+    runtime = Runtime(settings, registry, database_url=url, scheduler=not args.no_scheduler)
+    if runtime.worker is not None:  # for its start banner
+        runtime.worker.database = f"{dsn.describe(url)} (schema {settings.schema})"
+    runtime.run()
     return EXIT_OK
 
 
@@ -1010,7 +1060,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     if args.app:
         load_app(args.app, need_registry=False)
     settings = settings_from(args, **_off_or_duration(args, "retention", "events_retention"))
-    _configure_logging(args.log_level)
+    _configure_logging(args.log_level, args.log_format, args.log_success)
     url = database_url(settings)
     Runtime(settings, None, database_url=url, worker=False).run()
     return EXIT_OK

@@ -60,7 +60,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(embedded, "ensure_embedded", refuse)
     monkeypatch.setattr("jobrun.runtime.ensure_embedded", refuse)
     # In-process worker/scheduler commands must not reconfigure the test's root logger.
-    monkeypatch.setattr(cli, "_configure_logging", lambda level: None)
+    monkeypatch.setattr(cli, "_configure_logging", lambda *args, **kwargs: None)
 
 
 @pytest.fixture
@@ -929,6 +929,8 @@ def test_worker_settings_come_from_flags_over_the_environment(
     seen: dict[str, Any] = {}
 
     class FakeRuntime:
+        worker = None
+
         def __init__(self, settings: Any, registry: Any, **kwargs: Any) -> None:
             seen.update(settings=settings, registry=registry, **kwargs)
 
