@@ -156,7 +156,6 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 
 def _run(console: Console, args: argparse.Namespace, database_url: str) -> int:
-    migrate(database_url)
     run_id = uuid.uuid4().hex[:8]
     queue = f"demo-{run_id}"
     demo = _Demo(run_id, args.seed)
@@ -168,6 +167,7 @@ def _run(console: Console, args: argparse.Namespace, database_url: str) -> int:
         heartbeat_interval=dt.timedelta(seconds=3),
         poll_interval=dt.timedelta(milliseconds=500),
     )
+    migrate(database_url, schema=settings.schema)
     pool = open_pool(database_url, concurrency=args.concurrency, application_name="jobrun-worker")
     scheduler_pool = open_pool(
         database_url, concurrency=1, min_size=1, max_size=3, application_name="jobrun-reaper"

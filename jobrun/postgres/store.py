@@ -375,6 +375,12 @@ class Store(SchedulesMixin):
             return self._on_pool_read(self.q.schema_version)
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return None
+        except psycopg.errors.InsufficientPrivilege:
+            raise DatabaseError(
+                f"this role may not read {self.schema}.schema_version: grant it USAGE on "
+                f"schema {self.schema} and SELECT on its tables (GRANT SELECT, INSERT, UPDATE, "
+                f"DELETE ON ALL TABLES IN SCHEMA {self.schema} TO <role>)"
+            ) from None
 
     def check_schema(self) -> None:
         """Raise SchemaMismatch unless the database holds the schema version this code needs.

@@ -161,3 +161,23 @@ def test_a_store_refuses_a_schema_name_that_is_not_plain(pool: Any) -> None:
     for bad in ("public", "Acme", "acme;drop", "pg_x", ""):
         with pytest.raises(ValidationError, match="schema"):
             Store(pool, schema=bad)
+
+
+def test_a_role_that_may_not_read_the_schema_is_told_what_to_grant(
+    conn: psycopg.Connection[Any], admin_dsn: str
+) -> None:
+    from jobrun.job.errors import DatabaseError  # noqa: PLC0415
+
+    conn.execute("DROP ROLE IF EXISTS jobrun_nobody")
+    conn.execute("CREATE ROLE jobrun_nobody LOGIN PASSWORD 'nobody-pw'")
+    try:
+        dsn = psycopg.conninfo.make_conninfo(admin_dsn, user="jobrun_nobody", password="nobody-pw")
+        pool = open_pool(dsn, max_size=1)
+        try:
+            with pytest.raises(DatabaseError, match=r"grant it USAGE on schema jobrun"):
+                Store(pool).check_schema()
+        finally:
+            pool.close()
+    finally:
+        conn.execute("DROP OWNED BY jobrun_nobody")
+        conn.execute("DROP ROLE jobrun_nobody")
