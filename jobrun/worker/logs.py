@@ -44,7 +44,7 @@ from typing import Any
 
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Job
-from jobrun.job.redaction import RedactingFormatter, redact
+from jobrun.job.redaction import MASK, RedactingFormatter, redact
 
 JOB_FIELDS = ("job_id", "job_type", "attempt", "max_attempts", "queue")
 """The fields every log record of a job carries."""
@@ -59,6 +59,8 @@ _success_level = logging.DEBUG
 
 # The attributes every LogRecord has: anything else on a record came from ``extra``.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "job"}
+# Extra fields that hold validated names (a UUID, a job type, a queue, an owner id).
+_IDENTIFIERS = frozenset({"job_id", "job_type", "queue", "owner", "outcome"})
 
 
 def set_success_level(level: int | str) -> None:
@@ -139,7 +141,13 @@ class JsonFormatter(logging.Formatter):
             "message": redact(record.getMessage(), known),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key in _STANDARD or key.startswith("_"):
+                continue
+            if key in _IDENTIFIERS and isinstance(value, str):
+                # Validated names (no '@', '=' or quotes): no password form fits in
+                # them, so only the known secrets are masked (no regex scan).
+                out[key] = _mask_known(value, known)
+            else:
                 out[key] = _redacted(value, known)
         if record.exc_info:
             out["traceback"] = redact(self.formatException(record.exc_info), known)
@@ -148,6 +156,13 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             out["stack"] = redact(self.formatStack(record.stack_info), known)
         return json.dumps(out, default=lambda v: redact(str(v), known))
+
+
+def _mask_known(text: str, known: list[str]) -> str:
+    for secret in known:
+        if secret and secret in text:
+            text = text.replace(secret, MASK)
+    return text
 
 
 def _redacted(value: Any, known: list[str]) -> Any:

@@ -953,7 +953,15 @@ class Worker:
         except Exception as exc:
             self._fail(job, _describe(exc, with_traceback=True), exc=exc, started=started)
             return
-        if inspect.isawaitable(value):
+        commit: Commit | None = None
+        result: Any = None
+        if value is None:  # the common case first: no other check costs it anything
+            pass
+        elif isinstance(value, Done):
+            commit, result = value.commit, value.result
+        elif callable(value):
+            commit = value
+        elif inspect.isawaitable(value):
             _close(value)
             self._fail(
                 job,
@@ -963,18 +971,12 @@ class Worker:
                 started=started,
             )
             return
+        else:
+            result = value
         if ctx.is_cancelled:
             # Cancel wins: a handler that returns after cancellation never succeeds.
             self._fail(job, f"cancelled ({ctx.cancel_reason})", started=started)
             return
-        commit: Commit | None = None
-        result: Any = None
-        if isinstance(value, Done):
-            commit, result = value.commit, value.result
-        elif callable(value):
-            commit = value
-        else:
-            result = value
         if result is not None:
             try:
                 validate.result(result)
