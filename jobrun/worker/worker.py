@@ -929,7 +929,8 @@ class Worker:
             try:
                 self._run_one(running)
             except BaseException:
-                self._log.exception("unexpected error running job %s", job.id)
+                extra = {**job_fields(job), "owner": self.owner, "outcome": "unrecorded"}
+                log.exception("unexpected error running the job; its lease expires", extra=extra)
                 self._abandon([job])
             finally:
                 with self._lock:
