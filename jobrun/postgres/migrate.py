@@ -116,7 +116,12 @@ class _Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
             # The schema first, then only it on the search_path: yoyo's
             # bookkeeping tables (unqualified in yoyo) land in it.
             name = sql.Identifier(self._schema)
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
+            # Concurrent migrators may both find the schema missing: the loser
+            # of that race is told it exists, which is all it wanted.
+            with contextlib.suppress(
+                psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema
+            ):
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
             conn.execute(sql.SQL("SET search_path = {}").format(name))
         except BaseException:
             conn.close()
