@@ -31,6 +31,7 @@ from jobrun.job.errors import (
     SchemaMismatch,
     TransientError,
     ValidationError,
+    WaitTimeout,
 )
 from jobrun.job.model import (
     Backoff,
@@ -87,6 +88,7 @@ __all__ = [
     "State",
     "TransientError",
     "ValidationError",
+    "WaitTimeout",
     "Worker",
     "WorkerConfig",
     "__version__",

@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import jobrun
+from jobrun.job.errors import WaitTimeout
+from jobrun.worker import Done
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -61,3 +63,11 @@ def test_jobrun_testing_is_reachable_from_import_jobrun() -> None:
 def test_what_an_embedding_program_needs_is_exported() -> None:
     for name in ("Runtime", "Settings", "SchemaMismatch", "migrate", "migration_sql"):
         assert name in jobrun.__all__, name
+
+
+def test_what_a_waiting_caller_catches_and_returns_is_exported() -> None:
+    assert "WaitTimeout" in jobrun.__all__
+    assert jobrun.WaitTimeout is WaitTimeout
+    assert issubclass(jobrun.WaitTimeout, TimeoutError)
+    assert "Done" in jobrun.__all__
+    assert jobrun.Done is Done
