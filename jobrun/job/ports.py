@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from jobrun.job.model import (
@@ -57,13 +57,33 @@ class Store(Schedules, Protocol):
         self, owner: str, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], until: dt.datetime
     ) -> set[uuid.UUID]: ...
 
-    def complete(self, job: Job, commit: CommitCallable | None = None) -> Job: ...
+    def complete(
+        self, job: Job, commit: CommitCallable | None = None, *, result: Any = None
+    ) -> Job:
+        """Finish a claimed job (cancelled when cancel was requested); ``result``
+        is stored with the success, in the same transaction."""
+        ...
 
-    def complete_many(self, jobs: Sequence[Job]) -> CompleteManyResult: ...
+    def complete_many(
+        self, jobs: Sequence[Job], *, results: Mapping[uuid.UUID, Any] | None = None
+    ) -> CompleteManyResult:
+        """Complete many claimed jobs without commit callables, each fenced;
+        ``results`` maps a job's id to its result."""
+        ...
 
     def complete_many_tx(
-        self, items: Sequence[tuple[Job, CommitCallable | None]]
-    ) -> CompleteManyResult: ...
+        self,
+        items: Sequence[tuple[Job, CommitCallable | None]],
+        *,
+        results: Mapping[uuid.UUID, Any] | None = None,
+    ) -> CompleteManyResult:
+        """Complete many claimed jobs of one owner, each with its commit callable."""
+        ...
+
+    def release(self, job: Job, delay: dt.timedelta, reason: str) -> Job:
+        """Give a claimed job back without counting its attempt: queued again
+        after ``delay``, or cancelled when cancel was requested."""
+        ...
 
     def fail(
         self,
@@ -77,6 +97,17 @@ class Store(Schedules, Protocol):
     def reap_expired(self, now: dt.datetime, limit: int) -> ReapResult: ...
 
     def get(self, job_id: uuid.UUID) -> Job: ...
+
+    def watch(self, job_id: uuid.UUID) -> Job:
+        """Ask for the end of the job to be announced; the job as it is now."""
+        ...
+
+    def wait(
+        self, job_id: uuid.UUID, timeout: float | None = None, *, poll_interval: float = 5.0
+    ) -> Job:
+        """The job once it has finished (succeeded, dead or cancelled);
+        ``WaitTimeout`` after ``timeout`` seconds."""
+        ...
 
     def cancel(self, job_id: uuid.UUID) -> Job: ...
 

@@ -108,7 +108,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any, Protocol, cast
+from typing import Any
 
 from jobrun.job import validate
 from jobrun.job.errors import (
@@ -152,28 +152,6 @@ _RELEASED = re.compile(
     r"no handler for job type '[^']*' \(release (\d+) of \d+, attempt not counted\)"
 )
 """The release counter, read back from ``last_error`` (see the module docstring)."""
-
-
-class ResultStore(Store, Protocol):
-    """The Store port with what the worker also uses: results and release.
-
-    (``jobrun.postgres.Store`` has them; they belong in ``jobrun.job.ports.Store``.)
-    """
-
-    def complete(self, job: Job, commit: Commit | None = None, *, result: Any = None) -> Job: ...
-
-    def complete_many(
-        self, jobs: Sequence[Job], *, results: Mapping[uuid.UUID, Any] | None = None
-    ) -> CompleteManyResult: ...
-
-    def complete_many_tx(
-        self,
-        items: Sequence[tuple[Job, Commit | None]],
-        *,
-        results: Mapping[uuid.UUID, Any] | None = None,
-    ) -> CompleteManyResult: ...
-
-    def release(self, job: Job, delay: dt.timedelta, reason: str) -> Job: ...
 
 
 def parse_queues(spec: str | Sequence[str] | Mapping[str, int | None]) -> dict[str, int | None]:
@@ -471,8 +449,7 @@ class Worker:
             raise ValidationError(
                 "store", "the worker needs a Store with release() (jobrun.postgres.Store has it)"
             )
-        # The port's Store lacks results and release so far (see ResultStore).
-        self.store = cast(ResultStore, store)
+        self.store = store
         self.database = database
         """A password-free description of the database, for the start banner."""
         self.registry = registry
