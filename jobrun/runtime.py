@@ -161,7 +161,11 @@ class Runtime:
                 else:
                     self.notifier = NullDispatcher()
                 self.worker = Worker(
-                    stores[0], registry, settings.worker_config(), dispatcher=self.notifier
+                    stores[0],
+                    registry,
+                    settings.worker_config(),
+                    dispatcher=self.notifier,
+                    database=f"{describe(url)} (schema {settings.schema})",  # no password
                 )
             if scheduler:
                 spool = open_pool(

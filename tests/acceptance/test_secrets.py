@@ -43,6 +43,7 @@ from jobrun.postgres.migrate import migrate
 from jobrun.postgres.notify import Notifier
 from jobrun.postgres.pool import open_pool, ping
 from jobrun.runtime import Runtime
+from jobrun.worker import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = f"canary{secrets.token_hex(8)}"
@@ -353,6 +354,22 @@ def test_every_dsn_form_connects_and_no_object_holding_it_shows_the_password(
     said = _everything(caplog, *(repr(o) for o in shown), *(str(o) for o in shown))
     assert "database_url=" in said
     assert CORE not in said
+
+
+def test_a_runtime_workers_start_banner_names_the_database_without_the_password(
+    canary_role: str, server: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    url = dsn_forms(canary_role, PASSWORD, **server)["url"]
+    caplog.set_level(logging.INFO, logger="jobrun")
+    with Runtime(Settings(database_url=url), Registry(), scheduler=False) as runtime:
+        assert runtime.worker is not None
+    (banner,) = [
+        r for r in caplog.records if r.name == "jobrun.worker" and "starting" in r.getMessage()
+    ]
+    where = f"{canary_role}@{server['host']}:{server['port']}/{server['dbname']} (schema jobrun)"
+    assert banner.database == where  # type: ignore[attr-defined]
+    assert f"  database:    {where}" in banner.getMessage().splitlines()
+    assert CORE not in _everything(caplog)
 
 
 def test_a_worker_never_logs_or_stores_the_password_its_handlers_quote(
