@@ -107,7 +107,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from jobrun.job import validate
@@ -480,6 +480,10 @@ class Worker:
         self._handlers: list[threading.Thread] = []
         self._started = False
         self._stopped = False
+        self._stop_lock = threading.RLock()  # one stop at a time; re-entered: see stop()
+        self._stop_entered = False
+        self._stop_requested = threading.Event()  # ends run()
+        self._drained = True
         self._log = logging.LoggerAdapter(log, {"owner": self.owner})
         self.stats = {
             "succeeded": 0,
@@ -562,13 +566,22 @@ class Worker:
         )
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Shut down in order (see the module docstring). Safe to call twice.
+        """Shut down in order (see the module docstring). Ends :meth:`run`.
 
-        ``timeout`` defaults to the configured shutdown grace. Returns True
-        when every handler returned.
+        Safe to call twice and from any thread: a second caller waits for the
+        first and gets its answer. ``timeout`` defaults to the configured
+        shutdown grace. Returns True when every handler returned.
         """
-        if not self._started or self._stopped:
-            return True
+        self._stop_requested.set()
+        with self._stop_lock:
+            # Not started, done, or re-entered (a signal handler on this thread).
+            if not self._started or self._stopped or self._stop_entered:
+                return self._drained
+            self._stop_entered = True
+            self._drained = self._shut_down(timeout)
+            return self._drained
+
+    def _shut_down(self, timeout: float | None) -> bool:
         grace = self.config.shutdown_grace.total_seconds() if timeout is None else timeout
         deadline = time.monotonic() + grace
         self._stopping.set()
@@ -616,10 +629,34 @@ class Worker:
         self._slot_freed.set()
         self._stalls.stop()
         self._stopped = True
+        self._stop_requested.set()
+
+    def __enter__(self) -> Worker:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
     def run(self, *, install_signals: bool = True) -> None:
-        """Start, then block until SIGTERM/SIGINT (a second signal stops at once)."""
-        stop_requested = threading.Event()
+        """Start, then block until stopped, then stop gracefully.
+
+        With ``install_signals`` SIGTERM and SIGINT stop it (a second signal
+        at once) and the previous handlers are put back on return. Without,
+        the program keeps its own signal handling and ends ``run`` by calling
+        :meth:`stop` (from a signal handler or another thread).
+        """
+        if install_signals and threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "Worker.run() installs signal handlers, which only the main thread can; "
+                "pass install_signals=False and call stop() yourself"
+            )
+        stop_requested = self._stop_requested
         signals = 0
 
         def on_signal(signum: int, frame: FrameType | None) -> None:

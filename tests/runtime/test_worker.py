@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from jobrun.job.model import Backoff, Job, NewJob, State
 from jobrun.postgres.notify import Notifier
 from jobrun.postgres.store import Store
 from jobrun.worker import JobContext, PermanentFailure, Registry, Worker, WorkerConfig
+from tests.runtime.conftest import FAST
 from tests.support.waiting import wait_for
 
 NO_WAIT = Backoff(kind="constant", base=0.0, jitter=0.0)
@@ -298,6 +300,69 @@ def test_graceful_stop_lets_running_jobs_finish_and_leaves_nothing_leased(
     assert conn.execute("SELECT count(*) FROM jobrun.jobs WHERE state = 'leased'").fetchone() == (
         0,
     )
+
+
+def test_a_worker_as_a_context_manager_is_started_inside_and_stopped_on_exit(
+    store: Store, registry: Registry
+) -> None:
+    registry.register("t", lambda ctx, job: None)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    worker = Worker(store, registry, WorkerConfig(**FAST))
+    with worker as entered:
+        assert entered is worker
+        job = enqueue(store)
+        wait_for(lambda: state_of(store, job) is State.SUCCEEDED)
+        assert all(t.is_alive() for t in [*worker._threads, *worker._handlers])
+    assert not any(t.is_alive() for t in [*worker._threads, *worker._handlers])
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert worker.stop(timeout=1) is True  # safe to call again
+
+
+def test_run_without_signals_returns_once_stop_is_called_from_another_thread(
+    store: Store, registry: Registry
+) -> None:
+    registry.register("t", lambda ctx, job: None)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    worker = Worker(store, registry, WorkerConfig(**FAST))
+    returned = threading.Event()
+
+    def run() -> None:
+        worker.run(install_signals=False)
+        returned.set()
+
+    thread = threading.Thread(target=run, name="embedding-app", daemon=True)
+    thread.start()
+    try:
+        job = enqueue(store)
+        wait_for(lambda: state_of(store, job) is State.SUCCEEDED)
+        assert not returned.is_set()
+        assert {s: signal.getsignal(s) for s in before} == before
+    finally:
+        drained = worker.stop(timeout=5)
+    assert drained is True
+    thread.join(15)
+    assert returned.is_set(), "run() did not return after stop()"
+    assert not any(t.is_alive() for t in [*worker._threads, *worker._handlers])
+
+
+def test_run_with_signals_off_the_main_thread_says_how_to_embed_it(
+    store: Store, registry: Registry
+) -> None:
+    worker = Worker(store, registry, WorkerConfig(**FAST))
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except RuntimeError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    assert len(caught) == 1
+    assert "install_signals=False" in str(caught[0])
+    assert not worker._started
 
 
 def test_a_grace_period_too_short_cancels_handlers_and_requeues_their_jobs(
