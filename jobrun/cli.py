@@ -42,8 +42,7 @@ with exit code 8 when it is missing, older or newer than this jobrun.
 :mod:`jobrun.worker.logs`): ``--log-level`` (default info), ``--log-format
 text|json`` (``JOBRUN_LOG_FORMAT``; json is one object per line, for log
 shippers) and ``--log-success debug|info`` (``JOBRUN_LOG_SUCCESS``: the level
-of each job's "succeeded" line: info by default, so a person watching sees
-every job; debug keeps a busy worker's log to failures). A worker starts with a
+of each job's "succeeded" line, debug by default). A worker starts with a
 banner (version, database, queues, concurrency, job types), then logs one
 line per job outcome, each naming the job's id, type and attempt. ``jobrun
 get`` shows a job's result (a handler's return value).
@@ -607,7 +606,7 @@ def _log_option(p: argparse.ArgumentParser) -> None:
         type=str.lower,
         choices=tuple(worker_logs.SUCCESS_LEVELS),
         help="the level of each job's 'succeeded' line: debug (shown with --log-level "
-        f"debug) or info (default: info; env {LOG_SUCCESS_ENV})",
+        f"debug) or info (default: debug; env {LOG_SUCCESS_ENV})",
     )
 
 
@@ -985,7 +984,7 @@ def _configure_logging(
     worker_logs.configure(
         level=level,
         log_format=_log_choice(log_format, LOG_FORMAT_ENV, worker_logs.LOG_FORMATS, "text"),
-        success=_log_choice(success, LOG_SUCCESS_ENV, tuple(worker_logs.SUCCESS_LEVELS), "info"),
+        success=_log_choice(success, LOG_SUCCESS_ENV, tuple(worker_logs.SUCCESS_LEVELS), "debug"),
         known=_LOG_SECRETS,
     )
 
