@@ -107,6 +107,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -1468,10 +1469,29 @@ def _iso(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+_JOBRUN_DIR = str(Path(__file__).resolve().parents[1])
+TRACEBACK_FRAMES = 8
+"""Frames kept of a failed job's traceback (the innermost): last_error is capped anyway."""
+
+
 def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:
     """An exception as logged and stored, without any password it quotes."""
     text = f"{type(exc).__name__}: {exc}"
     if with_traceback:
-        tb = "".join(traceback.format_exception(exc)[-6:])
-        text = f"{text}\n{tb}"
+        text = f"{text}\n{_user_traceback(exc)}"
     return validate.redact(text)
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the first frame that is not jobrun's own.
+
+    The worker's frames that called the handler (or the store's that called a
+    commit callable) say nothing to the reader of a job's last_error; frames
+    of jobrun's below the user's code (a jobrun call that failed) are kept.
+    """
+    summary = traceback.TracebackException.from_exception(exc)
+    frames = list(summary.stack)
+    while len(frames) > 1 and frames[0].filename.startswith(_JOBRUN_DIR):
+        frames.pop(0)
+    summary.stack = traceback.StackSummary.from_list(frames[-TRACEBACK_FRAMES:])
+    return "".join(summary.format())

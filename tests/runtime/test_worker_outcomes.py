@@ -324,6 +324,28 @@ def test_a_failure_names_the_next_run_and_the_error_and_carries_the_traceback_at
         assert (record.exc_info is not None) is traceback
 
 
+def test_a_failed_jobs_stored_traceback_starts_at_the_handler_not_inside_the_worker(
+    store: Store, registry: Registry, make_worker: Callable[..., Worker]
+) -> None:
+    def parse(text: str) -> int:
+        return int(text)
+
+    def handler(ctx: JobContext, job: Job) -> None:
+        parse(job.payload["n"])
+
+    registry.register("t", handler)
+    job = enqueue(store, payload={"n": "x"}, max_attempts=1)
+    make_worker()
+    wait_for(lambda: state_of(store, job) is State.DEAD)
+    error = store.get(job.id).last_error or ""
+    lines = error.splitlines()
+    assert lines[0] == "ValueError: invalid literal for int() with base 10: 'x'"
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[2].startswith(f'  File "{__file__}"') and lines[2].endswith("in handler")
+    assert "in parse" in error
+    assert "jobrun/worker" not in error  # the frames that called the handler say nothing
+
+
 def test_dead_and_permanent_failures_are_warnings(
     store: Store,
     registry: Registry,
