@@ -42,7 +42,8 @@ with exit code 8 when it is missing, older or newer than this jobrun.
 :mod:`jobrun.worker.logs`): ``--log-level`` (default info), ``--log-format
 text|json`` (``JOBRUN_LOG_FORMAT``; json is one object per line, for log
 shippers) and ``--log-success debug|info`` (``JOBRUN_LOG_SUCCESS``: the level
-of each job's "succeeded" line, debug by default). A worker starts with a
+of each job's "succeeded" line: info by default, so a person watching sees
+every job; debug keeps a busy worker's log to failures). A worker starts with a
 banner (version, database, queues, concurrency, job types), then logs one
 line per job outcome, each naming the job's id, type and attempt. ``jobrun
 get`` shows a job's result (a handler's return value).
@@ -526,7 +527,12 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded", help="the embedded PostgreSQL", parents=[common], allow_abbrev=False
     )
     esub = emb.add_subparsers(dest="embedded_command", metavar="ACTION", required=True)
-    command(esub, "start", cmd_embedded_start, "start it (if needed), print its URL", json=True)
+    p = command(esub, "start", cmd_embedded_start, "start it (if needed), print its URL", json=True)
+    p.add_argument(
+        "--url",
+        action="store_true",
+        help='print only the URL, for export DATABASE_URL="$(jobrun embedded start --url)"',
+    )
     command(esub, "status", cmd_embedded_status, "whether it runs, and its URL", json=True)
     command(esub, "stop", cmd_embedded_stop, "stop it", json=True)
     return parser
@@ -606,7 +612,7 @@ def _log_option(p: argparse.ArgumentParser) -> None:
         type=str.lower,
         choices=tuple(worker_logs.SUCCESS_LEVELS),
         help="the level of each job's 'succeeded' line: debug (shown with --log-level "
-        f"debug) or info (default: debug; env {LOG_SUCCESS_ENV})",
+        f"debug) or info (default: info; env {LOG_SUCCESS_ENV})",
     )
 
 
@@ -782,7 +788,7 @@ def _table(*columns: str, caption: str | None = None) -> Table:
         box=None,
         show_edge=False,
         pad_edge=False,
-        padding=(0, 2),
+        padding=(0, 1),  # two spaces between columns: 80 columns go further
         header_style="bold",
         caption=caption,
         caption_justify="left",
@@ -984,7 +990,7 @@ def _configure_logging(
     worker_logs.configure(
         level=level,
         log_format=_log_choice(log_format, LOG_FORMAT_ENV, worker_logs.LOG_FORMATS, "text"),
-        success=_log_choice(success, LOG_SUCCESS_ENV, tuple(worker_logs.SUCCESS_LEVELS), "debug"),
+        success=_log_choice(success, LOG_SUCCESS_ENV, tuple(worker_logs.SUCCESS_LEVELS), "info"),
         known=_LOG_SECRETS,
     )
 
@@ -1564,7 +1570,9 @@ def cmd_embedded_start(args: argparse.Namespace) -> int:
     except embedded.ClusterError as exc:
         raise CommandError(f"embedded PostgreSQL: {exc}", EXIT_UNAVAILABLE) from None
     url = cluster.url(embedded.EMBEDDED_DATABASE)
-    if args.json:
+    if args.url:
+        _say(url)
+    elif args.json:
         _print_json({"started": started, "url": url, "datadir": str(cluster.datadir)})
     else:
         _say(f"{'started' if started else 'already running'} at {url} (data in {cluster.datadir})")

@@ -183,7 +183,8 @@ class Runtime:
         except BaseException:
             self._release()
             raise
-        log.info("jobrun runtime on %s (schema %s)", describe(url), settings.schema)
+        if self.worker is None:  # a worker's start banner names the database already
+            log.info("jobrun scheduler on %s (schema %s)", describe(url), settings.schema)
 
     # -- lifecycle ---------------------------------------------------------------
 

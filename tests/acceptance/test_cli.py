@@ -231,7 +231,7 @@ def test_worker_runs_an_enqueued_job_and_exits_zero_on_sigterm(
             proc.communicate()
     assert proc.returncode == 0, err
     assert marker.read_text() == str(job.id)
-    assert "jobrun runtime on" in err  # logs on stderr at INFO
+    assert "  database:" in err  # the start banner, on stderr at INFO
     assert "Traceback" not in err
 
 

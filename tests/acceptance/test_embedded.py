@@ -244,3 +244,12 @@ def test_a_directory_that_is_not_ours_is_refused(tmp_path: Path) -> None:
         os.chown(squatted, 65534, 65534)
         with pytest.raises(embedded.ClusterError, match="belongs to uid 65534"):
             embedded.prepare_home(squatted)
+
+
+def test_start_with_url_prints_only_a_url_a_shell_can_export(home: EmbeddedHome) -> None:
+    url = home.start()
+    printed = home.jobrun("embedded", "start", "--url")
+    assert printed.code == 0, printed
+    assert printed.out == url + "\n"  # nothing else on stdout: $(...) takes it whole
+    with psycopg.connect(printed.out.strip(), autocommit=True) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
