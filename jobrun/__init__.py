@@ -50,7 +50,17 @@ from jobrun.postgres.events import EventMode
 from jobrun.postgres.migrate import migrate, migration_sql
 from jobrun.runtime import Runtime
 from jobrun.scheduler import SchedulerConfig, SchedulerService
-from jobrun.worker import Done, JobContext, PermanentFailure, Registry, Worker, WorkerConfig
+from jobrun.worker import (
+    Done,
+    JobContext,
+    JobOutcome,
+    PermanentFailure,
+    Registry,
+    StoreCall,
+    Worker,
+    WorkerConfig,
+    WorkerHooks,
+)
 
 __version__ = "0.1.0"
 
@@ -70,6 +80,7 @@ __all__ = [
     "InvalidState",
     "Job",
     "JobContext",
+    "JobOutcome",
     "JobrunError",
     "LeaseLost",
     "NewJob",
@@ -86,11 +97,13 @@ __all__ = [
     "SchemaMismatch",
     "Settings",
     "State",
+    "StoreCall",
     "TransientError",
     "ValidationError",
     "WaitTimeout",
     "Worker",
     "WorkerConfig",
+    "WorkerHooks",
     "__version__",
     "migrate",
     "migration_sql",

@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -61,6 +61,7 @@ from jobrun.postgres.pool import describe, open_pool
 from jobrun.postgres.schema import DEFAULT_SCHEMA
 from jobrun.postgres.store import Store
 from jobrun.scheduler.service import SchedulerService
+from jobrun.worker.hooks import WorkerHooks
 from jobrun.worker.registry import Registry
 from jobrun.worker.worker import Worker
 
@@ -105,7 +106,9 @@ class Runtime:
     ``database_url`` argument); ``registry`` holds the handlers and is
     required unless ``worker=False``. With ``check_schema`` (the default)
     the constructor raises :class:`~jobrun.SchemaMismatch` when the schema
-    is missing or at another version, before anything runs.
+    is missing or at another version, before anything runs. ``hooks``
+    (:class:`~jobrun.WorkerHooks`) go to the worker: metrics, tracing,
+    your own tools.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class Runtime:
         worker: bool = True,
         scheduler: bool = True,
         check_schema: bool = True,
+        hooks: Sequence[WorkerHooks] = (),
     ) -> None:
         self.settings = settings
         url = database_url or settings.database_url
@@ -166,6 +170,7 @@ class Runtime:
                     settings.worker_config(),
                     dispatcher=self.notifier,
                     database=f"{describe(url)} (schema {settings.schema})",  # no password
+                    hooks=hooks,
                 )
             if scheduler:
                 spool = open_pool(

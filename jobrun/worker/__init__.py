@@ -1,6 +1,7 @@
 """The threaded worker runtime."""
 
 from jobrun.worker.context import JobContext
+from jobrun.worker.hooks import JobOutcome, StoreCall, WorkerHooks
 from jobrun.worker.registry import Done, Handler, PermanentFailure, Registry
 from jobrun.worker.worker import Worker, WorkerConfig, parse_queues
 
@@ -8,9 +9,12 @@ __all__ = [
     "Done",
     "Handler",
     "JobContext",
+    "JobOutcome",
     "PermanentFailure",
     "Registry",
+    "StoreCall",
     "Worker",
     "WorkerConfig",
+    "WorkerHooks",
     "parse_queues",
 ]

@@ -109,7 +109,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from jobrun.job import validate
 from jobrun.job.errors import (
@@ -124,6 +124,14 @@ from jobrun.job.ports import CommitCallable as Commit
 from jobrun.job.ports import Dispatcher, Store, Waiter
 from jobrun.worker import logs
 from jobrun.worker.context import JobContext
+from jobrun.worker.hooks import (
+    HookRunner,
+    JobOutcome,
+    OutcomeKind,
+    StoreCall,
+    StoreOperation,
+    WorkerHooks,
+)
 from jobrun.worker.logs import job_fields
 from jobrun.worker.registry import Done, PermanentFailure, Registry
 
@@ -445,6 +453,7 @@ class Worker:
         *,
         dispatcher: Dispatcher | None = None,
         database: str | None = None,
+        hooks: Sequence[WorkerHooks] = (),
     ) -> None:
         if not callable(getattr(store, "release", None)):
             raise ValidationError(
@@ -452,6 +461,9 @@ class Worker:
             )
         self.store = store
         self.database = database
+        # None without hooks: every call site pays one `is not None` check.
+        self._hooks: HookRunner | None = HookRunner(hooks) if hooks else None
+        self._busy_threads = 0
         """A password-free description of the database, for the start banner."""
         self.registry = registry
         self.config = (config or WorkerConfig()).with_owner()
@@ -714,7 +726,7 @@ class Worker:
         self._start_timeouts()
         ran = 0
         while max_jobs is None or ran < max_jobs:
-            jobs = self.store.claim(self.owner, self._queue_names, 1, self.config.lease_ttl)
+            jobs = self._claim_call(self._queue_names, 1)
             if not jobs:
                 break
             self._dispatch(jobs)
@@ -800,9 +812,7 @@ class Worker:
             try:
                 for queues, n in plan:
                     activity.busy(f"claiming up to {n} job(s) of {queues}")
-                    jobs = self.store.claim(
-                        self.owner, queues, min(n, validate.MAX_CLAIM_LIMIT), self.config.lease_ttl
-                    )
+                    jobs = self._claim_call(queues, min(n, validate.MAX_CLAIM_LIMIT))
                     self._dispatch(jobs)
                     if len(jobs) < n:
                         drained = True
@@ -960,9 +970,20 @@ class Worker:
         if registration is None:
             self._unknown_type(job)
             return
+        hooks = self._hooks
+        if hooks is not None:
+            hooks.job_started(job, ctx)
+        with self._lock:
+            self._busy_threads += 1
         started = time.monotonic()
         try:
-            value = registration.handler(ctx, job)
+            try:
+                value = registration.handler(ctx, job)
+            finally:
+                with self._lock:
+                    self._busy_threads -= 1
+                if hooks is not None:
+                    hooks.job_returned(job, sys.exc_info()[1])
         except PermanentFailure as exc:
             self._fail(job, _describe(exc), permanent=True, exc=exc, started=started)
             return
@@ -1024,12 +1045,30 @@ class Worker:
 
         def write() -> Job:
             retry_at = None if permanent else self.store.now() + job.backoff.delay(job.attempts)
-            return self.store.fail(job, error, retry_at, permanent=permanent)
+            return self._call(
+                "fail", 1, lambda: self.store.fail(job, error, retry_at, permanent=permanent)
+            )
 
-        failed = self._record(job, write, "failure")
+        failed = self._record(job, write, "failure", duration=duration, handler_error=exc)
         if failed is None:
             return
         self._count("cancelled" if failed.state is State.CANCELLED else "failed")
+        if self._hooks is not None:
+            kind: OutcomeKind = (
+                "cancelled"
+                if failed.state is State.CANCELLED
+                else "dead"
+                if failed.state is State.DEAD
+                else "failed"
+            )
+            self._finished(
+                kind,
+                job,
+                duration=duration,
+                error=exc,
+                error_text=error,
+                next_run_at=failed.run_at if kind == "failed" else None,
+            )
         summary = error.split("\n", 1)[0]
         fields: dict[str, Any] = {"error": summary}
         if duration is not None:
@@ -1069,7 +1108,15 @@ class Worker:
             exc_info=exc_info,
         )
 
-    def _record(self, job: Job, write: Callable[[], Job], what: str) -> Job | None:
+    def _record(
+        self,
+        job: Job,
+        write: Callable[[], Job],
+        what: str,
+        *,
+        duration: float | None = None,
+        handler_error: BaseException | None = None,
+    ) -> Job | None:
         """Write a job's outcome (a failure, a release), retrying database faults.
 
         None when it could not be written: the lease was lost (another owner
@@ -1087,6 +1134,8 @@ class Worker:
                     "lease_lost",
                     f"lease lost before its {what} was recorded: another worker owns the job now",
                 )
+                if self._hooks is not None:
+                    self._finished("lease_lost", job, duration=duration, error=handler_error)
                 return None
             except JobrunError as exc:
                 if (
@@ -1104,6 +1153,8 @@ class Worker:
                     "the reaper will requeue it",
                 )
                 self._abandon([job])
+                if self._hooks is not None:  # its lease will expire: lost to this worker
+                    self._finished("lease_lost", job, duration=duration, error=handler_error)
                 return None
         return None  # pragma: no cover - the loop always returns
 
@@ -1133,11 +1184,15 @@ class Worker:
             return
         if released.state is State.CANCELLED:
             self._count("cancelled")
+            if self._hooks is not None:
+                self._finished("cancelled", job, error_text=reason)
             self._job_log(
                 logging.INFO, job, "cancelled", "cancelled (requested) instead of released"
             )
             return
         self._count("released")
+        if self._hooks is not None:
+            self._finished("released", job, error_text=reason, next_run_at=released.run_at)
         with self._lock:
             first = job.type not in self._unknown_types
             self._unknown_types.add(job.type)
@@ -1229,6 +1284,8 @@ class Worker:
             self._count("lease_lost", superseded)
             for done in batch:
                 if newest[done.job.id] is not done:
+                    if self._hooks is not None:
+                        self._finished("lease_lost", done.job, duration=done.duration)
                     self._job_log(
                         logging.INFO,
                         done.job,
@@ -1244,20 +1301,30 @@ class Worker:
             jobs = [done.job for done in plain]
             results = {d.job.id: d.result for d in plain if d.result is not None} or None
             outcome = self._retrying(
-                lambda: self.store.complete_many(jobs, results=results), len(jobs)
+                lambda: self._call(
+                    "complete", len(jobs), lambda: self.store.complete_many(jobs, results=results)
+                ),
+                len(jobs),
             )
             self._account(outcome, plain)
             if outcome is None:
                 self._abandon(jobs)
+                self._finished_all("lease_lost", plain)
         if with_commit:
             items = [(done.job, done.commit) for done in with_commit]
             results = {d.job.id: d.result for d in with_commit if d.result is not None} or None
             outcome = self._retrying(
-                lambda: self.store.complete_many_tx(items, results=results), len(items)
+                lambda: self._call(
+                    "complete_tx",
+                    len(items),
+                    lambda: self.store.complete_many_tx(items, results=results),
+                ),
+                len(items),
             )
             self._account(outcome, with_commit)
             if outcome is None:
                 self._abandon([job for job, _ in items])
+                self._finished_all("lease_lost", with_commit)
             by_id = {done.job.id: done for done in with_commit}
             for job_id, exc in (outcome.failed if outcome else {}).items():
                 done = by_id[job_id]
@@ -1312,6 +1379,25 @@ class Worker:
         self._count("succeeded", len(result.completed))
         self._count("cancelled", len(result.cancelled))
         self._count("lease_lost", len(result.lease_lost))
+        if self._hooks is not None:
+            for done in batch:
+                job_id = done.job.id
+                kind: OutcomeKind | None = (
+                    "succeeded"
+                    if job_id in result.completed
+                    else "cancelled"
+                    if job_id in result.cancelled
+                    else "lease_lost"
+                    if job_id in result.lease_lost
+                    else None  # a failed commit callable: reported by _fail
+                )
+                if kind is not None:
+                    self._finished(
+                        kind,
+                        done.job,
+                        duration=done.duration,
+                        result=done.result if kind == "succeeded" else None,
+                    )
         level = self._success_level
         if result.completed and log.isEnabledFor(level):
             for done in batch:
@@ -1395,7 +1481,9 @@ class Worker:
             return
         leases = [(job.id, _claim(job)) for job in newest.values()]
         until = self.store.now() + self.config.lease_ttl
-        kept = self.store.heartbeat(self.owner, leases, until)
+        kept = self._call(
+            "heartbeat", len(leases), lambda: self.store.heartbeat(self.owner, leases, until)
+        )
         sent = {token for _, token in leases}
         for r in running:
             token = _claim(r.job)
@@ -1403,7 +1491,79 @@ class Worker:
                 r.ctx.logger.info("cancelling: cancel requested or lease lost")
                 r.ctx.cancel("cancel requested or lease lost")
 
+    # -- hooks ---------------------------------------------------------------------
+
+    def _claim_call(self, queues: list[str], limit: int) -> list[Job]:
+        hooks = self._hooks
+        if hooks is None:
+            return self.store.claim(self.owner, queues, limit, self.config.lease_ttl)
+        began = time.perf_counter()
+        try:
+            jobs = self.store.claim(self.owner, queues, limit, self.config.lease_ttl)
+        except BaseException as exc:
+            hooks.store_call(StoreCall("claim", time.perf_counter() - began, 0, exc, tuple(queues)))
+            raise
+        hooks.store_call(
+            StoreCall("claim", time.perf_counter() - began, len(jobs), None, tuple(queues))
+        )
+        return jobs
+
+    def _call(self, operation: StoreOperation, jobs: int, call: Callable[[], _T]) -> _T:
+        """``call()``, reported to the hooks as one round trip of ``operation``."""
+        hooks = self._hooks
+        if hooks is None:
+            return call()
+        began = time.perf_counter()
+        try:
+            answer = call()
+        except BaseException as exc:
+            hooks.store_call(StoreCall(operation, time.perf_counter() - began, jobs, exc))
+            raise
+        hooks.store_call(StoreCall(operation, time.perf_counter() - began, jobs))
+        return answer
+
+    def _finished(
+        self,
+        kind: OutcomeKind,
+        job: Job,
+        *,
+        duration: float | None = None,
+        error: BaseException | None = None,
+        error_text: str | None = None,
+        next_run_at: dt.datetime | None = None,
+        result: Any = None,
+    ) -> None:
+        if self._hooks is not None:
+            self._hooks.job_finished(
+                JobOutcome(kind, job, duration, error, error_text, next_run_at, result)
+            )
+
+    def _finished_all(self, kind: OutcomeKind, batch: Sequence[_Finished]) -> None:
+        if self._hooks is not None:
+            for done in batch:
+                self._finished(kind, done.job, duration=done.duration)
+
     # -- introspection -----------------------------------------------------------
+
+    @property
+    def concurrency(self) -> int:
+        """Handler threads of this worker."""
+        return self.config.concurrency
+
+    @property
+    def threads_busy(self) -> int:
+        """Handler threads running a handler right now."""
+        return self._busy_threads
+
+    @property
+    def dead_threads(self) -> list[str]:
+        """Names of this worker's threads that died while it runs (empty when healthy).
+
+        Empty before start() and once stop() began: threads end then on purpose.
+        """
+        if not self._started or self._stopping.is_set():
+            return []
+        return [t.name for t in (*self._handlers, *self._threads) if not t.is_alive()]
 
     def _count(self, outcome: str, n: int = 1) -> None:
         with self._lock:
@@ -1423,6 +1583,9 @@ class Worker:
     def idle(self) -> bool:
         with self._lock:
             return self._inflight == 0 and not self._unflushed
+
+
+_T = TypeVar("_T")
 
 
 def _claim(job: Job) -> uuid.UUID:

@@ -39,9 +39,11 @@ def notifier(dsn: str) -> Iterator[Notifier]:
 def make_worker(store: Store, registry: Registry) -> Iterator[Callable[..., Worker]]:
     workers: list[Worker] = []
 
-    def make(*, dispatcher: Any = None, **config: Any) -> Worker:
+    def make(*, dispatcher: Any = None, hooks: Any = (), **config: Any) -> Worker:
         settings = {**FAST, **config}
-        worker = Worker(store, registry, WorkerConfig(**settings), dispatcher=dispatcher)
+        worker = Worker(
+            store, registry, WorkerConfig(**settings), dispatcher=dispatcher, hooks=hooks
+        )
         workers.append(worker)
         worker.start()
         return worker

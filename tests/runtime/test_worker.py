@@ -342,7 +342,8 @@ def test_run_without_signals_returns_once_stop_is_called_from_another_thread(
     assert drained is True
     thread.join(15)
     assert returned.is_set(), "run() did not return after stop()"
-    assert not any(t.is_alive() for t in [*worker._threads, *worker._handlers])
+    # Handler threads end on their sentinel, a moment after stop() returns.
+    wait_for(lambda: not any(t.is_alive() for t in [*worker._threads, *worker._handlers]), 10)
 
 
 def test_run_with_signals_off_the_main_thread_says_how_to_embed_it(
