@@ -267,10 +267,12 @@ def test_runtime_hands_its_hooks_to_its_worker(dsn: str) -> None:
     registry.register("t", lambda ctx, job: 1)
     hooks = Recorder()
     settings = jobrun.Settings(database_url=dsn, poll_interval=dt.timedelta(milliseconds=200))
-    with jobrun.Runtime(settings, registry, scheduler=False, hooks=[hooks]):
-        with jobrun.Client.connect(settings=settings) as client:
-            job = client.enqueue("t")
-            wait_for(lambda: hooks.outcome(job))
+    with (
+        jobrun.Runtime(settings, registry, scheduler=False, hooks=[hooks]),
+        jobrun.Client.connect(settings=settings) as client,
+    ):
+        job = client.enqueue("t")
+        wait_for(lambda: hooks.outcome(job))
     outcome = hooks.outcome(job)
     assert outcome is not None and outcome.kind == "succeeded" and outcome.result == 1
 
