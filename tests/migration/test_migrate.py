@@ -206,7 +206,12 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         c.execute("INSERT INTO public.queue_pauses (queue) VALUES ('emails')")
         before = c.execute("SELECT id, payload FROM public.jobs").fetchall()
     applied = m.migrate(empty_dsn)
-    assert applied == ["0003.finished_token", "0004.schema_version", "0005.results"]
+    assert applied == [
+        "0003.finished_token",
+        "0004.schema_version",
+        "0005.results",
+        "0006.observability",
+    ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
         assert c.execute("SELECT count(*) FROM jobrun.job_events").fetchone() == (1,)

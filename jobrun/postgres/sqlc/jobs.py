@@ -21,24 +21,24 @@ ENQUEUE_JOB: Final = """\
 
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                      idempotency_key)
+                      idempotency_key, trace_context)
     VALUES ($1, $2, $3, $4,
             $5, $6, $7,
             COALESCE($8::timestamptz,
                      now() + make_interval(secs => $9::float8)),
-            NULL)
+            NULL, $10::jsonb)
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
-    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $10::boolean
+    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $11::boolean
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
 ), wake AS (
-    SELECT pg_notify($11::text, ins.queue) FROM ins, usage
-    WHERE usage.used < $12::float8
+    SELECT pg_notify($12::text, ins.queue) FROM ins, usage
+    WHERE usage.used < $13::float8
 )
-SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, ins.trace_context, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
 FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
@@ -66,30 +66,31 @@ class EnqueueJobRow:
     finished_token: uuid.UUID | None
     result: Any
     notify_finished: bool
+    trace_context: Any
     notify_queue_usage: float
 
 
 ENQUEUE_KEYED_JOB: Final = """\
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                      idempotency_key)
+                      idempotency_key, trace_context)
     VALUES ($1, $2, $3, $4,
             $5, $6, $7,
             COALESCE($8::timestamptz,
                      now() + make_interval(secs => $9::float8)),
-            $10::text)
+            $10::text, $11::jsonb)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
-    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $11::boolean
+    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $12::boolean
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
 ), wake AS (
-    SELECT pg_notify($12::text, ins.queue) FROM ins, usage
-    WHERE usage.used < $13::float8
+    SELECT pg_notify($13::text, ins.queue) FROM ins, usage
+    WHERE usage.used < $14::float8
 )
-SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, ins.trace_context, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
 FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
@@ -117,6 +118,7 @@ class EnqueueKeyedJobRow:
     finished_token: uuid.UUID | None
     result: Any
     notify_finished: bool
+    trace_context: Any
     notify_queue_usage: float
 
 
@@ -128,11 +130,11 @@ JOIN (SELECT unnest($1::uuid[]) AS id,
 WHERE jobs.payload = sent.payload"""
 
 
-GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
+GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
 
 
 GET_JOBS_BY_KEYS: Final = """\
-SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished FROM jobrun.jobs AS jobs
+SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest($1::text[]) AS queue,
              unnest($2::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key"""
@@ -140,22 +142,23 @@ JOIN (SELECT unnest($1::text[]) AS queue,
 
 INSERT_KEYED_JOBS: Final = """\
 INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                  idempotency_key)
+                  idempotency_key, trace_context)
 SELECT unnest($1::uuid[]), unnest($2::text[]),
        unnest($3::text[]), unnest($4::jsonb[]),
        unnest($5::int4[]), unnest($6::int4[]),
        unnest($7::jsonb[]), unnest($8::timestamptz[]),
-       unnest($9::text[])
+       unnest($9::text[]), unnest($10::jsonb[])
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id"""
 
 
-GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
 
 
 COPY_JOBS: Final = """\
-INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
+INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+                         trace_context)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,9 +173,10 @@ class CopyJobsParams:
     max_attempts: int
     backoff: Any
     run_at: datetime.datetime
+    trace_context: Any
 
 
-COPY_JOBS_COPY: Final = "COPY jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at) FROM STDIN (FORMAT BINARY)"
+COPY_JOBS_COPY: Final = "COPY jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at, trace_context) FROM STDIN (FORMAT BINARY)"
 COPY_JOBS_COPY_TYPES: Final = (
     "uuid",
     "text",
@@ -182,6 +186,7 @@ COPY_JOBS_COPY_TYPES: Final = (
     "int4",
     "jsonb",
     "timestamptz",
+    "jsonb",
 )
 
 
@@ -210,13 +215,13 @@ WITH next AS (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT claimed.id, 'claimed', claimed.attempts FROM claimed
     WHERE $5::boolean
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM claimed"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM claimed"""
 
 
 HEARTBEAT_JOBS: Final = """\
@@ -245,7 +250,7 @@ WITH lease AS (
 SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0"""
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
+LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
 
 
 COMPLETE_BEGIN: Final = """\
@@ -382,7 +387,7 @@ WITH failed AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
@@ -396,7 +401,7 @@ WITH failed AS (
     SELECT pg_notify($8::text, failed.id::text) FROM failed
     WHERE failed.state <> 'queued' AND failed.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 COMPLETE_JOBS: Final = """\
@@ -449,7 +454,7 @@ class CompleteJobsRow:
 
 
 SELECT_EXPIRED_LEASES: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
 WHERE state = 'leased' AND lease_expires_at < $1::timestamptz
 ORDER BY id
 LIMIT $2
@@ -488,11 +493,11 @@ class ReapJobParams:
     finish_channel: str
 
 
-GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs WHERE id = $1"
+GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs WHERE id = $1"
 
 
 LIST_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
 WHERE ($1::text IS NULL OR queue = $1::text)
   AND ($2::jobrun.job_state IS NULL OR state = $2::jobrun.job_state)
   AND ($3::text IS NULL OR type = $3::text)
@@ -505,18 +510,18 @@ CANCEL_QUEUED_JOB: Final = """\
 WITH cancelled AS (
     UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
     WHERE id = $1 AND state = 'queued'
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
 ), wake AS (
     SELECT pg_notify($2::text, cancelled.id::text) FROM cancelled
     WHERE cancelled.notify_finished
 )
-SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 REQUEST_CANCEL: Final = """\
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
 WHERE id = $1 AND state = 'leased'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context"""
 
 
 REQUEUE_JOB: Final = """\
@@ -525,7 +530,7 @@ SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
     notify_finished = false, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context"""
 
 
 PURGE_JOBS: Final = """\
@@ -633,7 +638,7 @@ SCHEMA_VERSION: Final = "SELECT version FROM jobrun.schema_version"
 WATCH_JOB: Final = """\
 UPDATE jobrun.jobs AS jobs SET notify_finished = true
 WHERE id = $1
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context"""
 
 
 RELEASE_JOB: Final = """\
@@ -649,7 +654,7 @@ WITH released AS (
         updated_at = now()
     WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $4::text AND jobs.lease_token = $5::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT released.id,
@@ -663,7 +668,7 @@ WITH released AS (
     SELECT pg_notify($7::text, released.id::text) FROM released
     WHERE released.state <> 'queued' AND released.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 class Queries(QueriesBase):
@@ -684,6 +689,7 @@ class Queries(QueriesBase):
         backoff: Any,
         run_at: datetime.datetime | None,
         delay_seconds: float,
+        trace_context: Any,
         write_event: bool,
         channel: str,
         max_notify_usage: float,
@@ -703,7 +709,8 @@ class Queries(QueriesBase):
         while idle in a long transaction keeps it from draining, and a full queue
         fails every COMMIT that notifies), no notification is sent and workers
         find the job by polling. notify_queue_usage tells the caller the queue's
-        usage (0 when no wake-up was due).
+        usage (0 when no wake-up was due). trace_context is the job's creation
+        context (the enqueueing span's W3C carrier; NULL when tracing is off).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
@@ -718,6 +725,11 @@ class Queries(QueriesBase):
                     backoff if isinstance(backoff, Jsonb) else Jsonb(backoff),
                     run_at,
                     delay_seconds,
+                    (
+                        (trace_context if isinstance(trace_context, Jsonb) else Jsonb(trace_context))
+                        if trace_context is not None
+                        else None
+                    ),
                     write_event,
                     channel,
                     max_notify_usage,
@@ -749,7 +761,8 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
-            notify_queue_usage=r[22],
+            trace_context=r[22],
+            notify_queue_usage=r[23],
         )
 
     def enqueue_keyed_job(
@@ -766,6 +779,7 @@ class Queries(QueriesBase):
         run_at: datetime.datetime | None,
         delay_seconds: float,
         idempotency_key: str,
+        trace_context: Any,
         write_event: bool,
         channel: str,
         max_notify_usage: float,
@@ -789,6 +803,11 @@ class Queries(QueriesBase):
                     run_at,
                     delay_seconds,
                     idempotency_key,
+                    (
+                        (trace_context if isinstance(trace_context, Jsonb) else Jsonb(trace_context))
+                        if trace_context is not None
+                        else None
+                    ),
                     write_event,
                     channel,
                     max_notify_usage,
@@ -820,7 +839,8 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
-            notify_queue_usage=r[22],
+            trace_context=r[22],
+            notify_queue_usage=r[23],
         )
 
     def same_payloads(
@@ -877,6 +897,7 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )
 
     def get_jobs_by_keys(
@@ -912,6 +933,7 @@ class Queries(QueriesBase):
                     finished_token=r[19],
                     result=r[20],
                     notify_finished=r[21],
+                    trace_context=r[22],
                 )
                 for r in cur.fetchall()
             ]
@@ -929,6 +951,7 @@ class Queries(QueriesBase):
         backoffs: list[Any],
         run_ats: list[datetime.datetime],
         idempotency_keys: list[str],
+        trace_contexts: list[Any],
     ) -> list[uuid.UUID]:
         """The keyed part of a batch, in (queue, key) order so that two batches with
         overlapping keys take the unique-index locks in the same order (no
@@ -951,6 +974,7 @@ class Queries(QueriesBase):
                     [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in backoffs],
                     run_ats,
                     idempotency_keys,
+                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in trace_contexts],
                 ),
             )
             return [r[0] for r in cur.fetchall()]
@@ -982,6 +1006,7 @@ class Queries(QueriesBase):
                     finished_token=r[19],
                     result=r[20],
                     notify_finished=r[21],
+                    trace_context=r[22],
                 )
                 for r in cur.fetchall()
             ]
@@ -1005,6 +1030,7 @@ class Queries(QueriesBase):
                         p.max_attempts,
                         (p.backoff if isinstance(p.backoff, Jsonb) else Jsonb(p.backoff)),
                         p.run_at,
+                        p.trace_context,
                     ),
                 )
                 count += 1
@@ -1062,6 +1088,7 @@ class Queries(QueriesBase):
                     finished_token=r[19],
                     result=r[20],
                     notify_finished=r[21],
+                    trace_context=r[22],
                 )
                 for r in cur.fetchall()
             ]
@@ -1120,6 +1147,7 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )
 
     def complete_begin(
@@ -1308,6 +1336,7 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )
 
     def complete_jobs(
@@ -1380,6 +1409,7 @@ class Queries(QueriesBase):
                     finished_token=r[19],
                     result=r[20],
                     notify_finished=r[21],
+                    trace_context=r[22],
                 )
                 for r in cur.fetchall()
             ]
@@ -1445,6 +1475,7 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )
 
     def list_jobs(
@@ -1484,6 +1515,7 @@ class Queries(QueriesBase):
                     finished_token=r[19],
                     result=r[20],
                     notify_finished=r[21],
+                    trace_context=r[22],
                 )
                 for r in cur.fetchall()
             ]
@@ -1524,6 +1556,7 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )
 
     def request_cancel(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1555,6 +1588,7 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )
 
     def requeue_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1590,6 +1624,7 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )
 
     def purge_jobs(
@@ -1743,6 +1778,7 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )
 
     def release_job(
@@ -1794,4 +1830,5 @@ class Queries(QueriesBase):
             finished_token=r[19],
             result=r[20],
             notify_finished=r[21],
+            trace_context=r[22],
         )

@@ -22,7 +22,7 @@ VALUES ($1, $2, $3, $4, $5,
         $6, $7, $8, $9,
         $10)
 ON CONFLICT (id) DO NOTHING
-RETURNING id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at"""
+RETURNING id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at, last_fired_at"""
 
 
 UPSERT_SCHEDULE: Final = """\
@@ -38,13 +38,13 @@ SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, queue = EXCLUDED.queue,
     next_run_at = CASE WHEN s.cron = EXCLUDED.cron AND s.timezone = EXCLUDED.timezone
                        THEN s.next_run_at ELSE EXCLUDED.next_run_at END,
     updated_at = now()
-RETURNING id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at"""
+RETURNING id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at, last_fired_at"""
 
 
-GET_SCHEDULE: Final = "SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM jobrun.schedules WHERE id = $1"
+GET_SCHEDULE: Final = "SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at, last_fired_at FROM jobrun.schedules WHERE id = $1"
 
 
-LIST_SCHEDULES: Final = "SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM jobrun.schedules ORDER BY id"
+LIST_SCHEDULES: Final = "SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at, last_fired_at FROM jobrun.schedules ORDER BY id"
 
 
 DELETE_SCHEDULE: Final = "DELETE FROM jobrun.schedules WHERE id = $1"
@@ -56,11 +56,11 @@ SET paused = $1::boolean,
     next_run_at = COALESCE($2::timestamptz, next_run_at),
     updated_at = now()
 WHERE id = $3
-RETURNING id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at"""
+RETURNING id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at, last_fired_at"""
 
 
 DUE_SCHEDULES: Final = """\
-SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at FROM jobrun.schedules
+SELECT id, cron, timezone, queue, type, payload, priority, max_attempts, backoff, next_run_at, paused, created_at, updated_at, last_fired_at FROM jobrun.schedules
 WHERE NOT paused AND next_run_at <= $1::timestamptz
 ORDER BY next_run_at, id
 LIMIT $2
@@ -128,6 +128,7 @@ class Queries(QueriesBase):
             paused=r[10],
             created_at=r[11],
             updated_at=r[12],
+            last_fired_at=r[13],
         )
 
     def upsert_schedule(
@@ -182,6 +183,7 @@ class Queries(QueriesBase):
             paused=r[10],
             created_at=r[11],
             updated_at=r[12],
+            last_fired_at=r[13],
         )
 
     def get_schedule(self, conn: psycopg.Connection[Any], *, id: str) -> Schedule | None:
@@ -204,6 +206,7 @@ class Queries(QueriesBase):
             paused=r[10],
             created_at=r[11],
             updated_at=r[12],
+            last_fired_at=r[13],
         )
 
     def list_schedules(self, conn: psycopg.Connection[Any]) -> list[Schedule]:
@@ -224,6 +227,7 @@ class Queries(QueriesBase):
                     paused=r[10],
                     created_at=r[11],
                     updated_at=r[12],
+                    last_fired_at=r[13],
                 )
                 for r in cur.fetchall()
             ]
@@ -263,6 +267,7 @@ class Queries(QueriesBase):
             paused=r[10],
             created_at=r[11],
             updated_at=r[12],
+            last_fired_at=r[13],
         )
 
     def due_schedules(
@@ -292,6 +297,7 @@ class Queries(QueriesBase):
                     paused=r[10],
                     created_at=r[11],
                     updated_at=r[12],
+                    last_fired_at=r[13],
                 )
                 for r in cur.fetchall()
             ]
