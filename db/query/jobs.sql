@@ -15,15 +15,16 @@
 -- while idle in a long transaction keeps it from draining, and a full queue
 -- fails every COMMIT that notifies), no notification is sent and workers
 -- find the job by polling. notify_queue_usage tells the caller the queue's
--- usage (0 when no wake-up was due).
+-- usage (0 when no wake-up was due). trace_context is the job's creation
+-- context (the enqueueing span's W3C carrier; NULL when tracing is off).
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                      idempotency_key)
+                      idempotency_key, trace_context)
     VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(type), sqlc.arg(payload),
             sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
             COALESCE(sqlc.narg(run_at)::timestamptz,
                      now() + make_interval(secs => sqlc.arg(delay_seconds)::float8)),
-            NULL)
+            NULL, sqlc.narg(trace_context)::jsonb)
     ON CONFLICT (id) DO NOTHING
     RETURNING *
 ), ev AS (
@@ -45,12 +46,12 @@ FROM ins WHERE (SELECT count(*) FROM wake) >= 0;
 -- unique violation of jobs_pkey, which the store reports as AlreadyExists.
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                      idempotency_key)
+                      idempotency_key, trace_context)
     VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(type), sqlc.arg(payload),
             sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
             COALESCE(sqlc.narg(run_at)::timestamptz,
                      now() + make_interval(secs => sqlc.arg(delay_seconds)::float8)),
-            sqlc.arg(idempotency_key)::text)
+            sqlc.arg(idempotency_key)::text, sqlc.narg(trace_context)::jsonb)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
 ), ev AS (
@@ -94,12 +95,12 @@ JOIN (SELECT unnest(sqlc.arg(queues)::text[]) AS queue,
 -- violation of jobs_pkey (AlreadyExists), and any other unique index a
 -- future migration adds can never be swallowed as a replay.
 INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                  idempotency_key)
+                  idempotency_key, trace_context)
 SELECT unnest(sqlc.arg(ids)::uuid[]), unnest(sqlc.arg(queues)::text[]),
        unnest(sqlc.arg(types)::text[]), unnest(sqlc.arg(payloads)::jsonb[]),
        unnest(sqlc.arg(priorities)::int4[]), unnest(sqlc.arg(max_attempts)::int4[]),
        unnest(sqlc.arg(backoffs)::jsonb[]), unnest(sqlc.arg(run_ats)::timestamptz[]),
-       unnest(sqlc.arg(idempotency_keys)::text[])
+       unnest(sqlc.arg(idempotency_keys)::text[]), unnest(sqlc.arg(trace_contexts)::jsonb[])
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -107,8 +108,9 @@ RETURNING id;
 SELECT * FROM jobrun.jobs AS jobs WHERE id = ANY(sqlc.arg(ids)::uuid[]);
 
 -- name: CopyJobs :copyfrom
-INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
+                         trace_context)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: ClaimJobs :many
 -- One statement claims up to max_jobs: queued -> leased, one attempt burned,

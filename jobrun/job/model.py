@@ -182,6 +182,11 @@ class NewJob:
     delay: dt.timedelta | None = None
     idempotency_key: str | None = None
     id: uuid.UUID = dataclasses.field(default_factory=new_job_id)
+    trace_context: dict[str, str] | None = None
+    """A W3C trace context carrier (``traceparent``, ``tracestate``) to store as
+    the job's creation context. Left None, an enqueue traced by
+    :func:`jobrun.observe.tracing.instrument` stores its own span's; given, it
+    is stored as it is (a context carried from elsewhere is never replaced)."""
     payload_json: str = dataclasses.field(init=False, repr=False, compare=False, default="")
     """The payload as the JSON text that will be stored (set on construction)."""
 
@@ -210,6 +215,8 @@ class NewJob:
                 object.__setattr__(self, "idempotency_key", key)
         if not isinstance(self.id, uuid.UUID):
             raise ValidationError("id", "must be a uuid.UUID")
+        if self.trace_context is not None:
+            object.__setattr__(self, "trace_context", _trace_context(self.trace_context))
         # Check and serialise the payload once, here: nothing downstream can
         # meet a payload jsonb would refuse, and the text is what is stored.
         value, text = validate.payload(self.payload)
@@ -220,6 +227,36 @@ class NewJob:
     def delay_seconds(self) -> float:
         """The delay as seconds for SQL (0 when none)."""
         return self.delay.total_seconds() if self.delay is not None else 0.0
+
+
+MAX_TRACE_CONTEXT_ENTRIES = 8
+MAX_TRACE_CONTEXT_VALUE = 1024
+"""Characters; W3C caps tracestate at 512, a traceparent is 55."""
+
+
+def _trace_context(value: object) -> dict[str, str]:
+    """A copy of a carrier, checked: the caller's dict may change after enqueue."""
+    if not isinstance(value, Mapping):
+        raise ValidationError(
+            "trace_context", f"must be a dict of str to str, not {type(value).__name__}"
+        )
+    if len(value) > MAX_TRACE_CONTEXT_ENTRIES:
+        raise ValidationError(
+            "trace_context",
+            f"at most {MAX_TRACE_CONTEXT_ENTRIES} entries (traceparent, tracestate)",
+        )
+    carrier: dict[str, str] = {}
+    for key, text in value.items():
+        if not isinstance(key, str) or not isinstance(text, str):
+            raise ValidationError("trace_context", "keys and values must be strs")
+        if len(key) > MAX_TRACE_CONTEXT_VALUE or len(text) > MAX_TRACE_CONTEXT_VALUE:
+            raise ValidationError(
+                "trace_context", f"keys and values are at most {MAX_TRACE_CONTEXT_VALUE} characters"
+            )
+        if "\x00" in key or "\x00" in text:
+            raise ValidationError("trace_context", "must not contain NUL characters")
+        carrier[str(key)] = str(text)
+    return carrier
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,6 +284,8 @@ class Job:
     finished_at: dt.datetime | None
     result: JSONValue = None
     """The JSON value the handler returned, stored with the success (None otherwise)."""
+    trace_context: dict[str, str] | None = None
+    """The W3C trace context of the span that enqueued the job (None untraced)."""
 
     @property
     def attempts_left(self) -> int:

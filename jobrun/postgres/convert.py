@@ -100,6 +100,8 @@ class JobRow(Protocol):
     def finished_at(self) -> dt.datetime | None: ...
     @property
     def result(self) -> Any: ...
+    @property
+    def trace_context(self) -> Any: ...
 
 
 def job_from_row(row: JobRow) -> Job:
@@ -124,6 +126,7 @@ def job_from_row(row: JobRow) -> Job:
         updated_at=utc(row.updated_at),
         finished_at=utc_or_none(row.finished_at),
         result=row.result,
+        trace_context=row.trace_context,
     )
 
 

@@ -77,7 +77,9 @@ Idempotency
 replay with the same type, payload (as JSON), priority, max_attempts and
 backoff returns the stored job (its id differs from the one sent); a
 different body raises IdempotencyConflict. A key stays taken as long as its
-job exists (until purge), whatever the job's state.
+job exists (until purge), whatever the job's state. The trace context is
+not part of the body: a replay from another trace is still a replay, and
+the stored job keeps the context it was enqueued with.
 
 Retry and effects: a retried job whose effect already committed completes
 without running its commit callable again.
@@ -105,7 +107,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from jobrun.job import validate
+from jobrun.job import propagation, validate
 from jobrun.job.errors import (
     AlreadyExists,
     DatabaseError,
@@ -408,15 +410,34 @@ class Store(SchedulesMixin):
         """
         if not isinstance(job, NewJob):
             raise ValidationError("job", f"must be a jobrun.NewJob, not {type(job).__name__}")
-        if conn is not None:
-            return self._in_caller_tx(conn, lambda c: self._enqueue_on(c, job))
-        return self._on_pool(lambda c: self._enqueue_on(c, job))
+        producer = propagation.producer
+        if producer is not None:
+            return producer.enqueue(
+                job, conn is not None, lambda carrier: self._enqueue(job, conn, carrier)
+            )
+        return self._enqueue(job, conn, None)
 
-    def _enqueue_on(self, conn: psycopg.Connection[Any], job: NewJob) -> Job:
+    def _enqueue(
+        self,
+        job: NewJob,
+        conn: psycopg.Connection[Any] | None,
+        carrier: propagation.Carrier | None,
+    ) -> Job:
+        if conn is not None:
+            return self._in_caller_tx(conn, lambda c: self._enqueue_on(c, job, carrier))
+        return self._on_pool(lambda c: self._enqueue_on(c, job, carrier))
+
+    def _enqueue_on(
+        self,
+        conn: psycopg.Connection[Any],
+        job: NewJob,
+        carrier: propagation.Carrier | None = None,
+    ) -> Job:
         # The insert does nothing when the key is taken (EnqueueKeyedJob) or
         # the client's id is already stored (EnqueueJob: a retry whose first
         # COMMIT reply was lost). A replay whose stored job is purged in
         # between finds no row; the next round then inserts.
+        trace = _trace_json(job, carrier)
         for _ in range(3):
             args: dict[str, Any] = dict(
                 id=job.id,
@@ -428,6 +449,7 @@ class Store(SchedulesMixin):
                 backoff=backoff_json(job.backoff),
                 run_at=job.run_at,
                 delay_seconds=job.delay_seconds,
+                trace_context=trace,
                 write_event=self.event_mode is EventMode.ALL,
                 channel=self.notify_channel,
                 max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
@@ -523,17 +545,27 @@ class Store(SchedulesMixin):
             raise ValidationError("jobs", "the batch is empty")
         stream = itertools.chain([first], iterator)
 
-        def run(c: psycopg.Connection[Any]) -> BatchResult:
-            return self._enqueue_batch_on(c, stream)
+        def send(carrier: propagation.Carrier | None) -> BatchResult:
+            def run(c: psycopg.Connection[Any]) -> BatchResult:
+                return self._enqueue_batch_on(c, stream, carrier)
 
-        if conn is not None:
-            return self._in_caller_tx(conn, run)
-        # Unbounded client-side: a streamed batch may take minutes; a dead
-        # link is still caught by TCP keepalives and tcp_user_timeout.
-        return self._with_tx(run, timeout=None)
+            if conn is not None:
+                return self._in_caller_tx(conn, run)
+            # Unbounded client-side: a streamed batch may take minutes; a dead
+            # link is still caught by TCP keepalives and tcp_user_timeout.
+            return self._with_tx(run, timeout=None)
+
+        producer = propagation.producer
+        if producer is not None:
+            given = jobs if isinstance(jobs, Sequence) else None
+            return producer.enqueue_batch(given, conn is not None, send)
+        return send(None)
 
     def _enqueue_batch_on(
-        self, conn: psycopg.Connection[Any], jobs: Iterator[NewJob]
+        self,
+        conn: psycopg.Connection[Any],
+        jobs: Iterator[NewJob],
+        carrier: propagation.Carrier | None,
     ) -> BatchResult:
         db_now = self.q.db_now(conn)
         assert db_now is not None
@@ -561,7 +593,7 @@ class Store(SchedulesMixin):
                 keyed[slot] = job
             if not plain:
                 continue
-            fresh_plain = self._copy_chunk(conn, plain, db_now, replayed)
+            fresh_plain = self._copy_chunk(conn, plain, db_now, replayed, carrier)
             if write_events and fresh_plain:
                 self.q.copy_events(
                     conn,
@@ -574,7 +606,7 @@ class Store(SchedulesMixin):
             inserted += len(fresh_plain)
         ordered = [keyed[slot] for slot in sorted(keyed)]
         for chunk in _chunks(iter(ordered), BATCH_CHUNK):
-            new_ids = set(self._insert_keyed(conn, chunk, db_now))
+            new_ids = set(self._insert_keyed(conn, chunk, db_now, carrier))
             taken = [j for j in chunk if j.id not in new_ids]
             if taken:
                 stored = {
@@ -613,7 +645,11 @@ class Store(SchedulesMixin):
         self._notified(usage or 0.0)
 
     def _insert_keyed(
-        self, conn: psycopg.Connection[Any], chunk: builtins.list[NewJob], db_now: dt.datetime
+        self,
+        conn: psycopg.Connection[Any],
+        chunk: builtins.list[NewJob],
+        db_now: dt.datetime,
+        carrier: propagation.Carrier | None,
     ) -> builtins.list[uuid.UUID]:
         """Insert keyed jobs; the ids inserted. A taken key is no insert (a replay or a
         conflict); an id taken by another job is AlreadyExists, and the chunk writes nothing."""
@@ -630,6 +666,7 @@ class Store(SchedulesMixin):
                     backoffs=[backoff_json(j.backoff) for j in chunk],
                     run_ats=[_run_at(j, db_now) for j in chunk],
                     idempotency_keys=[j.idempotency_key or "" for j in chunk],
+                    trace_contexts=[_trace_json(j, carrier) for j in chunk],
                 )
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
@@ -644,6 +681,7 @@ class Store(SchedulesMixin):
         plain: builtins.list[NewJob],
         db_now: dt.datetime,
         replayed: builtins.list[Job],
+        carrier: propagation.Carrier | None,
     ) -> builtins.list[NewJob]:
         """COPY unkeyed jobs; the ones whose id is already stored are replays.
 
@@ -653,7 +691,7 @@ class Store(SchedulesMixin):
         """
         try:
             with conn.transaction():
-                self.q.copy_jobs(conn, (_copy_row(j, db_now) for j in plain))
+                self.q.copy_jobs(conn, (_copy_row(j, db_now, carrier) for j in plain))
             return plain
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
@@ -667,7 +705,7 @@ class Store(SchedulesMixin):
         same = _same_payloads(self.q, conn, pairs)
         replayed.extend(_same_job_or_conflict(j, found, same) for j, found in pairs)
         if fresh:
-            self.q.copy_jobs(conn, (_copy_row(j, db_now) for j in fresh))
+            self.q.copy_jobs(conn, (_copy_row(j, db_now, carrier) for j in fresh))
         return fresh
 
     # -- leases -----------------------------------------------------------------
@@ -1458,7 +1496,15 @@ def _run_at(job: NewJob, db_now: dt.datetime) -> dt.datetime:
     return db_now
 
 
-def _copy_row(job: NewJob, db_now: dt.datetime) -> q.CopyJobsParams:
+def _trace_json(job: NewJob, carrier: propagation.Carrier | None) -> Jsonb | None:
+    """The creation context stored with ``job``: its own if it brings one, else the carrier."""
+    context = job.trace_context if job.trace_context is not None else carrier
+    return None if context is None else Jsonb(context)
+
+
+def _copy_row(
+    job: NewJob, db_now: dt.datetime, carrier: propagation.Carrier | None
+) -> q.CopyJobsParams:
     return q.CopyJobsParams(
         id=job.id,
         queue=job.queue,
@@ -1468,6 +1514,7 @@ def _copy_row(job: NewJob, db_now: dt.datetime) -> q.CopyJobsParams:
         max_attempts=job.max_attempts,
         backoff=backoff_json(job.backoff),
         run_at=_run_at(job, db_now),
+        trace_context=_trace_json(job, carrier),
     )
 
 
