@@ -58,6 +58,9 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: AdvanceSchedule :execrows
 -- Compare-and-set: only the materialiser that saw next_run_at = previous
--- moves it; a second leader that lost the race changes nothing.
-UPDATE jobrun.schedules SET next_run_at = sqlc.arg(next_run_at)::timestamptz, updated_at = now()
+-- moves it; a second leader that lost the race changes nothing. The move
+-- commits with the occurrence's job, so last_fired_at (what the metrics
+-- report as the last fire) is the database clock of the materialisation.
+UPDATE jobrun.schedules
+SET next_run_at = sqlc.arg(next_run_at)::timestamptz, last_fired_at = now(), updated_at = now()
 WHERE id = sqlc.arg(id) AND next_run_at = sqlc.arg(previous)::timestamptz;

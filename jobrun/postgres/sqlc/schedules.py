@@ -68,7 +68,8 @@ FOR UPDATE SKIP LOCKED"""
 
 
 ADVANCE_SCHEDULE: Final = """\
-UPDATE jobrun.schedules SET next_run_at = $1::timestamptz, updated_at = now()
+UPDATE jobrun.schedules
+SET next_run_at = $1::timestamptz, last_fired_at = now(), updated_at = now()
 WHERE id = $2 AND next_run_at = $3::timestamptz"""
 
 
@@ -311,7 +312,9 @@ class Queries(QueriesBase):
         previous: datetime.datetime,
     ) -> int:
         """Compare-and-set: only the materialiser that saw next_run_at = previous
-        moves it; a second leader that lost the race changes nothing.
+        moves it; a second leader that lost the race changes nothing. The move
+        commits with the occurrence's job, so last_fired_at (what the metrics
+        report as the last fire) is the database clock of the materialisation.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(ADVANCE_SCHEDULE), (next_run_at, id, previous))

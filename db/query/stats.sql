@@ -1,0 +1,88 @@
+-- Cluster-wide statistics: what jobrun.observe.metrics exports once per
+-- cluster (jobrun.postgres.stats runs them, nothing else does).
+--
+-- A jobs table only grows in finished rows, so none of these may read the
+-- table's history: each count reads one partial index whose predicate its
+-- WHERE repeats exactly (jobs_claim_idx for queued, jobs_leased_idx for
+-- leased, jobs_dead_idx for dead), never a sequential scan of jobs
+-- (tests/postgres/test_cluster_stats.py EXPLAINs them on a table of many
+-- succeeded rows). Ages are read from the database clock.
+
+-- name: ClusterQueueStats :many
+-- Per queue: queued jobs due now (ready) and due later (scheduled), the age
+-- of the oldest ready one, leased and dead jobs, and whether the queue is
+-- paused. jobs_claim_idx holds (queue, run_at) for every queued job, so the
+-- first part is an index-only scan; leased rows are a few per worker
+-- thread; jobs_dead_idx holds the queue of every dead job. A paused queue
+-- with no jobs is listed too (zero counts), so that it reads as paused.
+WITH queued AS (
+    SELECT jobs.queue,
+           count(*) FILTER (WHERE jobs.run_at <= now()) AS ready,
+           count(*) FILTER (WHERE jobs.run_at > now()) AS scheduled,
+           min(jobs.run_at) FILTER (WHERE jobs.run_at <= now()) AS oldest_ready_at
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.state = 'queued'
+    GROUP BY jobs.queue
+), leased AS (
+    SELECT jobs.queue, count(*) AS leased
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.state = 'leased'
+    GROUP BY jobs.queue
+), dead AS (
+    SELECT jobs.queue, count(*) AS dead
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.state = 'dead'
+    GROUP BY jobs.queue
+), names AS (
+    SELECT queued.queue FROM queued
+    UNION SELECT leased.queue FROM leased
+    UNION SELECT dead.queue FROM dead
+    UNION SELECT p.queue FROM jobrun.queue_pauses AS p
+)
+SELECT names.queue::text AS queue,
+       COALESCE(queued.ready, 0)::int8 AS ready,
+       COALESCE(queued.scheduled, 0)::int8 AS scheduled,
+       COALESCE(leased.leased, 0)::int8 AS leased,
+       COALESCE(dead.dead, 0)::int8 AS dead,
+       COALESCE(EXTRACT(EPOCH FROM now() - queued.oldest_ready_at), 0)::float8
+           AS oldest_ready_seconds,
+       EXISTS (SELECT 1 FROM jobrun.queue_pauses AS p WHERE p.queue = names.queue)::boolean
+           AS paused
+FROM names
+LEFT JOIN queued ON queued.queue = names.queue
+LEFT JOIN leased ON leased.queue = names.queue
+LEFT JOIN dead ON dead.queue = names.queue
+ORDER BY names.queue;
+
+-- name: ClusterLeader :many
+-- The sessions holding the scheduler's leader lock (a session advisory lock,
+-- see jobrun.postgres.lock: two-int keys appear in pg_locks as classid,
+-- objid and objsubid = 2) in this database: one row while there is a leader,
+-- none while there is none. pg_stat_activity names the holder; its
+-- application_name and address are blank when this role may not see
+-- another role's sessions (grant pg_read_all_stats to see them).
+SELECT l.pid::int4 AS pid,
+       COALESCE(a.application_name, '')::text AS application_name,
+       COALESCE(host(a.client_addr), '')::text AS client_addr
+FROM pg_catalog.pg_locks AS l
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory'
+  AND l.classid = sqlc.arg(lock_class)::int4::oid
+  AND l.objid = sqlc.arg(lock_object)::int4::oid
+  AND l.objsubid = 2
+  AND l.granted
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                    WHERE d.datname = current_database())
+ORDER BY l.pid;
+
+-- name: ClusterSchedules :many
+-- Every schedule's next run and last fire (NULL until its first occurrence
+-- is materialised). Schedule ids are chosen by the operator: a bounded set.
+SELECT s.id, s.next_run_at, s.last_fired_at, s.paused
+FROM jobrun.schedules AS s
+ORDER BY s.id;
+
+-- name: ClusterNotifyUsage :one
+-- How full the server's notification queue is (0 to 1), with the database
+-- clock at the same instant.
+SELECT pg_notification_queue_usage()::float8 AS usage, now()::timestamptz AS db_now;

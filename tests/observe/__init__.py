@@ -1,0 +1,1 @@
+"""Tests of jobrun.observe: metrics, traces and health, behind their extras."""

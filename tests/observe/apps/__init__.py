@@ -1,0 +1,1 @@
+"""Small programs the observability tests start as real processes."""
