@@ -1,0 +1,539 @@
+"""Prometheus metrics for jobrun: ``pip install 'jobrun[metrics]'``.
+
+::
+
+    from prometheus_client import start_http_server
+    from jobrun.observe.metrics import Metrics
+
+    metrics = Metrics()
+    worker = Worker(store, registry, config, hooks=[metrics])
+    metrics.watch_worker(worker)
+    metrics.watch_cluster(store, is_leader=lambda: scheduler.is_leader)
+    start_http_server(9464, registry=metrics.registry)
+
+Two kinds of series, collected in different places on purpose:
+
+Per worker process
+    counted by the worker's hooks (:class:`Metrics` is a
+    :class:`~jobrun.worker.hooks.WorkerHooks`) and read from the watched
+    workers at scrape time: jobs started and finished by outcome, run and
+    pickup times, handler threads, the Store's round trips, their errors,
+    the pool. No label names the process: Prometheus adds ``instance``.
+Cluster-wide
+    queue depth by state, the oldest ready job's age, the leader, the
+    schedules, the notification queue: numbers of the whole database, read
+    by queries (:class:`jobrun.postgres.stats.ClusterStats`). They are
+    collected by :meth:`Metrics.watch_cluster` in ONE process only: where
+    ``is_leader`` (if given) returns True, and at most once per
+    ``cache_seconds`` however often and by however many scrapers it is
+    scraped, so a fleet of workers never multiplies the queries.
+
+Label values are bounded, so that a stray producer cannot explode the
+series count: a job's ``type`` label is a type some watched worker has a
+handler for (or one a handler was started for), and any other type is the
+single value ``unknown``; ``queue`` is one of the queues the worker claims
+from; schedule ids and queue names are chosen by the operator. The names and
+labels are listed in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "jobrun.observe.metrics needs prometheus-client: pip install 'jobrun[metrics]'"
+    ) from exc
+
+from jobrun.job.errors import ValidationError
+from jobrun.job.model import Job
+from jobrun.worker.hooks import (
+    OUTCOME_KINDS,
+    STORE_OPERATIONS,
+    JobOutcome,
+    StoreCall,
+    WorkerHooks,
+    pickup_delay,
+)
+
+if TYPE_CHECKING:
+    from jobrun.postgres.stats import ClusterSnapshot, ClusterStats
+    from jobrun.postgres.store import Store
+    from jobrun.worker.context import JobContext
+    from jobrun.worker.worker import Worker
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_TYPE = "unknown"
+"""The ``type`` label of every job type no watched worker has a handler for."""
+
+MAX_LEARNED_TYPES = 1000
+"""Types learned from started handlers when no worker is watched; past this, ``unknown``."""
+
+DEFAULT_CACHE_SECONDS = 10.0
+
+# Handlers run from milliseconds to an hour.
+RUN_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
+# From a woken worker's few milliseconds to a backlog of an hour.
+PICKUP_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 900.0, 3600.0,
+)  # fmt: skip
+# One round trip: sub-millisecond on a local server, seconds when it struggles.
+CALL_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+)  # fmt: skip
+# Jobs per call: an empty claim (0) is worth seeing; batches grow in powers of two.
+BATCH_BUCKETS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+
+_DEPTH_STATES = ("ready", "scheduled", "leased", "dead")
+
+
+class Metrics(WorkerHooks):
+    """jobrun's Prometheus metrics, in ``registry`` (a new CollectorRegistry when None).
+
+    Pass it as a hook to the workers it counts, then :meth:`watch_worker`
+    each of them (for their threads, their pool and their job types); call
+    :meth:`watch_cluster` in the process that should collect the
+    cluster-wide series. Serve :attr:`registry`
+    (``prometheus_client.generate_latest(metrics.registry)``).
+
+    One Metrics per registry: its series names are registered once.
+    Thread-safe; every hook is a few dictionary lookups and increments.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = self.registry
+        self._lock = threading.Lock()
+        self._workers: list[Worker] = []
+        self._known_types: set[str] = set()
+        self._cluster: ClusterCollector | None = None
+
+        self.jobs_started = Counter(
+            "jobrun_jobs_started",
+            "Jobs whose handler was started, by queue and type.",
+            ["queue", "type"],
+            registry=reg,
+        )
+        self.jobs_finished = Counter(
+            "jobrun_jobs_finished",
+            "Attempts whose outcome was recorded, by queue, type and outcome: succeeded, "
+            "failed (to be retried), dead, cancelled, lease_lost, released (unknown type).",
+            ["queue", "type", "outcome"],
+            registry=reg,
+        )
+        self.run_duration = Histogram(
+            "jobrun_job_run_duration_seconds",
+            "How long handlers ran, by queue and type.",
+            ["queue", "type"],
+            buckets=RUN_BUCKETS,
+            registry=reg,
+        )
+        self.pickup_latency = Histogram(
+            "jobrun_job_pickup_latency_seconds",
+            "From when a job could first run (max of run_at and created_at) to its claim, "
+            "by the database clock.",
+            ["queue", "type"],
+            buckets=PICKUP_BUCKETS,
+            registry=reg,
+        )
+        self.store_call_duration = Histogram(
+            "jobrun_store_call_duration_seconds",
+            "Round trips of the worker's Store calls (claim, complete, complete_tx, fail, "
+            "heartbeat), failed tries included.",
+            ["operation"],
+            buckets=CALL_BUCKETS,
+            registry=reg,
+        )
+        self.store_call_jobs = Histogram(
+            "jobrun_store_call_jobs",
+            "Jobs carried by each successful Store call: claim batches, completer batches "
+            "(complete, complete_tx), heartbeat batches.",
+            ["operation"],
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        )
+        self.store_call_errors = Counter(
+            "jobrun_store_call_errors",
+            "Store calls of the worker that raised, by operation and error type "
+            "(each retried try counts).",
+            ["operation", "error"],
+            registry=reg,
+        )
+        self.heartbeat_failures = Counter(
+            "jobrun_heartbeat_failures",
+            "Heartbeat round trips that failed (leases not extended that time).",
+            registry=reg,
+        )
+        for operation in STORE_OPERATIONS:
+            self.store_call_duration.labels(operation)
+            self.store_call_jobs.labels(operation)
+        reg.register(_WorkerCollector(self))
+
+    # -- watching ----------------------------------------------------------------
+
+    def watch_worker(self, worker: Worker) -> None:
+        """Report ``worker``'s handler threads and pool, and bound the type label by its registry.
+
+        Also creates the per-outcome series of its queues and types at 0, so
+        that a rate over them is right from the first increment. Call it for
+        every worker that has this Metrics as a hook. Safe to call twice.
+        """
+        with self._lock:
+            if any(w is worker for w in self._workers):
+                return
+            self._workers.append(worker)
+            types = list(worker.registry.types)
+            self._known_types.update(types)
+        for queue in worker.config.queues:
+            for job_type in types:
+                self.jobs_started.labels(queue, job_type)
+                for kind in OUTCOME_KINDS:
+                    if kind != "released":
+                        self.jobs_finished.labels(queue, job_type, kind)
+            self.jobs_finished.labels(queue, UNKNOWN_TYPE, "released")
+            self.jobs_finished.labels(queue, UNKNOWN_TYPE, "dead")
+
+    def watch_cluster(
+        self,
+        store: Store,
+        is_leader: Callable[[], bool] | None = None,
+        *,
+        cache_seconds: float = DEFAULT_CACHE_SECONDS,
+        leader_key: tuple[int, int] | None = None,
+    ) -> ClusterCollector:
+        """Collect the cluster-wide series through ``store`` in this process.
+
+        ``is_leader``: called at each scrape; while it returns False (or
+        raises) nothing is queried and no cluster series is exported, so
+        every process can call this and only the scheduler's leader answers.
+        Without it this process always collects: call it in one process only.
+        At most one round of queries runs per ``cache_seconds``; scrapes in
+        between are served from it. ``leader_key`` is the scheduler's leader
+        lock (by default the one :class:`jobrun.Runtime` takes for the
+        store's schema).
+        """
+        from jobrun.postgres.lock import LOCK_LEADER, lock_key  # noqa: PLC0415 - optional part
+        from jobrun.postgres.stats import ClusterStats  # noqa: PLC0415
+        from jobrun.runtime import leader_lock_name  # noqa: PLC0415
+
+        if isinstance(cache_seconds, bool) or not isinstance(cache_seconds, int | float):
+            raise ValidationError("cache_seconds", "must be a number of seconds")
+        if not 0 <= cache_seconds <= 3600:
+            raise ValidationError("cache_seconds", "must be between 0 and 3600")
+        if is_leader is not None and not callable(is_leader):
+            raise ValidationError("is_leader", "must be a callable returning a bool, or None")
+        with self._lock:
+            if self._cluster is not None:
+                raise ValidationError("store", "this Metrics already watches a cluster")
+            if leader_key is None:
+                leader_key = lock_key(LOCK_LEADER, leader_lock_name(store.schema))
+            collector = ClusterCollector(
+                ClusterStats(store, leader_key=leader_key),
+                is_leader,
+                cache_seconds=float(cache_seconds),
+                queues=lambda: [q for w in self._watched() for q in w.config.queues],
+            )
+            self._cluster = collector
+        self.registry.register(collector)
+        return collector
+
+    @property
+    def cluster(self) -> ClusterCollector | None:
+        """The cluster collector :meth:`watch_cluster` made, if any."""
+        return self._cluster
+
+    def _watched(self) -> list[Worker]:
+        with self._lock:
+            return list(self._workers)
+
+    # -- hooks -------------------------------------------------------------------
+
+    def job_started(self, job: Job, ctx: JobContext) -> None:
+        job_type = self._learn(job.type)
+        self.jobs_started.labels(job.queue, job_type).inc()
+        self.pickup_latency.labels(job.queue, job_type).observe(pickup_delay(job))
+
+    def job_finished(self, outcome: JobOutcome) -> None:
+        job = outcome.job
+        job_type = UNKNOWN_TYPE if outcome.kind == "released" else self.type_label(job.type)
+        self.jobs_finished.labels(job.queue, job_type, outcome.kind).inc()
+        if outcome.duration is not None:
+            self.run_duration.labels(job.queue, job_type).observe(outcome.duration)
+        if job_type == UNKNOWN_TYPE and outcome.duration is None:
+            # No handler started it, so job_started never saw this claim.
+            self.pickup_latency.labels(job.queue, job_type).observe(pickup_delay(job))
+
+    def store_call(self, call: StoreCall) -> None:
+        self.store_call_duration.labels(call.operation).observe(call.seconds)
+        if call.error is None:
+            self.store_call_jobs.labels(call.operation).observe(call.jobs)
+            return
+        self.store_call_errors.labels(call.operation, type(call.error).__name__).inc()
+        if call.operation == "heartbeat":
+            self.heartbeat_failures.inc()
+
+    # -- labels ------------------------------------------------------------------
+
+    def type_label(self, job_type: str) -> str:
+        """``job_type`` when a watched worker handles it (or a handler ran for it), else unknown."""
+        return job_type if job_type in self._known_types else UNKNOWN_TYPE
+
+    def _learn(self, job_type: str) -> str:
+        """A started handler proves its type registered, in a worker this Metrics may not watch."""
+        if job_type in self._known_types:
+            return job_type
+        with self._lock:
+            if len(self._known_types) >= MAX_LEARNED_TYPES:
+                return UNKNOWN_TYPE
+            self._known_types.add(job_type)
+        return job_type
+
+
+class _WorkerCollector:
+    """Reads the watched workers' threads and pools at scrape time (no query)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families([]))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families(self._metrics._watched()))
+
+    def _families(self, workers: list[Worker]) -> Iterator[Metric]:
+        total = GaugeMetricFamily(
+            "jobrun_worker_handler_threads", "Handler threads of the watched workers."
+        )
+        busy = GaugeMetricFamily(
+            "jobrun_worker_handler_threads_busy", "Handler threads running a job right now."
+        )
+        size = GaugeMetricFamily(
+            "jobrun_pool_connections", "Connections open in the workers' pools."
+        )
+        in_use = GaugeMetricFamily(
+            "jobrun_pool_connections_in_use", "Pooled connections checked out right now."
+        )
+        limit = GaugeMetricFamily(
+            "jobrun_pool_connections_max", "The most connections the pools may open."
+        )
+        waiting = GaugeMetricFamily(
+            "jobrun_pool_requests_waiting", "Callers waiting for a pooled connection right now."
+        )
+        if not workers:
+            yield from (total, busy, size, in_use, limit, waiting)
+            return
+        total.add_metric([], float(sum(_concurrency(w) for w in workers)))
+        busy.add_metric([], float(sum(_busy(w) for w in workers)))
+        pools: dict[int, Any] = {}
+        for w in workers:
+            pool = getattr(w.store, "pool", None)
+            if pool is not None and callable(getattr(pool, "get_stats", None)):
+                pools.setdefault(id(pool), pool)
+        if pools:
+            stats = [p.get_stats() for p in pools.values()]
+            opened = sum(s.get("pool_size", 0) for s in stats)
+            size.add_metric([], float(opened))
+            in_use.add_metric([], float(opened - sum(s.get("pool_available", 0) for s in stats)))
+            limit.add_metric([], float(sum(s.get("pool_max", 0) for s in stats)))
+            waiting.add_metric([], float(sum(s.get("requests_waiting", 0) for s in stats)))
+        yield from (total, busy, size, in_use, limit, waiting)
+
+
+def _concurrency(worker: Worker) -> int:
+    return int(worker.concurrency)
+
+
+def _busy(worker: Worker) -> int:
+    return int(worker.threads_busy)
+
+
+class ClusterCollector:
+    """The cluster-wide series: one round of queries per cache period, only while leading.
+
+    The cache period is measured on this process's monotonic clock: it rates
+    this process's own queries, not a job's time, so the database clock has
+    no say in it. A failed round is cached like a good one (so a database in
+    trouble is not hammered by scrapes) and exported as
+    ``jobrun_cluster_stats_up 0`` with no stale numbers.
+    """
+
+    def __init__(
+        self,
+        stats: ClusterStats,
+        is_leader: Callable[[], bool] | None,
+        *,
+        cache_seconds: float = DEFAULT_CACHE_SECONDS,
+        queues: Callable[[], Iterable[str]] = list,
+    ) -> None:
+        self.stats = stats
+        self.is_leader = is_leader
+        self.cache_seconds = cache_seconds
+        self._queues = queues
+        self._lock = threading.Lock()
+        self._snapshot: ClusterSnapshot | None = None
+        self._read_at: float | None = None
+        self._failed = False  # the cached round failed
+        self._failing = False  # the last round that ran failed (survives a step down)
+        self._duration = 0.0
+        self._seen_queues: set[str] = set()
+        self.rounds = 0
+        """Rounds of queries run (each is one ClusterStats.snapshot)."""
+        self.errors = 0
+        """Rounds that failed."""
+        self._leader_warned = False
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families(None, failed=False))
+
+    def collect(self) -> Iterable[Metric]:
+        if not self._leading():
+            with self._lock:
+                # A new term starts from fresh numbers, never a predecessor's.
+                self._snapshot, self._read_at, self._failed = None, None, False
+            return []
+        with self._lock:
+            now = time.monotonic()
+            if self._read_at is None or now - self._read_at >= self.cache_seconds:
+                self._refresh()
+                self._read_at = time.monotonic()
+            snapshot, failed = self._snapshot, self._failed
+        return list(self._families(snapshot, failed=failed))
+
+    def _leading(self) -> bool:
+        if self.is_leader is None:
+            return True
+        try:
+            return bool(self.is_leader())
+        except Exception as exc:  # noqa: BLE001 - a broken probe means "not leading"
+            if not self._leader_warned:
+                self._leader_warned = True
+                log.warning("is_leader raised %s: %s (not collecting)", type(exc).__name__, exc)
+            return False
+
+    def _refresh(self) -> None:
+        started = time.monotonic()
+        self.rounds += 1
+        try:
+            snapshot = self.stats.snapshot()
+        except Exception as exc:  # a scrape must answer, whatever the database does
+            self.errors += 1
+            if not self._failing:  # once per outage, not once per cache period
+                log.warning(
+                    "cluster statistics failed: %s: %s", type(exc).__name__, exc, exc_info=exc
+                )
+            self._snapshot, self._failed, self._failing = None, True, True
+        else:
+            if self._failing:
+                log.info("cluster statistics answer again")
+            self._snapshot, self._failed, self._failing = snapshot, False, False
+            self._seen_queues.update(q.queue for q in snapshot.queues)
+        self._duration = time.monotonic() - started
+
+    def _families(self, snap: ClusterSnapshot | None, *, failed: bool) -> Iterator[Metric]:
+        up_family = GaugeMetricFamily(
+            "jobrun_cluster_stats_up",
+            "1 when the last round of cluster statistics queries succeeded, else 0.",
+        )
+        errors = CounterMetricFamily(
+            "jobrun_cluster_stats_errors",
+            "Rounds of cluster statistics queries that failed in this process.",
+        )
+        duration = GaugeMetricFamily(
+            "jobrun_cluster_stats_duration_seconds",
+            "How long the last round of cluster statistics queries took.",
+        )
+        read_at = GaugeMetricFamily(
+            "jobrun_cluster_stats_timestamp_seconds",
+            "The database clock when the cluster statistics were read (ages from it are "
+            "by the database clock).",
+        )
+        depth = GaugeMetricFamily(
+            "jobrun_queue_jobs",
+            "Jobs per queue by state: ready (queued, due), scheduled (queued, due later), "
+            "leased, dead.",
+            labels=["queue", "state"],
+        )
+        oldest = GaugeMetricFamily(
+            "jobrun_queue_oldest_ready_age_seconds",
+            "How long the oldest ready job of each queue has been due (0 when none is).",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily(
+            "jobrun_queue_paused", "1 while the queue is paused.", labels=["queue"]
+        )
+        leader = GaugeMetricFamily(
+            "jobrun_leader_present", "1 while a session holds the scheduler's leader lock."
+        )
+        leader_info = GaugeMetricFamily(
+            "jobrun_leader_info",
+            "The session holding the scheduler's leader lock (always 1).",
+            labels=["pid", "application_name", "client_addr"],
+        )
+        next_run = GaugeMetricFamily(
+            "jobrun_schedule_next_run_timestamp_seconds",
+            "When each schedule runs next (Unix time).",
+            labels=["schedule"],
+        )
+        last_fired = GaugeMetricFamily(
+            "jobrun_schedule_last_fired_timestamp_seconds",
+            "When each schedule last materialised an occurrence (Unix time, database clock; "
+            "absent before its first).",
+            labels=["schedule"],
+        )
+        schedule_paused = GaugeMetricFamily(
+            "jobrun_schedule_paused", "1 while the schedule is paused.", labels=["schedule"]
+        )
+        notify = GaugeMetricFamily(
+            "jobrun_notification_queue_usage_ratio",
+            "pg_notification_queue_usage(): how full the server's NOTIFY queue is (1: full).",
+        )
+        families = (
+            up_family, errors, duration, read_at, depth, oldest, paused, leader, leader_info,
+            next_run, last_fired, schedule_paused, notify,
+        )  # fmt: skip
+        if snap is None:
+            if failed:  # no numbers, but say why
+                up_family.add_metric([], 0.0)
+                errors.add_metric([], float(self.errors))
+                duration.add_metric([], self._duration)
+            yield from families
+            return
+        up_family.add_metric([], 1.0)
+        errors.add_metric([], float(self.errors))
+        duration.add_metric([], self._duration)
+        read_at.add_metric([], snap.db_now.timestamp())
+        by_queue = {q.queue: q for q in snap.queues}
+        for name in sorted(self._seen_queues.union(self._queues(), by_queue)):
+            q = by_queue.get(name)
+            counts = (q.ready, q.scheduled, q.leased, q.dead) if q is not None else (0, 0, 0, 0)
+            for state, value in zip(_DEPTH_STATES, counts, strict=True):
+                depth.add_metric([name, state], float(value))
+            oldest.add_metric([name], q.oldest_ready_seconds if q is not None else 0.0)
+            paused.add_metric([name], 1.0 if q is not None and q.paused else 0.0)
+        leader.add_metric([], 1.0 if snap.leaders else 0.0)
+        for s in snap.leaders:
+            leader_info.add_metric([str(s.pid), s.application_name, s.client_addr], 1.0)
+        for sched in snap.schedules:
+            next_run.add_metric([sched.id], sched.next_run_at.timestamp())
+            if sched.last_fired_at is not None:
+                last_fired.add_metric([sched.id], sched.last_fired_at.timestamp())
+            schedule_paused.add_metric([sched.id], 1.0 if sched.paused else 0.0)
+        notify.add_metric([], snap.notify_queue_usage)
+        yield from families
+
+
+__all__ = ["UNKNOWN_TYPE", "ClusterCollector", "Metrics"]

@@ -1,0 +1,617 @@
+"""Prometheus metrics (jobrun.observe.metrics) of a real worker on real PostgreSQL.
+
+Every number is checked against the database: the outcome counters against
+the jobs' events and states, the cluster gauges against a count(*) the test
+runs, ages against the database clock. The cluster collector's cost is
+counted on the statements it sends.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobrun.job.errors import TransientError
+from jobrun.job.model import Backoff, Job, NewJob, ScheduleSpec, State
+from jobrun.observe.metrics import UNKNOWN_TYPE, ClusterCollector, Metrics
+from jobrun.postgres.lock import AdvisoryLocker
+from jobrun.postgres.pool import open_pool
+from jobrun.postgres.store import Store
+from jobrun.worker import JobContext, PermanentFailure, Registry, Worker, WorkerConfig
+from jobrun.worker.hooks import StoreCall, WorkerHooks
+from tests.support.waiting import wait_for
+
+NO_WAIT = Backoff(kind="constant", base=0.0, jitter=0.0)
+TTL = dt.timedelta(seconds=30)
+FAST = {
+    "lease_ttl": dt.timedelta(seconds=3),
+    "heartbeat_interval": dt.timedelta(milliseconds=200),
+    "poll_interval": dt.timedelta(milliseconds=200),
+    "shutdown_grace": dt.timedelta(seconds=5),
+}
+
+
+class Scrape:
+    """One scrape of a registry, parsed the way Prometheus reads it."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        text = generate_latest(registry).decode()
+        self.samples: list[tuple[str, dict[str, str], float]] = [
+            (s.name, dict(s.labels), s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        ]
+
+    def get(self, name: str, **labels: str) -> float | None:
+        """The value of the one sample with exactly these labels, None when absent."""
+        found = [v for n, lab, v in self.samples if n == name and lab == labels]
+        assert len(found) <= 1, (name, labels, found)
+        return found[0] if found else None
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum over samples whose labels include these."""
+        return sum(
+            v
+            for n, lab, v in self.samples
+            if n == name and all(lab.get(k) == x for k, x in labels.items())
+        )
+
+    def label_values(self, name: str, label: str) -> set[str]:
+        return {lab[label] for n, lab, _ in self.samples if n == name and label in lab}
+
+    def names(self) -> set[str]:
+        return {n for n, _, _ in self.samples}
+
+
+class CountingQueries:
+    """The stats queries, counting each statement sent (the collector's real cost)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.inner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                self.calls.append(name)
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+def counting(collector: ClusterCollector) -> CountingQueries:
+    queries = CountingQueries(collector.stats.q)
+    collector.stats.q = queries  # type: ignore[assignment]
+    return queries
+
+
+def enqueue(store: Store, type: str, **fields: Any) -> Job:
+    fields.setdefault("backoff", NO_WAIT)
+    return store.enqueue(NewJob(type=type, **fields))
+
+
+def one(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry()
+
+
+@pytest.fixture
+def run_worker(store: Store, registry: Registry) -> Iterator[Callable[..., Worker]]:
+    """A started worker with ``metrics`` as its hook, watched before its first claim."""
+    workers: list[Worker] = []
+
+    def make(metrics: WorkerHooks, *, watch: bool = True, **config: Any) -> Worker:
+        worker = Worker(store, registry, WorkerConfig(**{**FAST, **config}), hooks=[metrics])
+        if watch:
+            assert isinstance(metrics, Metrics)
+            metrics.watch_worker(worker)
+        workers.append(worker)
+        worker.start()
+        return worker
+
+    yield make
+    for w in workers:
+        w.stop(timeout=5)
+
+
+EVENTS_BY_TYPE = """
+SELECT j.type, e.kind, count(*) FROM jobrun.job_events e JOIN jobrun.jobs j ON j.id = e.job_id
+GROUP BY j.type, e.kind
+"""
+
+# What a job_events kind is called as a metric outcome.
+OUTCOME_OF_EVENT = {
+    "succeeded": "succeeded",
+    "retrying": "failed",
+    "dead": "dead",
+    "cancelled": "cancelled",
+    "released": "released",
+}
+
+
+# -- per worker ---------------------------------------------------------------------
+
+
+def test_outcome_counters_match_the_jobs_events_and_states_in_the_database(
+    store: Store, registry: Registry, run_worker: Callable[..., Worker], conn: Any
+) -> None:
+    registry.register("ok", lambda ctx, job: None)
+
+    def boom(ctx: JobContext, job: Job) -> None:
+        raise ValueError("boom")
+
+    def fatal(ctx: JobContext, job: Job) -> None:
+        raise PermanentFailure("never")
+
+    running, gate = threading.Event(), threading.Event()
+
+    def waits(ctx: JobContext, job: Job) -> None:
+        running.set()
+        gate.wait(30)
+
+    registry.register("boom", boom)
+    registry.register("fatal", fatal)
+    registry.register("waits", waits)
+    for _ in range(7):
+        enqueue(store, "ok")
+    boomed = [enqueue(store, "boom", max_attempts=2) for _ in range(3)]
+    for _ in range(2):
+        enqueue(store, "fatal")
+    for _ in range(2):
+        enqueue(store, "no.such.type")
+    waiting = enqueue(store, "waits", queue="slow")
+
+    metrics = Metrics()
+    worker = run_worker(
+        metrics,
+        concurrency=4,
+        queues={"default": None, "slow": None},
+        unknown_type_releases=1,
+        unknown_type_delay=dt.timedelta(milliseconds=100),
+    )
+    wait_for(running.is_set)
+    busy = wait_for(lambda: Scrape(metrics.registry).get("jobrun_worker_handler_threads_busy"))
+    assert 1 <= busy <= 4
+    store.cancel(waiting.id)
+    gate.set()
+
+    def all_finished() -> bool:
+        left = one(conn, "SELECT count(*) FROM jobrun.jobs WHERE finished_at IS NULL")
+        return left == 0
+
+    wait_for(all_finished)
+    assert all(store.get(j.id).state is State.DEAD for j in boomed)
+    expected: dict[tuple[str, str], int] = {}
+    claims: dict[str, int] = {}
+    for job_type, kind, n in conn.execute(EVENTS_BY_TYPE).fetchall():
+        label = job_type if job_type in registry else UNKNOWN_TYPE
+        if kind in OUTCOME_OF_EVENT:
+            key = (label, OUTCOME_OF_EVENT[kind])
+            expected[key] = expected.get(key, 0) + n
+        if kind == "claimed":
+            claims[label] = claims.get(label, 0) + n
+    assert expected == {
+        ("ok", "succeeded"): 7,
+        ("boom", "failed"): 3,
+        ("boom", "dead"): 3,
+        ("fatal", "dead"): 2,
+        ("unknown", "released"): 2,
+        ("unknown", "dead"): 2,
+        ("waits", "cancelled"): 1,
+    }
+
+    def counted() -> dict[tuple[str, str], int]:
+        s = Scrape(metrics.registry)
+        return {
+            (lab["type"], lab["outcome"]): int(v)
+            for n, lab, v in s.samples
+            if n == "jobrun_jobs_finished_total" and v
+        }
+
+    wait_for(lambda: counted() == expected)  # the completer's hooks run after its COMMIT
+    s = Scrape(metrics.registry)
+    assert s.get("jobrun_jobs_finished_total", queue="slow", type="waits", outcome="cancelled") == 1
+    # Started: every attempt a handler ran, which is every claim of a known type.
+    started = {t: int(s.total("jobrun_jobs_started_total", type=t)) for t in registry.types}
+    assert (
+        started
+        == {t: claims[t] for t in registry.types}
+        == {
+            "ok": 7,
+            "boom": 6,
+            "fatal": 2,
+            "waits": 1,
+        }
+    )
+    assert s.total("jobrun_jobs_started_total", type=UNKNOWN_TYPE) == 0
+    assert "no.such.type" not in s.label_values("jobrun_jobs_finished_total", "type")
+    # Each handler run has its duration; each claim its pickup latency.
+    assert s.get("jobrun_job_run_duration_seconds_count", queue="default", type="ok") == 7
+    assert s.get("jobrun_job_run_duration_seconds_count", queue="default", type="boom") == 6
+    assert s.total("jobrun_job_pickup_latency_seconds_count") == sum(claims.values()) == 20
+    # The claim round trips carried every claim the database recorded.
+    assert s.total("jobrun_store_call_jobs_sum", operation="claim") == 20
+    assert s.total("jobrun_store_call_duration_seconds_count", operation="claim") >= 1
+    assert s.total("jobrun_store_call_jobs_sum", operation="fail") == 3 + 3 + 2 + 2
+    assert s.total("jobrun_store_call_errors_total") == 0
+    assert s.get("jobrun_heartbeat_failures_total") == 0
+    # Threads and pool, read from the worker at scrape time.
+    assert s.get("jobrun_worker_handler_threads") == 4
+    wait_for(lambda: Scrape(metrics.registry).get("jobrun_worker_handler_threads_busy") == 0)
+    pool_max = s.get("jobrun_pool_connections_max")
+    assert pool_max == store.pool.max_size
+    size, in_use = s.get("jobrun_pool_connections"), s.get("jobrun_pool_connections_in_use")
+    assert size is not None and in_use is not None
+    assert 0 <= in_use <= size <= pool_max
+    assert s.get("jobrun_pool_requests_waiting") == 0
+    assert worker.stats["succeeded"] == 7
+
+
+def test_series_of_a_watched_workers_queues_and_types_exist_at_zero_before_any_job(
+    store: Store, registry: Registry
+) -> None:
+    registry.register("a", lambda ctx, job: None)
+    registry.register("b", lambda ctx, job: None)
+    metrics = Metrics()
+    worker = Worker(store, registry, WorkerConfig(queues={"q1": None, "q2": None}, **FAST))
+    metrics.watch_worker(worker)
+    metrics.watch_worker(worker)  # twice is once
+    s = Scrape(metrics.registry)
+    assert s.get("jobrun_jobs_started_total", queue="q2", type="b") == 0
+    assert s.get("jobrun_jobs_finished_total", queue="q1", type="a", outcome="dead") == 0
+    assert s.get("jobrun_jobs_finished_total", queue="q1", type="unknown", outcome="released") == 0
+    assert s.label_values("jobrun_jobs_started_total", "type") == {"a", "b"}
+    assert s.get("jobrun_worker_handler_threads") == worker.concurrency
+    assert s.get("jobrun_worker_handler_threads_busy") == 0
+
+
+def test_a_flood_of_unknown_types_is_one_label_value(
+    store: Store, registry: Registry, run_worker: Callable[..., Worker], conn: Any
+) -> None:
+    registry.register("ok", lambda ctx, job: None)
+    for n in range(40):
+        enqueue(store, f"stray.type.{n}")
+    enqueue(store, "ok")
+    metrics = Metrics()
+    run_worker(metrics, concurrency=4, unknown_type_releases=0)
+    wait_for(lambda: one(conn, "SELECT count(*) FROM jobrun.jobs WHERE finished_at IS NULL") == 0)
+    dead = one(
+        conn, "SELECT count(*) FROM jobrun.jobs WHERE state = 'dead' AND type LIKE 'stray.%'"
+    )
+    assert dead == 40
+
+    def finished_dead() -> float:
+        return Scrape(metrics.registry).total("jobrun_jobs_finished_total", outcome="dead")
+
+    wait_for(lambda: finished_dead() == 40)
+    s = Scrape(metrics.registry)
+    for name in (
+        "jobrun_jobs_finished_total",
+        "jobrun_jobs_started_total",
+        "jobrun_job_pickup_latency_seconds_count",
+    ):
+        assert s.label_values(name, "type") <= {"ok", UNKNOWN_TYPE}, name
+    assert (
+        s.get("jobrun_jobs_finished_total", queue="default", type="unknown", outcome="dead") == 40
+    )
+    assert s.get("jobrun_job_pickup_latency_seconds_count", queue="default", type="unknown") == 40
+
+
+def test_a_metrics_hook_on_an_unwatched_worker_learns_types_from_started_handlers(
+    store: Store, registry: Registry, run_worker: Callable[..., Worker], conn: Any
+) -> None:
+    registry.register("known", lambda ctx, job: None)
+    enqueue(store, "known")
+    enqueue(store, "stray")
+    metrics = Metrics()
+    run_worker(metrics, watch=False, unknown_type_releases=0)
+
+    def types() -> set[str]:
+        return Scrape(metrics.registry).label_values("jobrun_jobs_finished_total", "type")
+
+    wait_for(lambda: types() == {"known", UNKNOWN_TYPE})
+    assert Scrape(metrics.registry).get("jobrun_worker_handler_threads") is None  # not watched
+
+
+def test_store_call_errors_are_counted_by_kind_and_heartbeat_failures_apart() -> None:
+    """Fed to the hook directly: the worker's reporting of calls has its own tests."""
+    metrics = Metrics()
+    metrics.store_call(StoreCall("heartbeat", 0.2, 3, TransientError("connection lost")))
+    metrics.store_call(StoreCall("heartbeat", 0.01, 3))
+    metrics.store_call(StoreCall("complete", 0.05, 10, TransientError("server closed")))
+    metrics.store_call(StoreCall("complete", 0.004, 8))
+    s = Scrape(metrics.registry)
+    assert s.get("jobrun_heartbeat_failures_total") == 1
+    assert (
+        s.get("jobrun_store_call_errors_total", operation="heartbeat", error="TransientError") == 1
+    )
+    assert (
+        s.get("jobrun_store_call_errors_total", operation="complete", error="TransientError") == 1
+    )
+    assert s.get("jobrun_store_call_duration_seconds_count", operation="complete") == 2
+    # A failed call carried no jobs: only the successful batch is a batch size.
+    assert s.get("jobrun_store_call_jobs_count", operation="complete") == 1
+    assert s.get("jobrun_store_call_jobs_sum", operation="complete") == 8
+    assert s.get("jobrun_store_call_jobs_bucket", operation="complete", le="8.0") == 1
+    assert s.get("jobrun_store_call_jobs_bucket", operation="complete", le="4.0") == 0
+
+
+# -- cluster-wide -------------------------------------------------------------------
+
+DEPTH = """
+SELECT queue,
+       count(*) FILTER (WHERE state = 'queued' AND run_at <= now()),
+       count(*) FILTER (WHERE state = 'queued' AND run_at > now()),
+       count(*) FILTER (WHERE state = 'leased'),
+       count(*) FILTER (WHERE state = 'dead')
+FROM jobrun.jobs GROUP BY queue
+"""
+
+
+def test_cluster_depth_and_age_match_the_database(store: Store, conn: Any) -> None:
+    now = store.now()
+    for _ in range(3):
+        enqueue(store, "t", queue="mail", run_at=now - dt.timedelta(minutes=5))
+    enqueue(store, "t", queue="mail", run_at=now + dt.timedelta(hours=2))
+    for _ in range(4):
+        enqueue(store, "t", queue="img")
+    leased = store.claim("w", ["img"], 2, TTL)
+    (dying,) = store.claim("w", ["img"], 1, TTL)
+    store.fail(dying, "no", None, permanent=True)
+    enqueue(store, "t", queue="cron", run_at=now + dt.timedelta(days=1))
+    assert len(leased) == 2
+
+    metrics = Metrics()
+    metrics.watch_cluster(store, cache_seconds=0)
+    before = one(
+        conn, "SELECT extract(epoch FROM now() - min(run_at)) FROM jobrun.jobs WHERE queue = 'mail'"
+    )
+    s = Scrape(metrics.registry)
+    after = one(
+        conn, "SELECT extract(epoch FROM now() - min(run_at)) FROM jobrun.jobs WHERE queue = 'mail'"
+    )
+    for queue, ready, scheduled, n_leased, dead in conn.execute(DEPTH).fetchall():
+        got = [
+            s.get("jobrun_queue_jobs", queue=queue, state=st)
+            for st in ("ready", "scheduled", "leased", "dead")
+        ]
+        assert got == [ready, scheduled, n_leased, dead], queue
+    assert s.get("jobrun_queue_jobs", queue="img", state="leased") == 2
+    assert s.get("jobrun_queue_jobs", queue="img", state="dead") == 1
+    assert s.get("jobrun_queue_jobs", queue="cron", state="scheduled") == 1
+    age = s.get("jobrun_queue_oldest_ready_age_seconds", queue="mail")
+    assert age is not None and float(before) <= age <= float(after)
+    assert age >= 300
+    assert s.get("jobrun_queue_oldest_ready_age_seconds", queue="cron") == 0  # none ready
+    read_at = s.get("jobrun_cluster_stats_timestamp_seconds")
+    assert read_at is not None and now.timestamp() <= read_at <= store.now().timestamp()
+    assert s.get("jobrun_cluster_stats_up") == 1
+    assert s.get("jobrun_leader_present") == 0
+    usage = s.get("jobrun_notification_queue_usage_ratio")
+    assert usage is not None and 0 <= usage < 1
+
+
+def test_a_drained_queue_reads_zero_instead_of_vanishing(store: Store, conn: Any) -> None:
+    job = enqueue(store, "t", queue="burst")
+    metrics = Metrics()
+    metrics.watch_cluster(store, cache_seconds=0)
+    assert Scrape(metrics.registry).get("jobrun_queue_jobs", queue="burst", state="ready") == 1
+    (claim,) = store.claim("w", ["burst"], 1, TTL)
+    store.complete(claim)
+    assert job.id == claim.id
+    s = Scrape(metrics.registry)
+    assert [s.get("jobrun_queue_jobs", queue="burst", state=st) for st in ("ready", "leased")] == [
+        0,
+        0,
+    ]
+
+
+def test_the_leader_and_who_holds_the_lock(store: Store, dsn: str) -> None:
+    metrics = Metrics()
+    metrics.watch_cluster(store, cache_seconds=0)
+    assert Scrape(metrics.registry).get("jobrun_leader_present") == 0
+    # The lock jobrun.Runtime's scheduler takes for the default schema.
+    with AdvisoryLocker(dsn, None) as locker:
+        assert locker.try_acquire()
+        s = Scrape(metrics.registry)
+        assert s.get("jobrun_leader_present") == 1
+        (info,) = [lab for n, lab, v in s.samples if n == "jobrun_leader_info" and v == 1]
+        assert info["pid"] == str(locker.backend_pid)
+        assert info["application_name"] == "jobrun-leader"
+        locker.release()
+        s = Scrape(metrics.registry)
+    assert s.get("jobrun_leader_present") == 0
+    assert "jobrun_leader_info" not in s.names()
+
+
+def test_schedules_next_run_and_last_fire(store: Store, conn: Any) -> None:
+    store.create_schedule(ScheduleSpec(id="digest", cron="* * * * *", type="t"))
+    store.create_schedule(ScheduleSpec(id="paused", cron="0 0 1 1 *", type="t"))
+    store.pause_schedule("paused")
+    metrics = Metrics()
+    metrics.watch_cluster(store, cache_seconds=0)
+    s = Scrape(metrics.registry)
+    next_run = store.get_schedule("digest").next_run_at.timestamp()
+    assert s.get("jobrun_schedule_next_run_timestamp_seconds", schedule="digest") == next_run
+    assert s.get("jobrun_schedule_last_fired_timestamp_seconds", schedule="digest") is None
+    assert s.get("jobrun_schedule_paused", schedule="paused") == 1
+    assert s.get("jobrun_schedule_paused", schedule="digest") == 0
+
+    conn.execute(
+        "UPDATE jobrun.schedules SET next_run_at = now() - interval '1 minute' WHERE id = 'digest'"
+    )
+    now = store.now()
+    (due,) = store.due_schedules(now, 10)
+    assert store.materialize(due, now) is not None
+    fired = one(conn, "SELECT last_fired_at FROM jobrun.schedules WHERE id = 'digest'")
+    s = Scrape(metrics.registry)
+    assert (
+        s.get("jobrun_schedule_last_fired_timestamp_seconds", schedule="digest")
+        == fired.timestamp()
+    )
+    assert s.get("jobrun_schedule_next_run_timestamp_seconds", schedule="digest") > now.timestamp()
+
+
+def test_the_cluster_collector_queries_nothing_while_not_the_leader(store: Store) -> None:
+    enqueue(store, "t")
+    leading = threading.Event()
+    metrics = Metrics()
+    collector = metrics.watch_cluster(store, is_leader=leading.is_set, cache_seconds=0)
+    queries = counting(collector)
+    for _ in range(3):
+        s = Scrape(metrics.registry)
+        assert not [n for n in s.names() if n.startswith(("jobrun_queue_", "jobrun_cluster_"))]
+    assert queries.calls == []
+    assert collector.rounds == 0
+
+    leading.set()
+    s = Scrape(metrics.registry)
+    assert s.get("jobrun_queue_jobs", queue="default", state="ready") == 1
+    assert len(queries.calls) == 4 and collector.rounds == 1
+
+    leading.clear()
+    Scrape(metrics.registry)
+    assert len(queries.calls) == 4
+
+
+def test_an_is_leader_that_raises_counts_as_not_leading(store: Store) -> None:
+    def broken() -> bool:
+        raise RuntimeError("no idea")
+
+    metrics = Metrics()
+    queries = counting(metrics.watch_cluster(store, is_leader=broken))
+    assert "jobrun_queue_jobs" not in Scrape(metrics.registry).names()
+    assert queries.calls == []
+
+
+def test_two_scrapes_inside_the_cache_period_run_the_queries_once(store: Store) -> None:
+    enqueue(store, "t")
+    metrics = Metrics()
+    collector = metrics.watch_cluster(store, cache_seconds=3600)
+    queries = counting(collector)
+    first = Scrape(metrics.registry)
+    enqueue(store, "t")
+    second = Scrape(metrics.registry)
+    assert len(queries.calls) == 4 and collector.rounds == 1
+    assert sorted(queries.calls) == sorted(
+        ["cluster_queue_stats", "cluster_leader", "cluster_schedules", "cluster_notify_usage"]
+    )
+    # Served from the round: the second job is not seen until the next one.
+    ready = "jobrun_queue_jobs"
+    assert first.get(ready, queue="default", state="ready") == 1
+    assert second.get(ready, queue="default", state="ready") == 1
+
+
+def test_concurrent_scrapes_share_one_round(store: Store) -> None:
+    metrics = Metrics()
+    collector = metrics.watch_cluster(store, cache_seconds=3600)
+    queries = counting(collector)
+    barrier = threading.Barrier(8, timeout=30)
+    results: list[Scrape] = []
+
+    def scrape() -> None:
+        barrier.wait()
+        results.append(Scrape(metrics.registry))
+
+    threads = [threading.Thread(target=scrape) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 8
+    assert len(queries.calls) == 4 and collector.rounds == 1
+
+
+def test_after_the_cache_period_a_scrape_runs_a_new_round(store: Store) -> None:
+    enqueue(store, "t")
+    metrics = Metrics()
+    collector = metrics.watch_cluster(store, cache_seconds=0.2)
+    queries = counting(collector)
+    Scrape(metrics.registry)
+    enqueue(store, "t")
+    time.sleep(0.3)
+    s = Scrape(metrics.registry)
+    assert collector.rounds == 2 and len(queries.calls) == 8
+    assert s.get("jobrun_queue_jobs", queue="default", state="ready") == 2
+
+
+def test_a_failed_round_reports_down_without_stale_numbers(dsn: str) -> None:
+    pool = open_pool(dsn, concurrency=1)
+    store = Store(pool)
+    enqueue(store, "t")
+    metrics = Metrics()
+    collector = metrics.watch_cluster(store, cache_seconds=0)
+    assert Scrape(metrics.registry).get("jobrun_queue_jobs", queue="default", state="ready") == 1
+    pool.close()
+    s = Scrape(metrics.registry)
+    assert s.get("jobrun_cluster_stats_up") == 0
+    assert s.get("jobrun_cluster_stats_errors_total") == 1
+    assert "jobrun_queue_jobs" not in s.names()
+    assert collector.errors == 1
+
+
+def test_watch_cluster_twice_is_refused(store: Store) -> None:
+    metrics = Metrics()
+    metrics.watch_cluster(store)
+    with pytest.raises(Exception, match="already watches a cluster"):
+        metrics.watch_cluster(store)
+
+
+def test_metrics_can_share_a_registry_with_other_collectors() -> None:
+    shared = CollectorRegistry()
+    Counter("app_requests", "the application's own", registry=shared).inc()
+    metrics = Metrics(registry=shared)
+    s = Scrape(metrics.registry)
+    assert metrics.registry is shared
+    assert s.get("app_requests_total") == 1
+    assert s.get("jobrun_heartbeat_failures_total") == 0
+
+
+# -- the optional dependency ------------------------------------------------------------
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_import_jobrun_never_imports_prometheus_client() -> None:
+    done = run_python(
+        "import sys, jobrun, jobrun.observe, jobrun.worker, jobrun.runtime\n"
+        "assert 'prometheus_client' not in sys.modules, 'imported'\n"
+        "print('clean')"
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "clean", done.stderr
+
+
+def test_without_prometheus_client_the_import_error_says_what_to_install() -> None:
+    done = run_python(
+        "import sys\n"
+        "sys.modules['prometheus_client'] = None\n"
+        "try:\n"
+        "    import jobrun.observe.metrics\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'jobrun[metrics]'" in done.stdout
