@@ -120,6 +120,9 @@ class Metrics(WorkerHooks):
         self._workers: list[Worker] = []
         self._known_types: set[str] = set()
         self._cluster: ClusterCollector | None = None
+        # Label children by label values (their sets are bounded, see the module docs).
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._calls: dict[str, tuple[Any, Any]] = {}
 
         self.jobs_started = Counter(
             "jobrun_jobs_started",
@@ -262,28 +265,54 @@ class Metrics(WorkerHooks):
     # -- hooks -------------------------------------------------------------------
 
     def job_started(self, job: Job, ctx: JobContext) -> None:
-        job_type = self._learn(job.type)
-        self.jobs_started.labels(job.queue, job_type).inc()
-        self.pickup_latency.labels(job.queue, job_type).observe(pickup_delay(job))
+        series = self._series_of(job.queue, self._learn(job.type))
+        series.started.inc()
+        series.pickup.observe(pickup_delay(job))
 
     def job_finished(self, outcome: JobOutcome) -> None:
         job = outcome.job
         job_type = UNKNOWN_TYPE if outcome.kind == "released" else self.type_label(job.type)
-        self.jobs_finished.labels(job.queue, job_type, outcome.kind).inc()
+        series = self._series_of(job.queue, job_type)
+        finished = series.finished.get(outcome.kind)
+        if finished is None:
+            finished = series.finished[outcome.kind] = self.jobs_finished.labels(
+                job.queue, job_type, outcome.kind
+            )
+        finished.inc()
         if outcome.duration is not None:
-            self.run_duration.labels(job.queue, job_type).observe(outcome.duration)
+            series.duration.observe(outcome.duration)
         if job_type == UNKNOWN_TYPE and outcome.duration is None:
             # No handler started it, so job_started never saw this claim.
-            self.pickup_latency.labels(job.queue, job_type).observe(pickup_delay(job))
+            series.pickup.observe(pickup_delay(job))
 
     def store_call(self, call: StoreCall) -> None:
-        self.store_call_duration.labels(call.operation).observe(call.seconds)
+        children = self._calls.get(call.operation)
+        if children is None:
+            children = self._calls[call.operation] = (
+                self.store_call_duration.labels(call.operation),
+                self.store_call_jobs.labels(call.operation),
+            )
+        duration, jobs = children
+        duration.observe(call.seconds)
         if call.error is None:
-            self.store_call_jobs.labels(call.operation).observe(call.jobs)
+            jobs.observe(call.jobs)
             return
         self.store_call_errors.labels(call.operation, type(call.error).__name__).inc()
         if call.operation == "heartbeat":
             self.heartbeat_failures.inc()
+
+    def _series_of(self, queue: str, job_type: str) -> _Series:
+        """The label children of (queue, type), made once: ``labels()`` costs more than an inc."""
+        key = (queue, job_type)
+        series = self._series.get(key)
+        if series is None:
+            series = _Series(
+                self.jobs_started.labels(queue, job_type),
+                self.pickup_latency.labels(queue, job_type),
+                self.run_duration.labels(queue, job_type),
+            )
+            series = self._series.setdefault(key, series)
+        return series
 
     # -- labels ------------------------------------------------------------------
 
@@ -300,6 +329,18 @@ class Metrics(WorkerHooks):
                 return UNKNOWN_TYPE
             self._known_types.add(job_type)
         return job_type
+
+
+class _Series:
+    """The children of one (queue, type) label pair."""
+
+    __slots__ = ("duration", "finished", "pickup", "started")
+
+    def __init__(self, started: Any, pickup: Any, duration: Any) -> None:
+        self.started = started
+        self.pickup = pickup
+        self.duration = duration
+        self.finished: dict[str, Any] = {}
 
 
 class _WorkerCollector:
