@@ -437,7 +437,7 @@ class Store(SchedulesMixin):
         # the client's id is already stored (EnqueueJob: a retry whose first
         # COMMIT reply was lost). A replay whose stored job is purged in
         # between finds no row; the next round then inserts.
-        trace = _trace_json(job, carrier)
+        trace = _trace_json(job, _carrier_json(carrier))
         for _ in range(3):
             args: dict[str, Any] = dict(
                 id=job.id,
@@ -570,6 +570,7 @@ class Store(SchedulesMixin):
         db_now = self.q.db_now(conn)
         assert db_now is not None
         write_events = self.event_mode is EventMode.ALL
+        shared = _carrier_json(carrier)  # serialised once for the whole batch
         keyed: dict[tuple[str, str], NewJob] = {}
         queues: set[str] = set()
         inserted = 0
@@ -593,7 +594,7 @@ class Store(SchedulesMixin):
                 keyed[slot] = job
             if not plain:
                 continue
-            fresh_plain = self._copy_chunk(conn, plain, db_now, replayed, carrier)
+            fresh_plain = self._copy_chunk(conn, plain, db_now, replayed, shared)
             if write_events and fresh_plain:
                 self.q.copy_events(
                     conn,
@@ -606,7 +607,7 @@ class Store(SchedulesMixin):
             inserted += len(fresh_plain)
         ordered = [keyed[slot] for slot in sorted(keyed)]
         for chunk in _chunks(iter(ordered), BATCH_CHUNK):
-            new_ids = set(self._insert_keyed(conn, chunk, db_now, carrier))
+            new_ids = set(self._insert_keyed(conn, chunk, db_now, shared))
             taken = [j for j in chunk if j.id not in new_ids]
             if taken:
                 stored = {
@@ -649,7 +650,7 @@ class Store(SchedulesMixin):
         conn: psycopg.Connection[Any],
         chunk: builtins.list[NewJob],
         db_now: dt.datetime,
-        carrier: propagation.Carrier | None,
+        shared: Jsonb | None,
     ) -> builtins.list[uuid.UUID]:
         """Insert keyed jobs; the ids inserted. A taken key is no insert (a replay or a
         conflict); an id taken by another job is AlreadyExists, and the chunk writes nothing."""
@@ -666,7 +667,7 @@ class Store(SchedulesMixin):
                     backoffs=[backoff_json(j.backoff) for j in chunk],
                     run_ats=[_run_at(j, db_now) for j in chunk],
                     idempotency_keys=[j.idempotency_key or "" for j in chunk],
-                    trace_contexts=[_trace_json(j, carrier) for j in chunk],
+                    trace_contexts=[_trace_json(j, shared) for j in chunk],
                 )
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
@@ -681,7 +682,7 @@ class Store(SchedulesMixin):
         plain: builtins.list[NewJob],
         db_now: dt.datetime,
         replayed: builtins.list[Job],
-        carrier: propagation.Carrier | None,
+        shared: Jsonb | None,
     ) -> builtins.list[NewJob]:
         """COPY unkeyed jobs; the ones whose id is already stored are replays.
 
@@ -691,7 +692,7 @@ class Store(SchedulesMixin):
         """
         try:
             with conn.transaction():
-                self.q.copy_jobs(conn, (_copy_row(j, db_now, carrier) for j in plain))
+                self.q.copy_jobs(conn, (_copy_row(j, db_now, shared) for j in plain))
             return plain
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
@@ -705,7 +706,7 @@ class Store(SchedulesMixin):
         same = _same_payloads(self.q, conn, pairs)
         replayed.extend(_same_job_or_conflict(j, found, same) for j, found in pairs)
         if fresh:
-            self.q.copy_jobs(conn, (_copy_row(j, db_now, carrier) for j in fresh))
+            self.q.copy_jobs(conn, (_copy_row(j, db_now, shared) for j in fresh))
         return fresh
 
     # -- leases -----------------------------------------------------------------
@@ -1496,15 +1497,17 @@ def _run_at(job: NewJob, db_now: dt.datetime) -> dt.datetime:
     return db_now
 
 
-def _trace_json(job: NewJob, carrier: propagation.Carrier | None) -> Jsonb | None:
-    """The creation context stored with ``job``: its own if it brings one, else the carrier."""
-    context = job.trace_context if job.trace_context is not None else carrier
-    return None if context is None else Jsonb(context)
+def _carrier_json(carrier: propagation.Carrier | None) -> Jsonb | None:
+    """The enqueue's trace carrier as stored: serialised once, shared by its jobs."""
+    return None if carrier is None else raw_json(json.dumps(carrier, separators=(",", ":")))
 
 
-def _copy_row(
-    job: NewJob, db_now: dt.datetime, carrier: propagation.Carrier | None
-) -> q.CopyJobsParams:
+def _trace_json(job: NewJob, shared: Jsonb | None) -> Jsonb | None:
+    """The creation context stored with ``job``: its own if it brings one, else the enqueue's."""
+    return shared if job.trace_context is None else Jsonb(job.trace_context)
+
+
+def _copy_row(job: NewJob, db_now: dt.datetime, shared: Jsonb | None) -> q.CopyJobsParams:
     return q.CopyJobsParams(
         id=job.id,
         queue=job.queue,
@@ -1514,7 +1517,7 @@ def _copy_row(
         max_attempts=job.max_attempts,
         backoff=backoff_json(job.backoff),
         run_at=_run_at(job, db_now),
-        trace_context=_trace_json(job, carrier),
+        trace_context=_trace_json(job, shared),
     )
 
 
