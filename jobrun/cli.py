@@ -48,6 +48,14 @@ banner (version, database, queues, concurrency, job types), then logs one
 line per job outcome, each naming the job's id, type and attempt. ``jobrun
 get`` shows a job's result (a handler's return value).
 
+Both serve probes and metrics when asked (:mod:`jobrun.observe`):
+``--metrics-port`` (``JOBRUN_METRICS_PORT``) serves Prometheus ``/metrics``
+and ``/healthz`` and ``/readyz``; ``--health-port`` (``JOBRUN_HEALTH_PORT``)
+the probes alone; port 0 takes a free port, and an INFO line at start says
+where they are served. ``--tracing otel`` (``JOBRUN_TRACING``) traces
+enqueues and jobs with OpenTelemetry, to the TracerProvider the ``--app``
+module set up when imported.
+
 Output: tables for people (plain text, no colour codes, when stdout is not a
 terminal; as wide as the terminal, or COLUMNS when set, else unlimited in a
 pipe: ``jobrun list`` keeps one line per job with its full id, and drops
@@ -107,7 +115,7 @@ from rich.text import Text
 
 from jobrun.client import Client
 from jobrun.config import _ENV as _SETTINGS_ENV
-from jobrun.config import Settings, parse_duration
+from jobrun.config import TRACING_MODES, Settings, parse_duration
 from jobrun.job import validate
 from jobrun.job.errors import (
     AlreadyExists,
@@ -406,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=_setting_help("poll only, no LISTEN/NOTIFY", "notifications", "notifications on"),
     )
     _retention_options(p)
+    _observe_options(p)
     _log_option(p)
 
     p = command(sub, "scheduler", cmd_scheduler, "run the scheduler only", json=False)
@@ -413,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--app", metavar="MODULE[:REGISTRY]", help="import this module first (for side effects)"
     )
     _retention_options(p)
+    _observe_options(p)
     _log_option(p)
 
     p = command(sub, "enqueue", cmd_enqueue, "enqueue a job; prints its id", json=True)
@@ -590,6 +600,70 @@ def _retention_options(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help=_setting_help("keep job events this long, or off", "events_retention"),
     )
+
+
+def _observe_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help=_setting_help(
+            "serve Prometheus /metrics (and /healthz, /readyz) on this port, 0 for any free "
+            "port; needs pip install 'jobrun[metrics]'",
+            "metrics_port",
+        ),
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        metavar="PORT",
+        help=_setting_help(
+            "serve /healthz and /readyz on this port, 0 for any free port",
+            "health_port",
+            "off, or the metrics port when that is set",
+        ),
+    )
+    p.add_argument(
+        "--observe-host",
+        metavar="HOST",
+        help=_setting_help("the address the metrics and health server listens on", "observe_host"),
+    )
+    p.add_argument(
+        "--health-stale-after",
+        metavar="DURATION",
+        help=_setting_help(
+            "/healthz fails after this long without a successful claim or heartbeat",
+            "health_stale_after",
+            "2x the lease TTL, at least 3 poll intervals",
+        ),
+    )
+    p.add_argument(
+        "--tracing",
+        type=str.lower,
+        choices=TRACING_MODES,
+        help=_setting_help(
+            "otel: OpenTelemetry spans for enqueues and jobs (needs pip install "
+            "'jobrun[otel]'; the app sets the TracerProvider up on import)",
+            "tracing",
+        ),
+    )
+
+
+def _observe_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The observability flags but --tracing, as Settings overrides (None: not given)."""
+    return {
+        "metrics_port": args.metrics_port,
+        "health_port": args.health_port,
+        "observe_host": args.observe_host,
+        "health_stale_after": _optional_duration(args.health_stale_after, "--health-stale-after"),
+    }
+
+
+def _with_tracing(settings: Settings, args: argparse.Namespace) -> Settings:
+    """``--tracing`` applied: not through settings_from, where the string "off" means None."""
+    if args.tracing is None:
+        return settings
+    return dataclasses.replace(settings, tracing=args.tracing)
 
 
 def _log_option(p: argparse.ArgumentParser) -> None:
@@ -1050,7 +1124,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         shutdown_grace=_optional_duration(args.shutdown_grace, "--shutdown-grace"),
         notifications=False if args.no_notifications else None,
         **_off_or_duration(args, "commit_timeout", "call_timeout", "retention", "events_retention"),
+        **_observe_settings(args),
     )
+    settings = _with_tracing(settings, args)
     _configure_logging(args.log_level, args.log_format, args.log_success)
     url = database_url(settings)
     runtime = Runtime(settings, registry, database_url=url, scheduler=not args.no_scheduler)
@@ -1063,7 +1139,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
     if args.app:
         load_app(args.app, need_registry=False)
-    settings = settings_from(args, **_off_or_duration(args, "retention", "events_retention"))
+    settings = settings_from(
+        args,
+        **_off_or_duration(args, "retention", "events_retention"),
+        **_observe_settings(args),
+    )
+    settings = _with_tracing(settings, args)
     _configure_logging(args.log_level, args.log_format, args.log_success)
     url = database_url(settings)
     Runtime(settings, None, database_url=url, worker=False).run()

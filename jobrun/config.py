@@ -24,6 +24,11 @@ JOBRUN_CALL_TIMEOUT            --call-timeout          10s (client-side bound of
 JOBRUN_SHUTDOWN_GRACE          --shutdown-grace        30s
 JOBRUN_RETENTION               --retention             7d (finished jobs; "off" keeps them)
 JOBRUN_EVENTS_RETENTION        --events-retention      7d ("off" keeps them)
+JOBRUN_METRICS_PORT            --metrics-port          off (0: any free port)
+JOBRUN_HEALTH_PORT             --health-port           off (see below)
+JOBRUN_OBSERVE_HOST            --observe-host          0.0.0.0
+JOBRUN_HEALTH_STALE_AFTER      --health-stale-after    2 x lease TTL (see below)
+JOBRUN_TRACING (off|otel)      --tracing               off
 =============================  ======================  =========================
 
 Without a database URL, the ``jobrun`` command and ``Client.connect()`` fall
@@ -31,6 +36,20 @@ back to the embedded PostgreSQL (and say so); a :class:`~jobrun.Runtime`
 refuses to start instead. ``JOBRUN_SCHEMA`` is the PostgreSQL schema every
 jobrun object lives in (:func:`jobrun.postgres.schema.schema_name` says
 which names are valid); ``jobrun migrate`` creates it.
+
+Observability (:mod:`jobrun.observe`, optional): with ``JOBRUN_METRICS_PORT``
+a :class:`~jobrun.Runtime` serves Prometheus metrics on ``/metrics``
+(``pip install 'jobrun[metrics]'``), and ``/healthz`` and ``/readyz`` on
+the same port; ``JOBRUN_HEALTH_PORT`` serves the probes on a port of their
+own (the same number as the metrics port: one server). Both listen on
+``JOBRUN_OBSERVE_HOST``: every interface by default, because a Kubernetes
+probe and a Prometheus scraper connect from outside the container (set
+``127.0.0.1`` to keep them local). ``JOBRUN_HEALTH_STALE_AFTER`` is how long
+a worker may go without one successful claim or heartbeat before
+``/healthz`` fails (default: twice the lease TTL, and at least three poll
+intervals; see :mod:`jobrun.observe.health`). ``JOBRUN_TRACING=otel``
+traces enqueues and attempts with OpenTelemetry (``pip install
+'jobrun[otel]'``).
 
 Durations are ``250ms``, ``30s``, ``5m``, ``2h``, ``7d`` or plain seconds.
 Invalid settings raise ValidationError naming the variable, at start.
@@ -65,6 +84,10 @@ from jobrun.worker.worker import (
     parse_queues,
 )
 
+TRACING_MODES = ("off", "otel")
+DEFAULT_OBSERVE_HOST = "0.0.0.0"  # noqa: S104 - probes and scrapers connect from outside
+_HOST = re.compile(r"[A-Za-z0-9._:%-]+")
+
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
@@ -91,6 +114,19 @@ def _int(text: str, name: str) -> int:
         return int(text)
     except ValueError:
         raise ValidationError(name, f"{text!r} is not an integer") from None
+
+
+def _port(text: str, name: str) -> int | None:
+    if text.strip().lower() in ("off", "none"):
+        return None
+    return _int(text.strip(), name)
+
+
+def _check_port(value: object, name: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ValidationError(name, f"{value!r} is not a port (0 to 65535; 0: any free port)")
 
 
 def _switch(text: str, name: str) -> bool:
@@ -125,6 +161,12 @@ class Settings:
     shutdown_grace: dt.timedelta = DEFAULT_SHUTDOWN_GRACE
     retention: dt.timedelta | None = dt.timedelta(days=7)
     events_retention: dt.timedelta | None = dt.timedelta(days=7)
+    metrics_port: int | None = None
+    health_port: int | None = None
+    observe_host: str = DEFAULT_OBSERVE_HOST
+    health_stale_after: dt.timedelta | None = None
+    """None: derived from the worker's lease TTL and poll interval."""
+    tracing: str = "off"
 
     def __repr__(self) -> str:
         """The dataclass repr, with the password of ``database_url`` masked."""
@@ -150,6 +192,18 @@ class Settings:
             value = getattr(self, name)
             if value is not None:
                 validate.positive_duration(var, value)
+        _check_port(self.metrics_port, "JOBRUN_METRICS_PORT")
+        _check_port(self.health_port, "JOBRUN_HEALTH_PORT")
+        host = self.observe_host
+        if not isinstance(host, str) or not _HOST.fullmatch(host.strip("[]")):
+            raise ValidationError(
+                "JOBRUN_OBSERVE_HOST", f"{host!r} is not a host name or an IP address"
+            )
+        if self.health_stale_after is not None:
+            validate.positive_duration("JOBRUN_HEALTH_STALE_AFTER", self.health_stale_after)
+        if not isinstance(self.tracing, str) or self.tracing.strip().lower() not in TRACING_MODES:
+            raise ValidationError("JOBRUN_TRACING", f"{self.tracing!r}: must be 'off' or 'otel'")
+        object.__setattr__(self, "tracing", self.tracing.strip().lower())
         # Building the service configs validates the rest, with their own messages.
         self.worker_config()
         self.scheduler_config()
@@ -197,4 +251,9 @@ _ENV: dict[str, tuple[str, Any]] = {
     "JOBRUN_SHUTDOWN_GRACE": ("shutdown_grace", parse_duration),
     "JOBRUN_RETENTION": ("retention", _optional_duration),
     "JOBRUN_EVENTS_RETENTION": ("events_retention", _optional_duration),
+    "JOBRUN_METRICS_PORT": ("metrics_port", _port),
+    "JOBRUN_HEALTH_PORT": ("health_port", _port),
+    "JOBRUN_OBSERVE_HOST": ("observe_host", lambda text, name: text.strip()),
+    "JOBRUN_HEALTH_STALE_AFTER": ("health_stale_after", parse_duration),
+    "JOBRUN_TRACING": ("tracing", lambda text, name: text.strip().lower()),
 }

@@ -95,6 +95,18 @@ class SchedulerService:
     def is_leader(self) -> bool:
         return self._leader
 
+    @property
+    def dead_threads(self) -> list[str]:
+        """The loop's thread name when it died while the service runs (empty when healthy).
+
+        Empty before start() and once stop() began, like ``Worker.dead_threads``:
+        for health checks (:mod:`jobrun.observe.health`).
+        """
+        thread = self._thread
+        if thread is None or self._stop.is_set() or thread.is_alive():
+            return []
+        return [thread.name]
+
     def start(self) -> None:
         if self._thread is not None:
             return
