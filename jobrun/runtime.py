@@ -24,6 +24,14 @@ One process holds, each on connections of its own role::
     jobrun-leader    the scheduler's advisory-lock connection
     jobrun-reaper    the scheduler's small pool (never starved by handlers)
 
+Observability is switched on by the settings (:mod:`jobrun.observe.wiring`):
+``metrics_port`` (Prometheus ``/metrics``, ``pip install 'jobrun[metrics]'``),
+``health_port`` (``/healthz`` and ``/readyz``, also served on the metrics
+port), ``tracing="otel"`` (OpenTelemetry, ``pip install 'jobrun[otel]'``).
+The server starts with the Runtime (one INFO line says where it listens)
+and stops after the worker drained; readiness fails as soon as stop()
+begins. With none of them set, jobrun.observe is never imported.
+
 The service shape is the repo's: the configuration (:class:`~jobrun.Settings`)
 is frozen and validated before anything connects; constructing a
 :class:`Runtime` opens its pools and checks the schema version once
@@ -46,7 +54,7 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import ConnectionPool
 
@@ -64,6 +72,9 @@ from jobrun.scheduler.service import SchedulerService
 from jobrun.worker.hooks import WorkerHooks
 from jobrun.worker.registry import Registry
 from jobrun.worker.worker import Worker
+
+if TYPE_CHECKING:
+    from jobrun.observe.wiring import Observability
 
 __all__ = ["Runtime", "make_store", "resolve_database_url"]
 
@@ -88,6 +99,15 @@ def resolve_database_url(settings: Settings, *, say: Callable[[str], None] | Non
     else:
         say(line)
     return url
+
+
+def _observing(settings: Settings) -> bool:
+    """Whether the settings ask for metrics, health or tracing (the only reason to import them)."""
+    return (
+        settings.metrics_port is not None
+        or settings.health_port is not None
+        or settings.tracing != "off"
+    )
 
 
 def leader_lock_name(schema: str) -> str | None:
@@ -136,6 +156,13 @@ class Runtime:
         if not worker and not scheduler:
             raise ValidationError("worker", "a Runtime runs a worker, a scheduler or both")
         url = dsn.normalize(url)
+        self.observe: Observability | None = None
+        """Metrics, tracing and health, when the settings ask for them."""
+        if _observing(settings):
+            from jobrun.observe.wiring import Observability  # noqa: PLC0415 - optional part
+
+            self.observe = Observability(settings)  # a missing extra fails before connecting
+            hooks = [*hooks, *self.observe.hooks]
         self._pools: list[ConnectionPool[Any]] = []
         self.worker: Worker | None = None
         self.scheduler: SchedulerService | None = None
@@ -172,6 +199,7 @@ class Runtime:
                     database=f"{describe(url)} (schema {settings.schema})",  # no password
                     hooks=hooks,
                 )
+            sstore: Store | None = None
             if scheduler:
                 spool = open_pool(
                     url, concurrency=1, min_size=1, max_size=3, application_name="jobrun-reaper"
@@ -185,6 +213,13 @@ class Runtime:
                     AdvisoryLocker(url, leader_lock_name(settings.schema)),
                     settings.scheduler_config(),
                 )
+            if self.observe is not None:
+                self.observe.attach(
+                    worker=self.worker,
+                    worker_store=stores[0] if stores else None,
+                    scheduler=self.scheduler,
+                    scheduler_store=sstore,
+                )
         except BaseException:
             self._release()
             raise
@@ -194,10 +229,12 @@ class Runtime:
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the listener, the scheduler and the worker; returns at once.
+        """Start the observability server (if any), the listener, the scheduler and the worker.
 
-        Safe to call twice. A stopped Runtime cannot start again (its pools
-        are closed): build a new one.
+        Returns at once. A metrics or health port that cannot be bound raises
+        a ValidationError naming its setting, before anything else started
+        (the Runtime is released then). Safe to call twice. A stopped Runtime
+        cannot start again (its pools are closed): build a new one.
         """
         with self._lock:
             if self._stopping or self._stopped:
@@ -205,6 +242,13 @@ class Runtime:
             if self._started:
                 return
             self._started = True
+            if self.observe is not None:
+                try:
+                    self.observe.start(self.worker)
+                except BaseException:
+                    self._stopped = True
+                    self._release()
+                    raise
             if self.notifier is not None:
                 self.notifier.start()
             if self.scheduler is not None:
@@ -225,6 +269,8 @@ class Runtime:
             if self._stopping or self._stopped:  # done, or re-entered (a signal handler)
                 return self._drained
             self._stopping = True
+            if self.observe is not None:
+                self.observe.stopping()
             try:
                 if self.worker is not None and self._started:
                     self._drained = self.worker.stop(timeout)
@@ -308,6 +354,8 @@ class Runtime:
             if self._released:
                 return
             self._released = True
+        if self.observe is not None:
+            self.observe.stop()
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.notifier is not None:
