@@ -462,6 +462,33 @@ def test_a_handlers_own_spans_are_children_of_the_attempts_span_and_only_while_i
 
 
 @pytest.mark.usefixtures("instrumented")
+def test_a_job_enqueued_by_a_handler_continues_the_trace_of_the_job_that_enqueued_it(
+    store: Store,
+    registry: Registry,
+    make_worker: Callable[..., Worker],
+    exporter: InMemorySpanExporter,
+    tracer: trace.Tracer,
+) -> None:
+    follow_ups: list[Job] = []
+    registry.register(
+        "order", lambda ctx, job: follow_ups.append(store.enqueue(NewJob(type="mail")))
+    )
+    registry.register("mail", lambda ctx, job: None)
+    with tracer.start_as_current_span("checkout") as checkout:
+        order = store.enqueue(NewJob(type="order"))
+    make_worker()
+
+    (ordered,) = attempts_of(exporter, order)
+    wait_for(lambda: follow_ups)
+    (mailed,) = attempts_of(exporter, follow_ups[0])
+    send_mail = next(
+        s for s in named(exporter, "enqueue default") if parent_id(s) == span_id(ordered)
+    )
+    assert parent_id(mailed) == span_id(send_mail)
+    assert trace_id(mailed) == trace_id(ordered) == trace_id(checkout)
+
+
+@pytest.mark.usefixtures("instrumented")
 def test_jobs_of_a_batch_run_as_children_of_the_batch_span(
     store: Store,
     registry: Registry,
