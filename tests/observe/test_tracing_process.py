@@ -1,10 +1,12 @@
 """One trace across processes: an enqueue here, the attempts in a real worker process.
 
-The worker is tests/observe/apps/traced.py run as a program: its module sets
-an SDK TracerProvider that writes every span to a JSON-lines file, then it
-runs ``jobrun.Runtime(..., hooks=[Tracing()])`` until SIGTERM. The test
-process traces its own enqueue with an in-memory exporter; the creation
-context travels only through the job's row.
+The worker's app is tests/observe/apps/traced.py, whose module sets an SDK
+TracerProvider that writes every span to a JSON-lines file. It runs either
+as ``jobrun worker --app ... --tracing otel`` (the command imports the app,
+then builds the Runtime with a Tracing hook) or as a program of its own that
+builds ``jobrun.Runtime(..., hooks=[Tracing()])``; both until SIGTERM. The
+test process traces its own enqueue with an in-memory exporter; the
+creation context travels only through the job's row.
 """
 
 from __future__ import annotations
@@ -33,6 +35,20 @@ ROOT = Path(__file__).resolve().parents[2]
 NO_WAIT = Backoff(kind="constant", base=0.0, jitter=0.0)
 
 pytestmark = pytest.mark.slow
+
+LAUNCHERS = {
+    "jobrun worker --tracing otel": [
+        "-m",
+        "jobrun.cli",
+        "worker",
+        "--app",
+        "tests.observe.apps.traced:registry",
+        "--no-scheduler",
+        "--tracing",
+        "otel",
+    ],
+    "Runtime(hooks=[Tracing()])": ["-m", "tests.observe.apps.traced"],
+}
 
 
 @pytest.fixture
@@ -64,7 +80,9 @@ def hex_ids(span: Any) -> tuple[str, str]:
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
 def test_a_real_worker_process_continues_the_trace_of_the_enqueue(
+    launcher: str,
     store: Store,
     dsn: str,
     tmp_path: Path,
@@ -94,7 +112,7 @@ def test_a_real_worker_process_continues_the_trace_of_the_enqueue(
     }
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.observe.apps.traced"],
+            [sys.executable, *LAUNCHERS[launcher]],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
