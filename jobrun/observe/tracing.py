@@ -47,7 +47,12 @@ spans: ``messaging.system`` = ``jobrun``, ``messaging.operation.type``
 ``messaging.destination.name`` (the queue), ``messaging.message.id`` (the
 job id), ``messaging.batch.message_count`` for batch operations,
 ``messaging.client.id`` (the worker that holds the lease), plus
-``jobrun.job.type``, ``jobrun.job.attempt`` and ``jobrun.job.outcome``.
+``jobrun.job.type``, ``jobrun.job.attempt`` and ``jobrun.job.outcome``. An
+enqueue says whether it ran in the caller's transaction
+(``jobrun.enqueue.transactional``) and whether it was an idempotent replay
+(``jobrun.enqueue.replayed``, ``jobrun.enqueue.replayed_count`` for a
+batch): the job stored earlier keeps the context of the trace that first
+enqueued it, so its attempts do not appear in the replaying trace.
 
 Spans go to ``tracer_provider`` when given, else to the global provider
 (``opentelemetry.trace.set_tracer_provider``), which may be set after the
@@ -107,6 +112,7 @@ JOB_OUTCOME = "jobrun.job.outcome"
 NEXT_RUN_AT = "jobrun.job.next_run_at"
 TRANSACTIONAL = "jobrun.enqueue.transactional"
 REPLAYED = "jobrun.enqueue.replayed"
+REPLAYED_COUNT = "jobrun.enqueue.replayed_count"
 QUEUES = "jobrun.queues"
 
 _W3C = TraceContextTextMapPropagator()
@@ -224,7 +230,7 @@ class _Producer:
             if jobs is None:
                 span.set_attribute(BATCH_COUNT, result.inserted + len(result.replayed))
             if result.replayed:
-                span.set_attribute(REPLAYED, len(result.replayed))
+                span.set_attribute(REPLAYED_COUNT, len(result.replayed))
             return result
 
     def _span(

@@ -319,7 +319,7 @@ def test_an_idempotent_replay_from_another_trace_is_still_a_replay(
     assert result.inserted == 0
     assert attr(replay, "jobrun.enqueue.replayed") is True
     assert attr(replay, "messaging.message.id") == str(first.id)
-    assert attr(batch, "jobrun.enqueue.replayed") == 1
+    assert attr(batch, "jobrun.enqueue.replayed_count") == 1
     assert trace_id(replay) != trace_id(original)
 
 
