@@ -953,10 +953,11 @@ class Worker:
                 continue
             try:
                 self._run_one(running)
-            except BaseException:
+            except BaseException as exc:
                 extra = {**job_fields(job), "owner": self.owner, "outcome": "unrecorded"}
                 log.exception("unexpected error running the job; its lease expires", extra=extra)
                 self._abandon([job])
+                self._finished("lease_lost", job, error=exc)  # lost to this worker
             finally:
                 with self._lock:
                     self._running.pop(_claim(job), None)

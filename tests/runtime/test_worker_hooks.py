@@ -290,3 +290,20 @@ def test_the_worker_counts_its_busy_threads_and_names_none_dead_while_healthy(
     assert worker.dead_threads == []
     gate.set()
     wait_for(lambda: worker.threads_busy == 0)
+
+
+def test_a_job_abandoned_by_an_unexpected_error_still_ends_for_the_hooks(
+    store: Store, registry: Registry, make_worker: Callable[..., Worker]
+) -> None:
+    def exits(ctx: JobContext, job: Job) -> None:
+        raise SystemExit(3)  # not an Exception: the worker abandons the claim
+
+    registry.register("t", exits)
+    job = enqueue(store, "t")
+    hooks = Recorder()
+    make_worker(hooks=[hooks])
+    wait_for(lambda: hooks.outcome(job))
+    outcome = hooks.outcome(job)
+    assert outcome is not None and outcome.kind == "lease_lost"
+    assert isinstance(outcome.error, SystemExit)
+    assert store.get(job.id).state is State.LEASED  # its lease expires; the reaper takes it
