@@ -7,6 +7,7 @@ test_tracing*.py; here, that the Runtime wires them in.)
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -127,3 +128,19 @@ def test_a_runtime_asking_for_nothing_imports_no_observability_module(dsn: str) 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_same_number_for_both_ports_is_one_server(dsn: str) -> None:
+    with socket.socket() as probe:  # a port free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = Settings(
+        database_url=dsn, metrics_port=port, health_port=port, observe_host="127.0.0.1", **FAST
+    )
+    with Runtime(settings, ok_registry(), scheduler=False) as runtime:
+        assert runtime.observe is not None
+        (server,) = runtime.observe.servers
+        assert server.port == port
+        assert server.paths == ["/healthz", "/readyz", "/metrics"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=30) as reply:
+            assert reply.status == 200
