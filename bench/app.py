@@ -11,6 +11,7 @@ bench.pickup  notes ``time.time()`` as the handler starts, and writes it to
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,26 @@ from typing import Any
 from jobrun import Job, JobContext, Registry
 
 registry = Registry()
+
+if os.environ.get("BENCH_OTEL_SDK"):
+    # The `observed` measurement's tracing variant: a real SDK pipeline whose
+    # spans are dropped, so the figure is jobrun's cost plus the SDK's, not
+    # an exporter's network.
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class _Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    _provider = TracerProvider()
+    _provider.add_span_processor(BatchSpanProcessor(_Dropped()))
+    trace.set_tracer_provider(_provider)
 
 
 @registry.handler("bench.noop")

@@ -18,6 +18,10 @@ drain          N no-op jobs enqueued on a paused queue, then ``jobrun worker``
                Peak RSS = VmHWM of each worker process, read before SIGTERM.
 drain_tx       the same with handlers returning a commit callable (one INSERT),
                i.e. one Complete transaction per job.
+observed       the no-op drain at the highest concurrency, alternating a worker
+               with no observability, one with ``--metrics-port 0`` and one
+               with ``--tracing otel`` (SDK, batch processor, null exporter);
+               cost = 1 - rate with / rate without, per run.
 worker_rss     a longer no-op drain (100,000 jobs by default) for the RSS target.
 pickup         an idle ``jobrun worker``; jobs enqueued one by one at a fixed
                rate; latency = the handler's ``time.time()`` at start minus
@@ -143,7 +147,15 @@ class Context:
 class Workers:
     """``jobrun worker --app bench.app:registry`` processes on one queue."""
 
-    def __init__(self, ctx: Context, queue: str, concurrency: int, procs: int) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        queue: str,
+        concurrency: int,
+        procs: int,
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
@@ -152,6 +164,7 @@ class Workers:
             "DATABASE_URL": ctx.db.dsn,
             "JOB_EVENTS": "all",
             "PYTHONPATH": str(ROOT),
+            **(extra_env or {}),
         }
         for n in range(procs):
             log = ctx.workdir / f"worker-{time.monotonic_ns()}-{n}.log"
@@ -172,6 +185,7 @@ class Workers:
                             "--no-scheduler",
                             "--log-level",
                             "warning",
+                            *extra_args,
                         ],
                         stdout=handle,
                         stderr=subprocess.STDOUT,
@@ -233,8 +247,15 @@ class Workers:
 
 
 @contextlib.contextmanager
-def workers(ctx: Context, queue: str, concurrency: int, procs: int = 1) -> Iterator[Workers]:
-    w = Workers(ctx, queue, concurrency, procs)
+def workers(
+    ctx: Context,
+    queue: str,
+    concurrency: int,
+    procs: int = 1,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Workers]:
+    w = Workers(ctx, queue, concurrency, procs, extra_args, extra_env)
     try:
         yield w
     finally:
@@ -500,13 +521,21 @@ class DrainRun:
     """The top statements by server time (with ``--statements``)."""
 
 
-def _drain_once(ctx: Context, job_type: str, jobs: int, concurrency: int, procs: int) -> DrainRun:
+def _drain_once(
+    ctx: Context,
+    job_type: str,
+    jobs: int,
+    concurrency: int,
+    procs: int,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> DrainRun:
     ctx.db.reset()
     queue = "drain"
     ctx.store.pause_queue(queue)
     ctx.store.enqueue_batch(NewJob(type=job_type, queue=queue) for _ in range(jobs))
     ctx.db.execute("VACUUM ANALYZE jobrun.jobs, jobrun.job_events")
-    with workers(ctx, queue, concurrency, procs) as w:
+    with workers(ctx, queue, concurrency, procs, extra_args, extra_env) as w:
         w.wait_ready()
         ctx.db.reset_statements()
         cpu0, server0, wall0 = w.cpu_seconds(), ctx.db.server_cpu_seconds(), time.monotonic()
@@ -624,6 +653,64 @@ def drain(ctx: Context) -> list[Figure]:
 
 def drain_tx(ctx: Context) -> list[Figure]:
     return _drain(ctx, "tx")
+
+
+OBSERVED: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "off": ((), {}),
+    "metrics": (("--metrics-port", "0"), {}),
+    "otel": (("--tracing", "otel"), {"BENCH_OTEL_SDK": "1"}),
+}
+"""The worker's observability for ``observed``: none, Prometheus metrics (served on
+an ephemeral port, never scraped: the cost of recording), OpenTelemetry spans
+through the SDK (a batch processor, spans dropped by a null exporter)."""
+
+
+def observed(ctx: Context) -> list[Figure]:
+    """The no-op drain at the best concurrency with metrics and tracing on, against off.
+
+    The variants alternate within each run (off, metrics, otel, off, ...) so
+    that drift of the machine hits them alike; the cost is per run, each
+    variant against that run's ``off`` drain, and its median is the figure.
+    """
+    s = ctx.sizes
+    concurrency = max(s.concurrencies)
+    rates: dict[str, list[float]] = {name: [] for name in OBSERVED}
+    for run in range(ctx.runs):
+        for name, (args, env) in OBSERVED.items():
+            try:
+                got = _drain_once(ctx, "bench.noop", s.drain_jobs, concurrency, 1, args, env)
+            except RuntimeError as exc:
+                ctx.failures.append(f"drain.observed.{name} run {run + 1}: {exc}")
+                ctx.console.print(f"[red]drain.observed.{name} run {run + 1} failed:[/red] {exc}")
+                return []
+            rates[name].append(got.rate)
+            ctx.say(
+                f"drain.observed.{name} run {run + 1}: {got.rate:,.0f} jobs/s, "
+                f"CPU {got.worker_cpu:.2f} cores"
+            )
+    params = {"jobs": s.drain_jobs, "concurrency": concurrency, "handler": "bench.noop"}
+    figures = [
+        Figure(
+            f"drain.observed.{name}",
+            "jobs/s",
+            rates[name],
+            {**params, "worker_flags": " ".join(args) or "(none)"},
+            throughput=True,
+        )
+        for name, (args, _) in OBSERVED.items()
+    ]
+    for name, limit in (("metrics", 5.0), ("otel", None)):
+        costs = [100.0 * (1 - on / off) for on, off in zip(rates[name], rates["off"], strict=True)]
+        figures.append(
+            Figure(
+                f"drain.observed.{name}.cost",
+                "%",
+                costs,
+                {**params, "what": f"1 - drain with {name} / drain without, per run"},
+                target=at_most(limit, "%") if limit is not None else None,
+            )
+        )
+    return figures
 
 
 def worker_rss(ctx: Context) -> list[Figure]:
@@ -830,6 +917,7 @@ MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
     "drain": drain,
     "drain_tx": drain_tx,
     "worker_rss": worker_rss,
+    "observed": observed,
     "pickup": pickup,
     "growth": growth,
 }

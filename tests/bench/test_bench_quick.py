@@ -35,6 +35,9 @@ EXPECTED = {
     "drain.tx.best",
     "worker_rss.drain",
     "worker_rss",
+    *(f"drain.observed.{v}" for v in ("off", "metrics", "otel")),
+    "drain.observed.metrics.cost",
+    "drain.observed.otel.cost",
     "pickup.p50",
     "pickup.p95",
     "pickup.p99",
@@ -71,6 +74,7 @@ TARGETED = {
     "drain.noop.best",
     "drain.tx.best",
     "worker_rss",
+    "drain.observed.metrics.cost",
     "pickup.p50",
     "pickup.p99",
     "growth.claim.ratio_p50",
@@ -112,7 +116,7 @@ def test_every_line_has_every_field(quick_run: Any) -> None:
         assert r["min"] <= r["median"] <= r["max"], r["name"]
         assert all(math.isfinite(v) for v in r["values"]), r["name"]
         assert isinstance(r["parameters"], dict) and r["parameters"], r["name"]
-        assert r["unit"] in {"tx/s", "jobs/s", "MB", "ms", "x", "nodes"}, r["name"]
+        assert r["unit"] in {"tx/s", "jobs/s", "MB", "ms", "x", "nodes", "%"}, r["name"]
         if r["name"] in TARGETED:
             assert r["target"], r["name"]
             assert r["verdict"] in ("PASS", "MISS"), r["name"]
