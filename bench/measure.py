@@ -675,6 +675,7 @@ def observed(ctx: Context) -> list[Figure]:
     s = ctx.sizes
     concurrency = max(s.concurrencies)
     rates: dict[str, list[float]] = {name: [] for name in OBSERVED}
+    cpu_per_job: dict[str, list[float]] = {name: [] for name in OBSERVED}
     for run in range(ctx.runs):
         for name, (args, env) in OBSERVED.items():
             try:
@@ -684,6 +685,7 @@ def observed(ctx: Context) -> list[Figure]:
                 ctx.console.print(f"[red]drain.observed.{name} run {run + 1} failed:[/red] {exc}")
                 return []
             rates[name].append(got.rate)
+            cpu_per_job[name].append(1e6 * got.worker_cpu / got.rate)  # cores / (jobs/s)
             ctx.say(
                 f"drain.observed.{name} run {run + 1}: {got.rate:,.0f} jobs/s, "
                 f"CPU {got.worker_cpu:.2f} cores"
@@ -698,6 +700,15 @@ def observed(ctx: Context) -> list[Figure]:
             throughput=True,
         )
         for name, (args, _) in OBSERVED.items()
+    ]
+    figures += [
+        Figure(
+            f"drain.observed.{name}.cpu_per_job",
+            "us",
+            cpu_per_job[name],
+            {**params, "what": "worker CPU time per job (steadier than the rate on a shared host)"},
+        )
+        for name in OBSERVED
     ]
     for name, limit in (("metrics", 5.0), ("otel", None)):
         costs = [100.0 * (1 - on / off) for on, off in zip(rates[name], rates["off"], strict=True)]

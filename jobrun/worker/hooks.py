@@ -151,6 +151,12 @@ class HookRunner:
                     f"{type(hook).__name__}",
                 )
         self.hooks: tuple[WorkerHooks, ...] = tuple(hooks)
+        # Per method, only the hooks that override it: a hook that watches
+        # round trips alone (health) costs the jobs nothing.
+        self.started = _overriding(self.hooks, "job_started")
+        self.returned = _overriding(self.hooks, "job_returned")
+        self.finished = _overriding(self.hooks, "job_finished")
+        self.calls = _overriding(self.hooks, "store_call")
         self._lock = threading.Lock()
         self._reported: dict[tuple[int, str], float] = {}
 
@@ -158,28 +164,28 @@ class HookRunner:
         return bool(self.hooks)
 
     def job_started(self, job: Job, ctx: JobContext) -> None:
-        for hook in self.hooks:
+        for hook in self.started:
             try:
                 hook.job_started(job, ctx)
             except Exception as exc:
                 self._report(hook, "job_started", exc)
 
     def job_returned(self, job: Job, error: BaseException | None) -> None:
-        for hook in self.hooks:
+        for hook in self.returned:
             try:
                 hook.job_returned(job, error)
             except Exception as exc:
                 self._report(hook, "job_returned", exc)
 
     def job_finished(self, outcome: JobOutcome) -> None:
-        for hook in self.hooks:
+        for hook in self.finished:
             try:
                 hook.job_finished(outcome)
             except Exception as exc:
                 self._report(hook, "job_finished", exc)
 
     def store_call(self, call: StoreCall) -> None:
-        for hook in self.hooks:
+        for hook in self.calls:
             try:
                 hook.store_call(call)
             except Exception as exc:
@@ -201,3 +207,8 @@ class HookRunner:
             exc,
             exc_info=exc,
         )
+
+
+def _overriding(hooks: tuple[WorkerHooks, ...], method: str) -> tuple[WorkerHooks, ...]:
+    base = getattr(WorkerHooks, method)
+    return tuple(hook for hook in hooks if getattr(type(hook), method, base) is not base)

@@ -972,7 +972,7 @@ class Worker:
             self._unknown_type(job)
             return
         hooks = self._hooks
-        if hooks is not None:
+        if hooks is not None and hooks.started:
             hooks.job_started(job, ctx)
         with self._lock:
             self._busy_threads += 1
@@ -983,7 +983,7 @@ class Worker:
             finally:
                 with self._lock:
                     self._busy_threads -= 1
-                if hooks is not None:
+                if hooks is not None and hooks.returned:
                     hooks.job_returned(job, sys.exc_info()[1])
         except PermanentFailure as exc:
             self._fail(job, _describe(exc), permanent=True, exc=exc, started=started)
@@ -1380,7 +1380,7 @@ class Worker:
         self._count("succeeded", len(result.completed))
         self._count("cancelled", len(result.cancelled))
         self._count("lease_lost", len(result.lease_lost))
-        if self._hooks is not None:
+        if self._hooks is not None and self._hooks.finished:
             for done in batch:
                 job_id = done.job.id
                 kind: OutcomeKind | None = (
@@ -1496,7 +1496,7 @@ class Worker:
 
     def _claim_call(self, queues: list[str], limit: int) -> list[Job]:
         hooks = self._hooks
-        if hooks is None:
+        if hooks is None or not hooks.calls:
             return self.store.claim(self.owner, queues, limit, self.config.lease_ttl)
         began = time.perf_counter()
         try:
@@ -1512,7 +1512,7 @@ class Worker:
     def _call(self, operation: StoreOperation, jobs: int, call: Callable[[], _T]) -> _T:
         """``call()``, reported to the hooks as one round trip of ``operation``."""
         hooks = self._hooks
-        if hooks is None:
+        if hooks is None or not hooks.calls:
             return call()
         began = time.perf_counter()
         try:
@@ -1534,8 +1534,9 @@ class Worker:
         next_run_at: dt.datetime | None = None,
         result: Any = None,
     ) -> None:
-        if self._hooks is not None:
-            self._hooks.job_finished(
+        hooks = self._hooks
+        if hooks is not None and hooks.finished:
+            hooks.job_finished(
                 JobOutcome(kind, job, duration, error, error_text, next_run_at, result)
             )
 

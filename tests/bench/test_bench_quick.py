@@ -36,6 +36,7 @@ EXPECTED = {
     "worker_rss.drain",
     "worker_rss",
     *(f"drain.observed.{v}" for v in ("off", "metrics", "otel")),
+    *(f"drain.observed.{v}.cpu_per_job" for v in ("off", "metrics", "otel")),
     "drain.observed.metrics.cost",
     "drain.observed.otel.cost",
     "pickup.p50",
@@ -116,7 +117,7 @@ def test_every_line_has_every_field(quick_run: Any) -> None:
         assert r["min"] <= r["median"] <= r["max"], r["name"]
         assert all(math.isfinite(v) for v in r["values"]), r["name"]
         assert isinstance(r["parameters"], dict) and r["parameters"], r["name"]
-        assert r["unit"] in {"tx/s", "jobs/s", "MB", "ms", "x", "nodes", "%"}, r["name"]
+        assert r["unit"] in {"tx/s", "jobs/s", "MB", "ms", "x", "nodes", "%", "us"}, r["name"]
         if r["name"] in TARGETED:
             assert r["target"], r["name"]
             assert r["verdict"] in ("PASS", "MISS"), r["name"]

@@ -307,3 +307,21 @@ def test_a_job_abandoned_by_an_unexpected_error_still_ends_for_the_hooks(
     assert outcome is not None and outcome.kind == "lease_lost"
     assert isinstance(outcome.error, SystemExit)
     assert store.get(job.id).state is State.LEASED  # its lease expires; the reaper takes it
+
+
+def test_a_method_overridden_in_a_base_class_of_the_hook_is_called_too(
+    store: Store, registry: Registry, make_worker: Callable[..., Worker]
+) -> None:
+    seen: list[str] = []
+
+    class Finished(WorkerHooks):
+        def job_finished(self, outcome: JobOutcome) -> None:
+            seen.append(outcome.kind)
+
+    class Mine(Finished):  # overrides nothing itself
+        pass
+
+    registry.register("t", lambda ctx, job: None)
+    enqueue(store, "t")
+    make_worker(hooks=[Mine()])
+    wait_for(lambda: seen == ["succeeded"])
