@@ -170,28 +170,87 @@ class Browser:
         """The current URL without its scheme and host."""
         return re.sub(r"^[a-z]+://[^/]+", "", self.url)
 
-    # -- reading ------------------------------------------------------------
+    # -- reading ----------------------------------------------------------
+    #
+    # Live regions replace their content every second or so: an element found
+    # in one WebDriver call may be gone by the next. So every read below is
+    # one script, run in one turn of the page's event loop (no refresh can
+    # land in the middle of it).
 
     def find(self, css: str) -> WebElement:
         from selenium.webdriver.common.by import By  # noqa: PLC0415
 
         return self.driver.find_element(By.CSS_SELECTOR, css)
 
-    def find_all(self, css: str) -> list[WebElement]:
-        from selenium.webdriver.common.by import By  # noqa: PLC0415
-
-        return list(self.driver.find_elements(By.CSS_SELECTOR, css))
+    def count(self, css: str) -> int:
+        return int(self.js("return document.querySelectorAll(arguments[0]).length", css))
 
     def has(self, css: str) -> bool:
-        return bool(self.find_all(css))
+        return self.count(css) > 0
 
     def text(self, css: str = "body") -> str:
         """The visible text of the first element matching css ('' when there is none)."""
-        found = self.find_all(css)
-        return str(found[0].text) if found else ""
+        return str(
+            self.js(
+                "const e = document.querySelector(arguments[0]);"
+                " return e ? e.innerText.trim() : ''",
+                css,
+            )
+        )
 
     def texts(self, css: str) -> list[str]:
-        return [str(e.text) for e in self.find_all(css)]
+        return list(
+            self.js(
+                "return Array.from(document.querySelectorAll(arguments[0]),"
+                " e => e.innerText.trim())",
+                css,
+            )
+        )
+
+    def attr(self, css: str, name: str) -> str | None:
+        """An attribute of the first element matching css (None without one, or no element)."""
+        value = self.js(
+            "const e = document.querySelector(arguments[0]);"
+            " return e ? e.getAttribute(arguments[1]) : null",
+            css,
+            name,
+        )
+        return None if value is None else str(value)
+
+    def rows(self, css: str, *names: str) -> list[dict[str, str | None]]:
+        """For each element matching css, its attributes ``names`` (data-x given as x)."""
+        return [
+            dict(zip(names, values, strict=True))
+            for values in self.js(
+                "return Array.from(document.querySelectorAll(arguments[0]),"
+                " e => arguments[1].map(n => e.getAttribute(n)))",
+                css,
+                [
+                    n if n.startswith(("data-", "href", "value", "id", "class")) else f"data-{n}"
+                    for n in names
+                ],
+            )
+        ]
+
+    def value(self, css: str) -> str | None:
+        """The current value of a form field."""
+        got = self.js(
+            "const e = document.querySelector(arguments[0]); return e ? e.value : null", css
+        )
+        return None if got is None else str(got)
+
+    def page(self) -> str | None:
+        return self.attr("body", "data-page")
+
+    def same_document(self, marker: str) -> bool:
+        """Whether the page still carries the marker set by :meth:`mark` (no reload since)."""
+        return bool(self.js("return window.__jobrunTestMark === arguments[0]", marker))
+
+    def mark(self) -> str:
+        """Tag this document; a reload or navigation loses the tag."""
+        marker = f"m{time.monotonic_ns()}"
+        self.js("window.__jobrunTestMark = arguments[0]", marker)
+        return marker
 
     def js(self, script: str, *args: Any) -> Any:
         return self.driver.execute_script(script, *args)
@@ -226,16 +285,42 @@ class Browser:
     # -- acting -------------------------------------------------------------
 
     def click(self, css: str) -> None:
-        element = self.find(css)
-        self.js("arguments[0].scrollIntoView({block: 'center'})", element)
-        element.click()
+        """Click the element at css (found again if a live refresh replaced it meanwhile)."""
+        from selenium.common.exceptions import StaleElementReferenceException  # noqa: PLC0415
 
-    def submit(self, css: str) -> None:
-        """Click the button at css and wait for the page the form posts to."""
-        old = self.find("html")
+        for attempt in range(5):
+            try:
+                element = self.find(css)
+                self.js("arguments[0].scrollIntoView({block: 'center'})", element)
+                element.click()
+                return
+            except StaleElementReferenceException:
+                if attempt == 4:
+                    raise
+                time.sleep(0.05)
+
+    def select(self, css: str, value: str) -> None:
+        """Choose the option of value ``value`` in the <select> at css."""
+        from selenium.webdriver.support.select import Select  # noqa: PLC0415
+
+        Select(self.find(css)).select_by_value(value)
+
+    def click_through(self, css: str) -> None:
+        """Click the link or button at css and wait for the page it leads to."""
+        marker = self.mark()
         self.click(css)
-        self.wait_until(lambda: _stale(old), f"the page after clicking {css}")
+        self.wait_until(
+            lambda: not self._still(marker), f"the page after clicking {css}", timeout=30
+        )
         self.wait_loaded()
+
+    def _still(self, marker: str) -> bool:
+        from selenium.common.exceptions import WebDriverException  # noqa: PLC0415
+
+        try:
+            return self.same_document(marker)
+        except WebDriverException:  # between two documents
+            return True
 
     # -- what must not happen ----------------------------------------------
 
@@ -269,6 +354,45 @@ class Browser:
             )
         )
 
+    def sticking_out(self, limit: int = 5) -> list[str]:
+        """What makes the page wider than the viewport: the innermost elements that reach
+        past its right edge, or whose own content (a long word, say) spills out of them
+        while no ancestor scrolls or clips it; as ``tag#id.class (px)``."""
+        return list(
+            self.js(
+                """
+                const width = window.innerWidth;
+                const spills = e => {
+                  const r = e.getBoundingClientRect();
+                  if (r.width === 0 && r.height === 0) return false;
+                  if (r.right > width + 0.5) return true;
+                  const ox = getComputedStyle(e).overflowX;
+                  return ox === 'visible' && e.scrollWidth > e.clientWidth + 1
+                    && r.left + e.scrollWidth > width + 0.5;
+                };
+                const contained = e => {
+                  for (let p = e.parentElement; p && p !== document.body; p = p.parentElement) {
+                    if (['auto', 'scroll', 'hidden', 'clip'].includes(
+                        getComputedStyle(p).overflowX)) return true;
+                  }
+                  return false;
+                };
+                const out = [];
+                for (const e of document.body.querySelectorAll('*')) {
+                  if (!spills(e) || contained(e)) continue;
+                  if (Array.from(e.children).some(c => spills(c))) continue;
+                  const cls = typeof e.className === 'string' && e.className.trim()
+                    ? '.' + e.className.trim().split(/\\s+/).join('.') : '';
+                  out.push(e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + cls
+                    + ' (' + Math.round(e.getBoundingClientRect().left + e.scrollWidth) + 'px)');
+                  if (out.length >= arguments[0]) break;
+                }
+                return out;
+                """,
+                limit,
+            )
+        )
+
     # -- screenshots --------------------------------------------------------
 
     def screenshot(self, page: str) -> Path:
@@ -277,16 +401,6 @@ class Browser:
         path = self.shots / f"{self.test}--{page}.png"
         self.driver.save_screenshot(str(path))
         return path
-
-
-def _stale(element: WebElement) -> bool:
-    from selenium.common.exceptions import StaleElementReferenceException  # noqa: PLC0415
-
-    try:
-        element.is_enabled()
-    except StaleElementReferenceException:
-        return True
-    return False
 
 
 # -- fixtures (imported by the test modules) ---------------------------------
@@ -401,33 +515,37 @@ class DashboardProcess:
         return self.proc.wait(10)
 
 
-@contextlib.contextmanager
-def dashboard_process(dsn: str, log: Path, *args: str) -> Iterator[DashboardProcess]:
-    """``jobrun dashboard --bind 127.0.0.1:PORT ARGS`` on DATABASE_URL=dsn, once it answers."""
-    from jobrun.postgres.embedded import free_port  # noqa: PLC0415
+SERVING = re.compile(r"dashboard on (?P<url>http://[^/\s]+)/")
 
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(ROOT)}
+
+@contextlib.contextmanager
+def dashboard_process(
+    dsn: str, log: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[DashboardProcess]:
+    """``jobrun dashboard --bind 127.0.0.1:0 ARGS`` on DATABASE_URL=dsn, once it answers.
+
+    Port 0 takes a free port; the process's line ``jobrun: dashboard on URL``
+    says which, as it tells a person starting it by hand.
+    """
+    environ = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(ROOT), **(env or {})}
     with open(log, "wb") as handle:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobrun.cli", "dashboard", "--bind", f"127.0.0.1:{port}", *args],
+            [sys.executable, "-m", "jobrun.cli", "dashboard", "--bind", "127.0.0.1:0", *args],
             stdout=handle,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=environ,
             cwd=ROOT,
         )
-    made = DashboardProcess(proc, log, f"http://127.0.0.1:{port}")
+    made = DashboardProcess(proc, log, "")
     try:
         deadline = time.monotonic() + 60
-        while True:
+        while not (found := SERVING.search(made.output())):
             if proc.poll() is not None:
                 raise AssertionError(f"jobrun dashboard exited {proc.returncode}:\n{made.output()}")
-            with contextlib.suppress(OSError):
-                if http_get(made.base + "/", timeout=2)[0] < 500:
-                    break
             if time.monotonic() > deadline:
-                raise AssertionError(f"jobrun dashboard did not answer in 60 s:\n{made.output()}")
-            time.sleep(0.1)
+                raise AssertionError(f"jobrun dashboard said nothing in 60 s:\n{made.output()}")
+            time.sleep(0.05)
+        made.base = found["url"]
         yield made
     finally:
         made.stop()
