@@ -29,6 +29,8 @@ def test_every_public_attribute_is_exported() -> None:
         "testing",
         "cli",
         "demo",
+        "observe",  # subpackages: attributes of jobrun once some test imported them
+        "web",
     }
     public = {n for n in vars(jobrun) if not n.startswith("_")} - modules
     assert public <= set(jobrun.__all__)
