@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_NONCE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class _LostRace(Exception):
@@ -138,6 +142,46 @@ class SchedulesMixin:
             row = self.q.set_schedule_paused(c, paused=False, next_run_at=following, id=schedule_id)
             assert row is not None
             return schedule_from_row(row)
+
+        return self._with_tx(run)
+
+    def trigger_schedule(self, schedule_id: str, *, nonce: str | None = None) -> Job:
+        """Enqueue one run of the schedule's job now, outside its cron (one transaction).
+
+        The schedule is left as it is: its next run, its last fire and its
+        pause (a paused schedule can be run by hand). The job's idempotency
+        key is ``sched:<id>:manual:<nonce>``: the same ``nonce`` sent twice (a
+        double click, a request retried after a lost reply) enqueues one job
+        and returns it again; without one, every call enqueues a new job.
+        """
+        schedule_id = _check_id(schedule_id)
+        if nonce is None:
+            nonce = uuid.uuid4().hex
+        elif not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
+            raise ValidationError("nonce", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
+
+        def run(c: psycopg.Connection[Any]) -> Job:
+            row = self.q.get_schedule(c, id=schedule_id)
+            if row is None:
+                raise NotFound("schedule", schedule_id)
+            schedule = schedule_from_row(row)
+            job = NewJob(
+                type=schedule.type,
+                payload=schedule.payload,
+                queue=schedule.queue,
+                priority=schedule.priority,
+                max_attempts=schedule.max_attempts,
+                backoff=schedule.backoff,
+                idempotency_key=f"sched:{schedule.id}:manual:{nonce}",
+            )
+            try:
+                return self._enqueue_on(c, job)
+            except IdempotencyConflict as exc:
+                # This trigger ran before the template changed: it is done all the same.
+                stored = self.q.get_job(c, id=exc.existing_id) if exc.existing_id else None
+                if stored is None:
+                    raise
+                return job_from_row(stored)
 
         return self._with_tx(run)
 
