@@ -20,6 +20,7 @@
                          [--replace] [--app MODULE:REGISTRY] ...
     jobrun schedules list | remove ID | pause ID | resume ID
     jobrun demo [...]
+    jobrun dashboard [--bind 127.0.0.1:8080] [--read-only]
     jobrun embedded start | status | stop
 
 Global options (``--database-url``, ``--schema``, ``--job-events``,
@@ -55,6 +56,13 @@ the probes alone; port 0 takes a free port, and an INFO line at start says
 where they are served. ``--tracing otel`` (``JOBRUN_TRACING``) traces
 enqueues and jobs with OpenTelemetry, to the TracerProvider the ``--app``
 module set up when imported.
+
+``jobrun dashboard`` (``pip install 'jobrun[web]'``) serves the web dashboard
+(:mod:`jobrun.web`) on 127.0.0.1:8080 unless told ``--bind HOST:PORT``;
+any address but a loopback one needs ``JOBRUN_DASHBOARD_TOKEN``, which every
+request must then carry (bearer token, or basic-auth password), or it
+refuses to start (exit code 7). ``--read-only`` shows everything and allows
+no action (see :mod:`jobrun.web.server`).
 
 Output: tables for people (plain text, no colour codes, when stdout is not a
 terminal; as wide as the terminal, or COLUMNS when set, else unlimited in a
@@ -162,6 +170,8 @@ EXIT_SCHEMA = 8
 EXIT_INTERRUPTED = 130
 
 PROG = "jobrun"
+DASHBOARD_BIND = "127.0.0.1:8080"
+DASHBOARD_TOKEN_ENV = "JOBRUN_DASHBOARD_TOKEN"  # noqa: S105 - the variable's name
 BULK_PAGE = 500
 """Jobs fetched per page by the bulk ``cancel`` and ``retry``."""
 LIST_LIMIT = 100
@@ -532,6 +542,24 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.set_defaults(func=cmd_demo)
+
+    p = command(
+        sub,
+        "dashboard",
+        cmd_dashboard,
+        "serve the web dashboard (needs pip install 'jobrun[web]')",
+        json=False,
+    )
+    p.add_argument(
+        "--bind",
+        default=DASHBOARD_BIND,
+        metavar="HOST:PORT",
+        help=f"where to listen (default: {DASHBOARD_BIND}; port 0: any free port); any "
+        f"address but loopback needs {DASHBOARD_TOKEN_ENV}, a token every request must "
+        "then carry as bearer token or basic-auth password (a token set is required on "
+        "loopback too)",
+    )
+    p.add_argument("--read-only", action="store_true", help="show everything, allow no action")
 
     emb = sub.add_parser(
         "embedded", help="the embedded PostgreSQL", parents=[common], allow_abbrev=False
@@ -1643,6 +1671,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo_args = parser.parse_args(args.extras, namespace=args)
     url = database_url(settings_from(demo_args))
     return int(demo.run(demo_args, url))
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn  # noqa: F401, PLC0415 - the extra's server, checked before anything
+
+        from jobrun.web import create_app, server  # noqa: PLC0415 - the optional extra
+    except ImportError as exc:
+        raise CommandError(
+            f"the dashboard needs pip install 'jobrun[web]' ({exc.name} is missing)",
+            EXIT_VALIDATION,
+        ) from None
+    host, port = server.parse_bind(args.bind)
+    token = os.environ.get(DASHBOARD_TOKEN_ENV) or None
+    server.check_exposure(host, token)  # before any connection: a refusal costs nothing
+    settings = settings_from(args)
+    url = database_url(settings)
+    with Client.connect(
+        url, settings=settings, pool_size=4, application_name="jobrun-dashboard"
+    ) as client:
+        sock = server.listen(host, port)
+        app = create_app(client, read_only=args.read_only, auth=token)
+        notes = [f"database {dsn.describe(url)}"]
+        if args.read_only:
+            notes.append("read-only")
+        if token:
+            notes.append(f"{DASHBOARD_TOKEN_ENV} required")
+        server.serve(app, sock, describe=", ".join(notes))
+    return EXIT_OK
 
 
 def cmd_embedded_start(args: argparse.Namespace) -> int:
