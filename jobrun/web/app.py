@@ -12,6 +12,8 @@
     starlette_app.routes.append(Mount("/admin/jobs", app=create_app(client)))
     fastapi_app.mount("/admin/jobs", create_app(client))
 
+    # a WSGI host (Flask, Django) mounts jobrun.web.wsgi.create_wsgi_app(client) the same way
+
 ``jobrun dashboard [--bind 127.0.0.1:8080] [--read-only]`` serves it with
 uvicorn (see :mod:`jobrun.web.server`). Everything it shows is read through
 :class:`jobrun.postgres.web.DashboardReads` (no SQL here) and every action is
