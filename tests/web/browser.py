@@ -507,7 +507,7 @@ class DashboardProcess:
 
     def stop(self) -> int:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 return self.proc.wait(30)
             except subprocess.TimeoutExpired:
