@@ -104,7 +104,9 @@ select: any, queued, leased, succeeded, dead, cancelled), ``#filter-type``,
 ``table#jobs`` with ``tr.job-row`` (``data-job-id``, ``data-state``,
 ``data-queue``, ``data-type``) and ``a.job-link`` in it; ``#no-jobs`` when
 the page is empty; ``a#next-page`` (older jobs: ``before=`` the last id
-shown) and ``a#first-page`` (when not on the first page);
+shown, or, when a filter no index holds ran out of its bounded scan before
+the page filled, the oldest id it read: see :mod:`jobrun.postgres.web`) and
+``a#first-page`` (when not on the first page);
 ``a#bulk-retry`` and ``a#bulk-cancel`` (with a state filter they apply to,
 not read-only).
 
