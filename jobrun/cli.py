@@ -1692,7 +1692,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         url, settings=settings, pool_size=4, application_name="jobrun-dashboard"
     ) as client:
         sock = server.listen(host, port)
-        app = create_app(client, read_only=args.read_only, auth=token)
+        app = create_app(
+            client,
+            read_only=args.read_only,
+            auth=token,
+            allowed_hosts=server.allowed_hosts(host, token),
+        )
         notes = [f"database {dsn.describe(url)}"]
         if args.read_only:
             notes.append("read-only")

@@ -361,6 +361,7 @@ def create_app(
     auth: str | Authorizer | None = None,
     refresh_seconds: float = REFRESH_SECONDS,
     csrf_secret: bytes | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The dashboard as a Starlette app, mountable under any prefix.
 
@@ -373,7 +374,9 @@ def create_app(
     deciding from the request, or None to trust whoever reaches the app.
     ``read_only`` hides and refuses every action. ``csrf_secret``: the key
     of the CSRF tokens (random per app by default; give one to share tokens
-    between the processes behind one address).
+    between the processes behind one address). ``allowed_hosts``: the only
+    host names (or addresses) a request's Host header may name, any other is
+    refused 400 (see :mod:`jobrun.web.security`); None accepts any.
     """
     if isinstance(refresh_seconds, bool) or not isinstance(refresh_seconds, int | float):
         raise ValidationError("refresh_seconds", "must be a number of seconds")
@@ -460,7 +463,10 @@ def create_app(
         },
     )
     app.state.dashboard = dash
-    app.add_middleware(Guard, check=dash.check)
+    hosts = (
+        None if allowed_hosts is None else frozenset(h.strip("[]").lower() for h in allowed_hosts)
+    )
+    app.add_middleware(Guard, check=dash.check, allowed_hosts=hosts)
     return app
 
 

@@ -21,6 +21,12 @@ compute the HMAC, so its forged POST is refused 403. A new secret (a
 restart, by default) only means the next POST is refused and the reloaded
 page works again.
 
+Hosts. With ``allowed_hosts`` a request naming any other host in its Host
+header is refused 400 before anything else. ``jobrun dashboard`` without a
+token allows only the loopback names and the address it binds: a web page
+that renamed its own host to 127.0.0.1 (DNS rebinding) would otherwise be
+same-origin with an open dashboard, able to read its pages and tokens.
+
 Headers. Every response carries a Content-Security-Policy allowing scripts,
 styles and images from the dashboard itself only (no inline script, no
 inline style, no framing, no form posting elsewhere): even a string that
@@ -105,12 +111,24 @@ def authorizer(auth: str | Authorizer | None) -> Authorizer | None:
     return check
 
 
-class Guard:
-    """ASGI middleware: the credential check, then the security headers on every response."""
+def host_of(header: str) -> str:
+    """The host of a Host header, without its port, brackets or case (``[::1]:8080`` -> ``::1``)."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    return value.rpartition(":")[0] if value.count(":") == 1 else value
 
-    def __init__(self, app: ASGIApp, check: Authorizer | None) -> None:
+
+class Guard:
+    """ASGI middleware: the Host check, the credential check, then the security headers on
+    every response."""
+
+    def __init__(
+        self, app: ASGIApp, check: Authorizer | None, allowed_hosts: frozenset[str] | None = None
+    ) -> None:
         self.app = app
         self.check = check
+        self.allowed_hosts = allowed_hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -126,6 +144,11 @@ class Guard:
                 message["headers"] = headers
             await send(message)
 
+        if self.allowed_hosts is not None:
+            host = host_of(HTTPConnection(scope).headers.get("host", ""))
+            if host not in self.allowed_hosts:
+                await _plain(with_headers, send, 400, b"400 Bad Request: unexpected Host header\n")
+                return
         if self.check is not None and not self.check(HTTPConnection(scope)):
             body = b"401 Unauthorized: this dashboard needs its token (bearer or basic auth)\n"
             await with_headers(
@@ -142,6 +165,20 @@ class Guard:
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, with_headers)
+
+
+async def _plain(start: Send, send: Send, status: int, body: bytes) -> None:
+    await start(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 class Csrf:

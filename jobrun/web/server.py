@@ -7,7 +7,9 @@ it, so binding one needs a credential: ``JOBRUN_DASHBOARD_TOKEN`` (at least
 16 characters), which every request must then carry as a bearer token or as
 the basic-auth password (any user name; a browser asks for it). Without one
 the command refuses to start, saying so (exit code 7, like any bad
-configuration). A token given is required on loopback too.
+configuration). A token given is required on loopback too. Without a token
+only requests naming a loopback host (or the address bound) in their Host
+header are served, which keeps DNS-rebinding pages out.
 
 Once listening it writes one line on stderr, ``jobrun: dashboard on
 http://HOST:PORT/ (database user@host:port/db[, read-only])``, and serves
@@ -69,6 +71,17 @@ def check_exposure(host: str, token: str | None) -> None:
             "random string, sent as a bearer token or basic-auth password), or bind "
             "127.0.0.1",
         )
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+def allowed_hosts(host: str, token: str | None) -> list[str] | None:
+    """The Host headers to accept: any with a token; without one the loopback names and
+    the address bound (a rebinding page names another host, see jobrun.web.security)."""
+    if token is not None:
+        return None
+    return sorted({*LOOPBACK_NAMES, host.lower()})
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -29,7 +29,14 @@ from jobrun.job.errors import ValidationError
 from jobrun.job.model import NewJob, State
 from jobrun.postgres.store import Store
 from jobrun.web import create_app
-from jobrun.web.server import DEFAULT_BIND, check_exposure, is_loopback, parse_bind
+from jobrun.web.security import host_of
+from jobrun.web.server import (
+    DEFAULT_BIND,
+    allowed_hosts,
+    check_exposure,
+    is_loopback,
+    parse_bind,
+)
 from tests.web.test_app_support import csrf_of, parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +108,20 @@ def test_auth_may_be_a_callable_judging_the_request(store: Store) -> None:
         assert client.get("/", headers={"x-role": "ops"}).status_code == 200
 
 
+def test_with_allowed_hosts_any_other_host_header_is_refused_400(store: Store) -> None:
+    app = create_app(store, allowed_hosts=["127.0.0.1", "localhost", "[::1]"])
+    for base in ("http://127.0.0.1:8080", "http://localhost", "http://[::1]:9000"):
+        with TestClient(app, base_url=base) as client:
+            assert client.get("/").status_code == 200, base
+    for base in ("http://evil.example", "http://127.0.0.1.evil.example:8080", "http://testserver"):
+        with TestClient(app, base_url=base) as client:
+            got = client.get("/")
+            assert got.status_code == 400, base
+            assert "Host" in got.text and "content-security-policy" in got.headers
+    assert host_of("[::1]:8080") == "::1" and host_of("LocalHost:80") == "localhost"
+    assert host_of("example.com") == "example.com"
+
+
 def test_binding_rules() -> None:
     assert parse_bind(DEFAULT_BIND) == ("127.0.0.1", 8080)
     assert parse_bind("[::1]:0") == ("::1", 0)
@@ -112,6 +133,8 @@ def test_binding_rules() -> None:
     assert is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.0.0.1")
     assert not is_loopback("example.com")
+    assert allowed_hosts("127.0.0.1", TOKEN) is None
+    assert allowed_hosts("127.0.0.2", None) == ["127.0.0.1", "127.0.0.2", "::1", "localhost"]
     check_exposure("127.0.0.1", None)
     check_exposure("0.0.0.0", TOKEN)
     with pytest.raises(ValidationError, match="JOBRUN_DASHBOARD_TOKEN"):
@@ -270,4 +293,8 @@ def test_the_command_says_where_it_serves_without_the_password(dsn: str, store: 
             assert password not in body
         target = parse(fetch(url)[1]).by_id("db-target").text
         assert "@" in target
+        # without a token, a page that renamed its host (DNS rebinding) is not served
+        port = url.rsplit(":", 1)[1].rstrip("/")
+        assert fetch(url, {"Host": f"evil.example:{port}"})[0] == 400
+        assert fetch(url, {"Host": f"localhost:{port}"})[0] == 200
     assert proc.returncode == 0
