@@ -18,6 +18,9 @@ drain          N no-op jobs enqueued on a paused queue, then ``jobrun worker``
                Peak RSS = VmHWM of each worker process, read before SIGTERM.
 drain_tx       the same with handlers returning a commit callable (one INSERT),
                i.e. one Complete transaction per job.
+dashboard      the dashboard's pages (overview, jobs, jobs of a state, a jobs page half
+               way down) through its ASGI app on the growth table: 20 requests
+               per page and run after 3 warm-up ones; p50 and p95 server time.
 observed       the no-op drain at the highest concurrency, alternating a worker
                with no observability, one with ``--metrics-port 0`` and one
                with ``--tracing otel`` (SDK, batch processor, null exporter);
@@ -845,6 +848,75 @@ def _seed(ctx: Context, finished: int, queued: int) -> None:
     ctx.db.execute("VACUUM ANALYZE jobrun.jobs")
 
 
+DASHBOARD_PAGES = ("overview", "jobs", "jobs_queued", "jobs_deep")
+DASHBOARD_SAMPLES = 20
+
+
+def dashboard(ctx: Context) -> list[Figure]:
+    """Server time of the dashboard's pages on the growth table (F finished + Q queued).
+
+    Through the ASGI app in this process (starlette's TestClient: routing,
+    the Store's reads and rendering, no network), so the figure is the
+    server's time. ``jobs_deep`` is a jobs page half way down the table.
+    """
+    from starlette.testclient import TestClient  # noqa: PLC0415 - the web extra
+
+    from jobrun.web import create_app  # noqa: PLC0415
+
+    s = ctx.sizes
+    ctx.db.reset()
+    ctx.say(f"dashboard: seeding {s.growth_finished:,} finished + {s.growth_queued:,} queued rows")
+    _seed(ctx, s.growth_finished, s.growth_queued)
+    total = s.growth_finished + s.growth_queued
+    middle = ctx.db.execute(
+        "SELECT id FROM jobrun.jobs ORDER BY id OFFSET %s LIMIT 1", [total // 2]
+    )[0][0]
+    paths = {
+        "overview": "/",
+        "jobs": "/jobs",
+        "jobs_queued": "/jobs?state=queued",
+        "jobs_deep": f"/jobs?before={middle}",
+    }
+    p50s: dict[str, list[float]] = {name: [] for name in DASHBOARD_PAGES}
+    p95s: dict[str, list[float]] = {name: [] for name in DASHBOARD_PAGES}
+    with TestClient(create_app(ctx.store), base_url="http://127.0.0.1") as http:
+        for run in range(ctx.runs):
+            for name in DASHBOARD_PAGES:
+                for _ in range(3):  # warm-up: prepared statements, template cache
+                    http.get(paths[name]).raise_for_status()
+                samples = []
+                for _ in range(DASHBOARD_SAMPLES):
+                    began = time.perf_counter()
+                    http.get(paths[name]).raise_for_status()
+                    samples.append((time.perf_counter() - began) * 1000)
+                p50s[name].append(percentile(samples, 50))
+                p95s[name].append(percentile(samples, 95))
+                ctx.say(
+                    f"dashboard.{name} run {run + 1}: p50 {p50s[name][-1]:.1f} ms, "
+                    f"p95 {p95s[name][-1]:.1f} ms"
+                )
+    params = {
+        "finished": s.growth_finished,
+        "queued": s.growth_queued,
+        "requests": DASHBOARD_SAMPLES,
+    }
+    figures = []
+    for name in DASHBOARD_PAGES:
+        figures.append(
+            Figure(
+                f"dashboard.{name}.p50",
+                "ms",
+                p50s[name],
+                {**params, "path": paths[name].split("?")[0]},
+                target=below(300, "ms") if name in ("overview", "jobs") else None,
+            )
+        )
+        figures.append(
+            Figure(f"dashboard.{name}.p95", "ms", p95s[name], {**params, "path": paths[name]})
+        )
+    return figures
+
+
 def growth(ctx: Context) -> list[Figure]:
     s = ctx.sizes
     per_run = (CLAIM_WARMUP + s.growth_samples) * s.claim_batch
@@ -931,6 +1003,7 @@ MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
     "observed": observed,
     "pickup": pickup,
     "growth": growth,
+    "dashboard": dashboard,
 }
 
 

@@ -49,6 +49,11 @@ EXPECTED = {
     "growth.claim.ratio_p50",
     "growth.claim.ratio_p95",
     "growth.claim_plan.seq_scans",
+    *(
+        f"dashboard.{page}.{q}"
+        for page in ("overview", "jobs", "jobs_queued", "jobs_deep")
+        for q in ("p50", "p95")
+    ),
 }
 FIELDS = {
     "name",
@@ -80,6 +85,8 @@ TARGETED = {
     "pickup.p99",
     "growth.claim.ratio_p50",
     "growth.claim_plan.seq_scans",
+    "dashboard.overview.p50",
+    "dashboard.jobs.p50",
 }
 
 
