@@ -554,9 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--bind",
         default=DASHBOARD_BIND,
         metavar="HOST:PORT",
-        help=f"where to listen (default: {DASHBOARD_BIND}; port 0: any free port); any "
+        help=f"where to listen, port 0 for any free port (default: {DASHBOARD_BIND}); any "
         f"address but loopback needs {DASHBOARD_TOKEN_ENV}, a token every request must "
-        "then carry as bearer token or basic-auth password (a token set is required on "
+        "then carry as bearer token or basic-auth password (once set, it is required on "
         "loopback too)",
     )
     p.add_argument("--read-only", action="store_true", help="show everything, allow no action")
