@@ -276,6 +276,8 @@ class WorkerConfig:
 class _Running:
     job: Job
     ctx: JobContext
+    in_handler: bool = False
+    """While its handler runs (plain writes by its thread: threads_busy reads them)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -463,7 +465,6 @@ class Worker:
         self.database = database
         # None without hooks: every call site pays one `is not None` check.
         self._hooks: HookRunner | None = HookRunner(hooks) if hooks else None
-        self._busy_threads = 0
         """A password-free description of the database, for the start banner."""
         self.registry = registry
         self.config = (config or WorkerConfig()).with_owner()
@@ -974,15 +975,13 @@ class Worker:
         hooks = self._hooks
         if hooks is not None and hooks.started:
             hooks.job_started(job, ctx)
-        with self._lock:
-            self._busy_threads += 1
+        running.in_handler = True
         started = time.monotonic()
         try:
             try:
                 value = registration.handler(ctx, job)
             finally:
-                with self._lock:
-                    self._busy_threads -= 1
+                running.in_handler = False
                 if hooks is not None and hooks.returned:
                     hooks.job_returned(job, sys.exc_info()[1])
         except PermanentFailure as exc:
@@ -1495,22 +1494,25 @@ class Worker:
     # -- hooks ---------------------------------------------------------------------
 
     def _claim_call(self, queues: list[str], limit: int) -> list[Job]:
-        hooks = self._hooks
-        if hooks is None or not hooks.calls:
-            return self.store.claim(self.owner, queues, limit, self.config.lease_ttl)
-        began = time.perf_counter()
-        try:
-            jobs = self.store.claim(self.owner, queues, limit, self.config.lease_ttl)
-        except BaseException as exc:
-            hooks.store_call(StoreCall("claim", time.perf_counter() - began, 0, exc, tuple(queues)))
-            raise
-        hooks.store_call(
-            StoreCall("claim", time.perf_counter() - began, len(jobs), None, tuple(queues))
+        return self._call(
+            "claim",
+            len,  # the jobs it got
+            lambda: self.store.claim(self.owner, queues, limit, self.config.lease_ttl),
+            tuple(queues),
         )
-        return jobs
 
-    def _call(self, operation: StoreOperation, jobs: int, call: Callable[[], _T]) -> _T:
-        """``call()``, reported to the hooks as one round trip of ``operation``."""
+    def _call(
+        self,
+        operation: StoreOperation,
+        jobs: int | Callable[[_T], int],
+        call: Callable[[], _T],
+        queues: tuple[str, ...] = (),
+    ) -> _T:
+        """``call()``, reported to the hooks as one round trip of ``operation``.
+
+        ``jobs``: how many jobs it carries, or how to count them in its answer
+        (0 when it raised).
+        """
         hooks = self._hooks
         if hooks is None or not hooks.calls:
             return call()
@@ -1518,9 +1520,13 @@ class Worker:
         try:
             answer = call()
         except BaseException as exc:
-            hooks.store_call(StoreCall(operation, time.perf_counter() - began, jobs, exc))
+            carried = 0 if callable(jobs) else jobs
+            hooks.store_call(
+                StoreCall(operation, time.perf_counter() - began, carried, exc, queues)
+            )
             raise
-        hooks.store_call(StoreCall(operation, time.perf_counter() - began, jobs))
+        carried = jobs(answer) if callable(jobs) else jobs
+        hooks.store_call(StoreCall(operation, time.perf_counter() - began, carried, None, queues))
         return answer
 
     def _finished(
@@ -1554,8 +1560,10 @@ class Worker:
 
     @property
     def threads_busy(self) -> int:
-        """Handler threads running a handler right now."""
-        return self._busy_threads
+        """Handler threads running a handler right now (counted when asked: the
+        handlers pay no lock for it)."""
+        with self._lock:
+            return sum(1 for r in self._running.values() if r.in_handler)
 
     @property
     def dead_threads(self) -> list[str]:
