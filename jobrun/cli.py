@@ -97,7 +97,6 @@ code  meaning
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -110,7 +109,6 @@ import itertools
 import json
 import os
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -153,6 +151,8 @@ from jobrun.job.validate import MAX_PAYLOAD_BYTES, payload_from_json, redact
 from jobrun.postgres import dsn, embedded
 from jobrun.postgres.pool import conninfo_with
 from jobrun.postgres.store import MAX_LIST_LIMIT
+from jobrun.postgres.web import MAX_PAGE as WEB_MAX_PAGE
+from jobrun.postgres.web import DashboardReads, JobFilter
 from jobrun.worker import logs as worker_logs
 
 if TYPE_CHECKING:
@@ -1222,71 +1222,23 @@ def cmd_get(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _forward(
-    client: Client,
-    filters: dict[str, Any],
-    after: uuid.UUID | None,
-    before: uuid.UUID | None,
-    size: int,
-) -> Iterator[Job]:
-    """Matching jobs with ids after ``after`` and before ``before``, oldest first, paged."""
-    size = min(size, MAX_LIST_LIMIT)
-    while True:
-        page = client.list(**filters, after=after, limit=size)
-        for job in page:
-            if before is not None and job.id >= before:
-                return
-            yield job
-        if len(page) < size:
-            return
-        after = page[-1].id
-
-
 def newest_jobs(
     client: Client, filters: dict[str, Any], count: int, before: uuid.UUID | None = None
 ) -> list[Job]:
     """The ``count`` matching jobs with the highest ids (below ``before``), newest first.
 
-    The Store lists oldest first from an id. Job ids are UUIDv7, whose first 48
-    bits are the Unix time in milliseconds, so the newest jobs lie after a bound
-    a little before them: the bound moves back in time, doubling the window,
-    until the window holds at least ``count`` jobs, and narrows by bisection
-    when it holds far more. Whatever the bound, reading forwards from it and
-    keeping the last ``count`` jobs is the right answer (ids of other versions
-    included); the search only keeps the reading short.
+    The dashboard's read side walks the primary key downwards a page per round
+    trip; reading stops once ``count`` jobs are in hand.
     """
-    enough = count * 4  # a window of up to this many is read whole
-
-    def bound(ms: int) -> uuid.UUID | None:
-        return None if ms <= 0 else uuid.UUID(int=ms << 80)
-
-    def read(ms: int) -> list[Job]:
-        return list(itertools.islice(_forward(client, filters, bound(ms), before, enough), enough))
-
-    jobs = read(0)  # a small table is read in one call
-    if len(jobs) < enough:
-        return jobs[: -count - 1 : -1]
-    top = time.time_ns() // 1_000_000 if before is None else before.int >> 80
-    short, span = top, 1000  # short: a bound known to hold fewer than count jobs
-    while True:
-        lo = top - span
-        jobs = read(lo)
-        if len(jobs) >= enough:
-            break
-        if len(jobs) >= count or lo <= 0:
-            return jobs[: -count - 1 : -1]
-        short, span = lo, span * 2
-    while short - lo > 1:  # lo holds too many, short too few
-        mid = (short + lo) // 2
-        jobs = read(mid)
-        if len(jobs) < count:
-            short = mid
-        elif len(jobs) < enough:
-            return jobs[: -count - 1 : -1]
-        else:
-            lo = mid
-    last = collections.deque(_forward(client, filters, bound(lo), before, enough), maxlen=count)
-    return list(reversed(last))
+    if before is not None and before.int == 0:
+        return []
+    upto = None if before is None else uuid.UUID(int=before.int - 1)
+    where = JobFilter(
+        queue=filters.get("queue"), state=filters.get("state"), type=filters.get("type")
+    )
+    page = max(1, min(count, WEB_MAX_PAGE))
+    matching = DashboardReads(client.store).matching(where, upto=upto, page=page)
+    return list(itertools.islice(matching, count))
 
 
 def _job_id(text: str, flag: str) -> uuid.UUID:
