@@ -19,12 +19,12 @@
 -- context (the enqueueing span's W3C carrier; NULL when tracing is off).
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                      idempotency_key, trace_context)
+                      idempotency_key, trace_context, concurrency_key)
     VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(type), sqlc.arg(payload),
             sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
             COALESCE(sqlc.narg(run_at)::timestamptz,
                      now() + make_interval(secs => sqlc.arg(delay_seconds)::float8)),
-            NULL, sqlc.narg(trace_context)::jsonb)
+            NULL, sqlc.narg(trace_context)::jsonb, sqlc.narg(concurrency_key)::text)
     ON CONFLICT (id) DO NOTHING
     RETURNING *
 ), ev AS (
@@ -46,12 +46,13 @@ FROM ins WHERE (SELECT count(*) FROM wake) >= 0;
 -- unique violation of jobs_pkey, which the store reports as AlreadyExists.
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                      idempotency_key, trace_context)
+                      idempotency_key, trace_context, concurrency_key)
     VALUES (sqlc.arg(id), sqlc.arg(queue), sqlc.arg(type), sqlc.arg(payload),
             sqlc.arg(priority), sqlc.arg(max_attempts), sqlc.arg(backoff),
             COALESCE(sqlc.narg(run_at)::timestamptz,
                      now() + make_interval(secs => sqlc.arg(delay_seconds)::float8)),
-            sqlc.arg(idempotency_key)::text, sqlc.narg(trace_context)::jsonb)
+            sqlc.arg(idempotency_key)::text, sqlc.narg(trace_context)::jsonb,
+            sqlc.narg(concurrency_key)::text)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
 ), ev AS (
@@ -95,12 +96,13 @@ JOIN (SELECT unnest(sqlc.arg(queues)::text[]) AS queue,
 -- violation of jobs_pkey (AlreadyExists), and any other unique index a
 -- future migration adds can never be swallowed as a replay.
 INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                  idempotency_key, trace_context)
+                  idempotency_key, trace_context, concurrency_key)
 SELECT unnest(sqlc.arg(ids)::uuid[]), unnest(sqlc.arg(queues)::text[]),
        unnest(sqlc.arg(types)::text[]), unnest(sqlc.arg(payloads)::jsonb[]),
        unnest(sqlc.arg(priorities)::int4[]), unnest(sqlc.arg(max_attempts)::int4[]),
        unnest(sqlc.arg(backoffs)::jsonb[]), unnest(sqlc.arg(run_ats)::timestamptz[]),
-       unnest(sqlc.arg(idempotency_keys)::text[]), unnest(sqlc.arg(trace_contexts)::jsonb[])
+       unnest(sqlc.arg(idempotency_keys)::text[]), unnest(sqlc.arg(trace_contexts)::jsonb[]),
+       unnest(sqlc.arg(concurrency_keys)::text[])
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -109,18 +111,33 @@ SELECT * FROM jobrun.jobs AS jobs WHERE id = ANY(sqlc.arg(ids)::uuid[]);
 
 -- name: CopyJobs :copyfrom
 INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                         trace_context)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+                         trace_context, concurrency_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: ClaimJobs :many
 -- One statement claims up to max_jobs: queued -> leased, one attempt burned,
--- a fresh lease token (the fence) per claim, and the "claimed" events when
--- write_events. Each queue is read on its own through jobs_claim_idx in
--- (priority, run_at, id) order (a LATERAL per queue: an index scan that stops
--- after max_jobs rows, where "queue = ANY(...)" would sort every queued row),
--- then the best max_jobs of them are taken. LIMIT inside a FOR UPDATE SKIP
--- LOCKED subquery, never IN (subquery), so a claim can never return more
--- than max_jobs rows. Paused queues are skipped.
+-- a fresh lease token (the fence) per claim, the progress of an earlier
+-- attempt cleared, and the "claimed" events when write_events. Each queue is
+-- read on its own through jobs_claim_idx in (priority, run_at, id) order (a
+-- LATERAL per queue: an index scan that stops after its rows, where
+-- "queue = ANY(...)" would sort every queued row), then the best max_jobs of
+-- them are taken. LIMIT inside a FOR UPDATE SKIP LOCKED subquery, never
+-- IN (subquery), so a claim can never return more than max_jobs rows.
+-- Paused queues are skipped.
+--
+-- Limited queues (a row in queue_limits) are claimed only by a transaction
+-- that locked their row first (LockQueueLimits, a statement of its own,
+-- which names the rows it locked in jobrun.claim_locks): this statement's
+-- snapshot is then newer than every claim of the queue that committed
+-- before, so its counts are exact. Here, unlocked, such a queue yields
+-- nothing. Its room is the least of max_jobs, concurrency less its leased
+-- jobs, and rate_limit less the jobs started in the window (the claims'
+-- own rows in queue_starts, at statement_timestamp(): the database clock
+-- after the lock was granted). With per_key, keys whose leased jobs reach
+-- the limit are skipped in the scan itself (a busy key never blocks the
+-- keys behind it); the first rows of the other keys are read without locks
+-- (the queue's row lock keeps other claimers out), each key held to its
+-- room, the queue to its room, and only those rows locked and claimed.
 --
 -- The claim commits asynchronously (synchronous_commit off for this
 -- transaction only): if the server crashes before the claim reaches disk, the
@@ -128,19 +145,83 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 -- commits synchronously and flushes the WAL up to it, claim included, so no
 -- durable completion can rest on a lost claim, and the effect ledger still
 -- keeps the transactional path exactly-once.
-WITH next AS (
-    SELECT c.id
+WITH lim AS MATERIALIZED (
+    SELECT q.name, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds,
+           l.queue IS NOT NULL AS limited,
+           COALESCE(l.queue = ANY(COALESCE(NULLIF(current_setting('jobrun.claim_locks', true), ''),
+                                           '{}')::text[]), false) AS locked
     FROM unnest(sqlc.arg(queues)::text[]) AS q(name)
-    CROSS JOIN LATERAL (
-        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
-        WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
-        ORDER BY jobs.priority, jobs.run_at, jobs.id
-        LIMIT sqlc.arg(max_jobs)
-        FOR UPDATE SKIP LOCKED
-    ) AS c
+    LEFT JOIN jobrun.queue_limits AS l ON l.queue = q.name
     WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
-    ORDER BY c.priority, c.run_at, c.id
+), room AS MATERIALIZED (
+    SELECT lim.name, lim.per_key, lim.locked AND lim.rate_limit IS NOT NULL AS rated,
+           CASE WHEN NOT lim.limited THEN sqlc.arg(max_jobs)::int4
+                WHEN NOT lim.locked THEN 0
+                ELSE GREATEST(0, LEAST(
+                    sqlc.arg(max_jobs)::int4,
+                    COALESCE(lim.concurrency - (
+                        SELECT count(*) FROM jobrun.jobs AS j
+                        WHERE j.state = 'leased' AND j.queue = lim.name)::int4,
+                        sqlc.arg(max_jobs)::int4),
+                    COALESCE(lim.rate_limit - (
+                        SELECT COALESCE(sum(s.jobs), 0) FROM jobrun.queue_starts AS s
+                        WHERE s.queue = lim.name
+                          AND s.at > statement_timestamp()
+                                     - make_interval(secs => lim.rate_period_seconds))::int4,
+                        sqlc.arg(max_jobs)::int4)))
+           END AS n
+    FROM lim
+), busy AS MATERIALIZED (
+    SELECT j.queue, j.concurrency_key AS key, count(*)::int4 AS leased
+    FROM room JOIN jobrun.jobs AS j
+      ON j.state = 'leased' AND j.queue = room.name AND j.concurrency_key IS NOT NULL
+    WHERE room.per_key IS NOT NULL AND room.n > 0
+    GROUP BY j.queue, j.concurrency_key
+), plain AS (
+    SELECT c.id, c.priority, c.run_at
+    FROM room CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
+        WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
+        ORDER BY jobs.priority, jobs.run_at, jobs.id
+        LIMIT room.n
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE room.per_key IS NULL AND room.n > 0
+), seen AS (
+    SELECT c.id, c.priority, c.run_at, c.concurrency_key, room.name, room.n, room.per_key,
+           row_number() OVER (PARTITION BY room.name, c.concurrency_key
+                              ORDER BY c.priority, c.run_at, c.id) AS nth_of_key
+    FROM room CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.priority, jobs.run_at, jobs.concurrency_key
+        FROM jobrun.jobs AS jobs
+        WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
+          AND NOT EXISTS (SELECT 1 FROM busy
+                          WHERE busy.queue = room.name AND busy.key = jobs.concurrency_key
+                            AND busy.leased >= room.per_key)
+        ORDER BY jobs.priority, jobs.run_at, jobs.id
+        LIMIT room.n * 4
+    ) AS c
+    WHERE room.per_key IS NOT NULL AND room.n > 0
+), fits AS (
+    SELECT seen.id, seen.n,
+           row_number() OVER (PARTITION BY seen.name
+                              ORDER BY seen.priority, seen.run_at, seen.id) AS nth_of_queue
+    FROM seen LEFT JOIN busy ON busy.queue = seen.name AND busy.key = seen.concurrency_key
+    WHERE seen.concurrency_key IS NULL
+       OR seen.nth_of_key <= seen.per_key - COALESCE(busy.leased, 0)
+), keyed AS (
+    SELECT jobs.id, jobs.priority, jobs.run_at
+    FROM fits JOIN jobrun.jobs AS jobs ON jobs.id = fits.id
+    WHERE fits.nth_of_queue <= fits.n AND jobs.state = 'queued'
+    FOR UPDATE OF jobs SKIP LOCKED
+), next AS (
+    SELECT u.id FROM (
+        SELECT plain.id, plain.priority, plain.run_at FROM plain
+        UNION ALL
+        SELECT keyed.id, keyed.priority, keyed.run_at FROM keyed
+    ) AS u
+    ORDER BY u.priority, u.run_at, u.id
     LIMIT sqlc.arg(max_jobs)
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
@@ -149,16 +230,115 @@ WITH next AS (
         lease_owner = sqlc.arg(owner)::text,
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => sqlc.arg(ttl_seconds)::float8),
+        progress = NULL, progress_message = NULL, progress_at = NULL,
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
     RETURNING jobs.*
 ), ev AS (
-    INSERT INTO jobrun.job_events (job_id, kind, attempt)
-    SELECT claimed.id, 'claimed', claimed.attempts FROM claimed
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
+    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
     WHERE sqlc.arg(write_events)::boolean
+), started AS (
+    INSERT INTO jobrun.queue_starts (queue, at, jobs)
+    SELECT claimed.queue, statement_timestamp(), count(*)::int4
+    FROM claimed JOIN room ON room.name = claimed.queue AND room.rated
+    GROUP BY claimed.queue
+), forgotten AS (
+    DELETE FROM jobrun.queue_starts AS s USING lim
+    WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
+      AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
 SELECT * FROM claimed;
+
+-- name: LockQueueLimits :exec
+-- The first statement of a limited claim: lock the limits rows of the
+-- queues about to be claimed (in queue order: no deadlock between claims of
+-- overlapping queue lists), and name them in jobrun.claim_locks for this
+-- transaction, so that ClaimJobs, the next statement, counts with a
+-- snapshot taken after every earlier claim of those queues committed.
+SELECT set_config('jobrun.claim_locks', COALESCE(array_agg(l.queue)::text, '{}'), true)
+FROM (
+    SELECT queue FROM jobrun.queue_limits
+    WHERE queue = ANY(sqlc.arg(queues)::text[])
+    ORDER BY queue
+    FOR UPDATE
+) AS l;
+
+-- name: LimitedQueues :many
+-- Which of the queues have limits (the store routes their claims through
+-- LockQueueLimits).
+SELECT queue FROM jobrun.queue_limits WHERE queue = ANY(sqlc.arg(queues)::text[]) ORDER BY queue;
+
+-- name: LimitsHoldBack :one
+-- After a short claim: does a limit hold back ready jobs of these queues?
+-- (True: a limited queue among them has ready queued jobs, so the worker
+-- comes back soon instead of waiting for a wake-up that a freed slot or an
+-- aging rate window never sends.)
+SELECT EXISTS (
+    SELECT 1 FROM jobrun.queue_limits AS l
+    WHERE l.queue = ANY(sqlc.arg(queues)::text[])
+      AND NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = l.queue)
+      AND EXISTS (SELECT 1 FROM jobrun.jobs AS jobs
+                  WHERE jobs.state = 'queued' AND jobs.queue = l.queue AND jobs.run_at <= now())
+)::boolean AS held;
+
+-- name: SetQueueLimits :one
+-- Replace a queue's limits (every one: NULL removes that limit). Waits for
+-- a claim of the queue in flight (it holds the row) and wakes the workers
+-- of the queue, since a raised limit frees room.
+WITH up AS (
+    INSERT INTO jobrun.queue_limits AS l (queue, concurrency, per_key, rate_limit, rate_period_seconds)
+    VALUES (sqlc.arg(queue), sqlc.narg(concurrency)::int4, sqlc.narg(per_key)::int4,
+            sqlc.narg(rate_limit)::int4, sqlc.narg(rate_period_seconds)::float8)
+    ON CONFLICT (queue) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, per_key = EXCLUDED.per_key,
+        rate_limit = EXCLUDED.rate_limit, rate_period_seconds = EXCLUDED.rate_period_seconds,
+        updated_at = now()
+    RETURNING l.*
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, up.queue) FROM up
+    WHERE pg_notification_queue_usage() < sqlc.arg(max_notify_usage)::float8
+)
+SELECT up.* FROM up WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: DeleteQueueLimits :one
+-- Lift every limit of a queue (and forget its rate window); wakes its
+-- workers. removed is 0 when the queue had no limits.
+WITH gone AS (
+    DELETE FROM jobrun.queue_limits AS l WHERE l.queue = sqlc.arg(queue) RETURNING l.queue
+), window_gone AS (
+    DELETE FROM jobrun.queue_starts AS s USING gone WHERE s.queue = gone.queue
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, gone.queue) FROM gone
+    WHERE pg_notification_queue_usage() < sqlc.arg(max_notify_usage)::float8
+)
+SELECT count(*)::int8 AS removed FROM gone WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: GetQueueLimits :one
+SELECT * FROM jobrun.queue_limits AS l WHERE l.queue = sqlc.arg(queue);
+
+-- name: ListQueueLimits :many
+-- Every queue's limits, with what they hold now: leased jobs and the jobs
+-- started in the current rate window.
+SELECT l.queue, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds, l.updated_at,
+       (SELECT count(*) FROM jobrun.jobs AS j WHERE j.state = 'leased' AND j.queue = l.queue)::int8 AS leased,
+       (SELECT COALESCE(sum(s.jobs), 0) FROM jobrun.queue_starts AS s
+        WHERE s.queue = l.queue AND l.rate_limit IS NOT NULL
+          AND s.at > now() - make_interval(secs => l.rate_period_seconds))::int8 AS started_in_window
+FROM jobrun.queue_limits AS l
+ORDER BY l.queue;
+
+-- name: RecordProgress :one
+-- A running handler's progress, owner- and token-guarded like a heartbeat.
+-- No row back: the lease is gone. Waits for nothing long (the handler's own
+-- row; a Complete of it cannot be in flight while its handler runs).
+UPDATE jobrun.jobs AS jobs
+SET progress = sqlc.arg(progress)::float8, progress_message = sqlc.narg(message)::text,
+    progress_at = now()
+WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
+  AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
+RETURNING jobs.progress_at;
 
 -- name: HeartbeatJobs :many
 -- Extends the live leases of this owner (owner + token match, not expired,
@@ -565,18 +745,22 @@ RETURNING *;
 
 -- name: ReleaseJob :one
 -- Give a claimed job back without counting its attempt (a worker that has no
--- handler for its type, or a handler that asks to run later): queued again
--- at now() + delay with the attempt the claim burned returned, owner- and
--- token-guarded like Fail, with a "released" event. A job whose cancel was
--- requested ends cancelled instead (cancel wins).
+-- handler for its type, or a handler that snoozes: asks to run later):
+-- queued again at now() + delay with the attempt the claim burned returned,
+-- owner- and token-guarded like Fail, with a "released" event ("snoozed",
+-- counted in snoozes, when snooze). A job whose cancel was requested ends
+-- cancelled instead (cancel wins).
 WITH released AS (
     UPDATE jobrun.jobs AS jobs
     SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END::jobrun.job_state,
         attempts = CASE WHEN cancel_requested THEN attempts ELSE greatest(attempts - 1, 0) END,
+        snoozes = CASE WHEN NOT cancel_requested AND sqlc.arg(snooze)::boolean
+                       THEN snoozes + 1 ELSE snoozes END,
         run_at = CASE WHEN cancel_requested THEN run_at
                       ELSE now() + make_interval(secs => sqlc.arg(delay_seconds)::float8) END,
         finished_at = CASE WHEN cancel_requested THEN now() END,
-        last_error = sqlc.arg(reason)::text,
+        last_error = CASE WHEN sqlc.arg(snooze)::boolean AND NOT cancel_requested THEN last_error
+                          ELSE sqlc.arg(reason)::text END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     WHERE jobs.id = sqlc.arg(id)::uuid AND jobs.state = 'leased'
@@ -585,9 +769,12 @@ WITH released AS (
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT released.id,
-           CASE released.state WHEN 'queued' THEN 'released' ELSE 'cancelled' END,
+           CASE WHEN released.state <> 'queued' THEN 'cancelled'
+                WHEN sqlc.arg(snooze)::boolean THEN 'snoozed'
+                ELSE 'released' END,
            released.attempts,
-           jsonb_build_object('via', 'release', 'reason', left(sqlc.arg(reason)::text, 1000),
+           jsonb_build_object('via', CASE WHEN sqlc.arg(snooze)::boolean THEN 'snooze' ELSE 'release' END,
+                              'reason', left(sqlc.arg(reason)::text, 1000),
                               'delay_seconds', sqlc.arg(delay_seconds)::float8)
     FROM released
     WHERE sqlc.arg(write_all)::boolean OR released.state <> 'queued'

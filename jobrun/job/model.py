@@ -22,6 +22,7 @@ import datetime as dt
 import enum
 import math
 import random
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
@@ -182,6 +183,10 @@ class NewJob:
     delay: dt.timedelta | None = None
     idempotency_key: str | None = None
     id: uuid.UUID = dataclasses.field(default_factory=new_job_id)
+    concurrency_key: str | None = None
+    """The job's key for its queue's per-key limit (a tenant, an account): with
+    ``per_key=K`` on the queue, at most K jobs with the same key are leased at
+    once. None: only the queue's own limits apply."""
     trace_context: dict[str, str] | None = None
     """A W3C trace context carrier (``traceparent``, ``tracestate``) to store as
     the job's creation context. Left None, an enqueue traced by
@@ -215,6 +220,10 @@ class NewJob:
                 object.__setattr__(self, "idempotency_key", key)
         if not isinstance(self.id, uuid.UUID):
             raise ValidationError("id", "must be a uuid.UUID")
+        if self.concurrency_key is not None:
+            ckey = validate.concurrency_key(self.concurrency_key)
+            if ckey is not self.concurrency_key:
+                object.__setattr__(self, "concurrency_key", ckey)
         if self.trace_context is not None:
             object.__setattr__(self, "trace_context", _trace_context(self.trace_context))
         # Check and serialise the payload once, here: nothing downstream can
@@ -286,6 +295,15 @@ class Job:
     """The JSON value the handler returned, stored with the success (None otherwise)."""
     trace_context: dict[str, str] | None = None
     """The W3C trace context of the span that enqueued the job (None untraced)."""
+    concurrency_key: str | None = None
+    """The key its queue's per-key limit counts it under (None: no key)."""
+    snoozes: int = 0
+    """How many times a handler snoozed it (each gave its attempt back)."""
+    progress: float | None = None
+    """The fraction done (0 to 1) its running attempt last reported (None: none yet)."""
+    progress_message: str | None = None
+    progress_at: dt.datetime | None = None
+    """When that progress was recorded, by the database clock."""
 
     @property
     def attempts_left(self) -> int:
@@ -310,6 +328,9 @@ class EventKind(enum.StrEnum):
     """The lease expired; ``detail.verdict`` is the state the reaper chose."""
     RELEASED = "released"
     """The claim was given back without counting its attempt (``detail.reason``)."""
+    SNOOZED = "snoozed"
+    """The handler asked to run again later (``detail.delay_seconds``); its
+    attempt was given back and ``snoozes`` counted instead."""
 
     @property
     def terminal(self) -> bool:
@@ -430,6 +451,113 @@ class QueueDepth:
     """Queued with run_at in the future."""
     leased: int
     dead: int
+
+
+MAX_LIMIT = 1_000_000
+"""The largest concurrency, per-key or rate limit a queue takes."""
+MAX_RATE_PERIOD = dt.timedelta(days=1)
+MIN_RATE_PERIOD = dt.timedelta(milliseconds=1)
+_RATE_UNITS = {
+    "ms": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+}
+_RATE_TEXT = re.compile(r"\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([a-z]+)\s*")
+
+
+def _limit(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise ValidationError(field, f"must be an int from 1 to {MAX_LIMIT:,}, not {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``limit`` jobs of a queue started (claimed) in any window of
+    ``period``, by the database clock: a sliding window, exact across every
+    worker (see :meth:`jobrun.postgres.store.Store.set_queue_limits`)."""
+
+    limit: int
+    period: dt.timedelta
+
+    def __post_init__(self) -> None:
+        _limit("rate", self.limit)
+        if not isinstance(self.period, dt.timedelta) or not (
+            MIN_RATE_PERIOD <= self.period <= MAX_RATE_PERIOD
+        ):
+            raise ValidationError(
+                "rate", f"the period must be a timedelta from 1 ms to 1 day, not {self.period!r}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> RateLimit:
+        """``"100/s"``, ``"10/min"``, ``"5/10s"``, ``"1000/h"``: jobs per period."""
+        match = _RATE_TEXT.fullmatch(text.lower()) if isinstance(text, str) else None
+        word = "" if match is None else match.group(3)
+        unit = _RATE_UNITS.get(word, _RATE_UNITS.get(word.removesuffix("s")))
+        if match is None or unit is None:
+            raise ValidationError(
+                "rate",
+                f"{text!r} is not a rate: write JOBS/PERIOD, e.g. 100/s, 10/min, 5/10s, 1000/h",
+            )
+        count = float(match.group(2)) if match.group(2) else 1.0
+        return cls(int(match.group(1)), dt.timedelta(seconds=count * unit))
+
+    def __str__(self) -> str:
+        seconds = self.period.total_seconds()
+        for name, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+            if seconds >= size and (seconds / size).is_integer():
+                n = int(seconds / size)
+                return f"{self.limit}/{'' if n == 1 else n}{name}"
+        return f"{self.limit}/{seconds * 1000:g}ms"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QueueLimits:
+    """The limits every worker applies to a queue's claims (None: no such limit),
+    and, as :meth:`~jobrun.postgres.store.Store.queue_limits` reads them, what they
+    hold now."""
+
+    queue: str
+    concurrency: int | None = None
+    """At most this many jobs of the queue leased at once, across every worker."""
+    per_key: int | None = None
+    """At most this many jobs with the same ``concurrency_key`` leased at once."""
+    rate: RateLimit | None = None
+    """At most ``rate.limit`` jobs started in any window of ``rate.period``."""
+    leased: int = 0
+    """Jobs of the queue leased now."""
+    started_in_window: int = 0
+    """Jobs started in the current rate window (0 without a rate limit)."""
+    updated_at: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "queue", validate.queue_name(self.queue))
+        if self.concurrency is not None:
+            _limit("concurrency", self.concurrency)
+        if self.per_key is not None:
+            _limit("per_key", self.per_key)
+        if self.rate is not None and not isinstance(self.rate, RateLimit):
+            raise ValidationError("rate", "must be a jobrun.RateLimit (RateLimit.parse('100/s'))")
+
+    def describe(self) -> str:
+        """``concurrency 5, per key 1, rate 100/s`` (``no limits`` for none)."""
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.per_key is not None:
+            parts.append(f"per key {self.per_key}")
+        if self.rate is not None:
+            parts.append(f"rate {self.rate}")
+        return ", ".join(parts) or "no limits"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

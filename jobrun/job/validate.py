@@ -233,6 +233,46 @@ def idempotency_key(value: object) -> str:
     return value
 
 
+def concurrency_key(value: object) -> str:
+    """A valid concurrency key (a tenant, an account: the jobs a per-key limit
+    holds to that many at once), as a plain str."""
+    field = "concurrency_key"
+    value = plain_str(field, value)
+    if not value:
+        raise ValidationError(field, "must not be empty (leave it None for no key)")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL (\\u0000)")
+    if utf8_size(field, value) > MAX_IDEMPOTENCY_KEY_BYTES:
+        raise ValidationError(field, f"must be at most {MAX_IDEMPOTENCY_KEY_BYTES} bytes of UTF-8")
+    return value
+
+
+MAX_PROGRESS_MESSAGE = 1000
+"""Characters of a progress message kept (longer ones are refused)."""
+
+
+def progress(value: object) -> float:
+    """A fraction done, from 0 to 1 (an int 0 or 1 too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(
+            "progress", f"must be a number from 0 to 1, not {type(value).__name__}"
+        )
+    number = float(value)
+    if not 0.0 <= number <= 1.0:  # NaN fails this too
+        raise ValidationError("progress", f"must be a fraction from 0 to 1, not {value!r}")
+    return number
+
+
+def progress_message(value: object) -> str:
+    field = "message"
+    value = plain_str(field, value)
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL (\\u0000)")
+    if len(value) > MAX_PROGRESS_MESSAGE:
+        raise ValidationError(field, f"must be at most {MAX_PROGRESS_MESSAGE} characters")
+    return value
+
+
 def claim_limit(value: object) -> int:
     if not _is_int(value):
         raise ValidationError("limit", f"must be an int, not {type(value).__name__}")

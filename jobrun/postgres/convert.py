@@ -102,6 +102,16 @@ class JobRow(Protocol):
     def result(self) -> Any: ...
     @property
     def trace_context(self) -> Any: ...
+    @property
+    def concurrency_key(self) -> str | None: ...
+    @property
+    def snoozes(self) -> int: ...
+    @property
+    def progress(self) -> float | None: ...
+    @property
+    def progress_message(self) -> str | None: ...
+    @property
+    def progress_at(self) -> dt.datetime | None: ...
 
 
 def job_from_row(row: JobRow) -> Job:
@@ -127,6 +137,11 @@ def job_from_row(row: JobRow) -> Job:
         finished_at=utc_or_none(row.finished_at),
         result=row.result,
         trace_context=row.trace_context,
+        concurrency_key=row.concurrency_key,
+        snoozes=row.snoozes,
+        progress=row.progress,
+        progress_message=row.progress_message,
+        progress_at=utc_or_none(row.progress_at),
     )
 
 

@@ -100,7 +100,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -130,6 +130,8 @@ from jobrun.job.model import (
     Job,
     NewJob,
     QueueDepth,
+    QueueLimits,
+    RateLimit,
     ReapResult,
     State,
     StateCount,
@@ -165,6 +167,13 @@ BATCH_CHUNK = 5000
 MAX_HEARTBEAT_IDS = 100_000
 """The most ids one heartbeat or completion call sends (arrays, before any SQL)."""
 MAX_LIST_LIMIT = 10_000
+LIMITED_QUEUES_TTL = 1.0
+"""Seconds a store trusts what it last read about which queues have limits.
+
+Only the claim's route depends on it, never a limit's exactness: a claim sent
+the lock-free way skips every limited queue it sees (see ClaimJobs), so a
+limit set meanwhile holds that queue back for up to this long, never lets it
+overshoot."""
 MAX_NOTIFY_QUEUE_USAGE = 0.5
 """Above this share of the server's notification queue, no wake-up is sent.
 
@@ -213,6 +222,7 @@ class Store(SchedulesMixin):
         self.pool = pool
         self._notify_warned_at = -math.inf
         self._notify_warn_lock = threading.Lock()
+        self._limited: dict[tuple[str, ...], tuple[float, bool]] = {}
 
     # -- transactions ---------------------------------------------------------
 
@@ -450,6 +460,7 @@ class Store(SchedulesMixin):
                 run_at=job.run_at,
                 delay_seconds=job.delay_seconds,
                 trace_context=trace,
+                concurrency_key=job.concurrency_key,
                 write_event=self.event_mode is EventMode.ALL,
                 channel=self.notify_channel,
                 max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
@@ -668,6 +679,9 @@ class Store(SchedulesMixin):
                     run_ats=[_run_at(j, db_now) for j in chunk],
                     idempotency_keys=[j.idempotency_key or "" for j in chunk],
                     trace_contexts=[_trace_json(j, shared) for j in chunk],
+                    # NULL elements where a job has no key (the array type
+                    # the generator writes says str).
+                    concurrency_keys=cast(builtins.list[str], [j.concurrency_key for j in chunk]),
                 )
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
@@ -721,8 +735,9 @@ class Store(SchedulesMixin):
         names = [validate.queue_name(name, "queues") for name in queues]
         validate.claim_limit(limit)
         validate.positive_duration("ttl", ttl)
-        rows = self._on_pool(
-            lambda c: self.q.claim_jobs(
+
+        def claim_on(c: psycopg.Connection[Any]) -> builtins.list[models.Job]:
+            return self.q.claim_jobs(
                 c,
                 queues=names,
                 max_jobs=limit,
@@ -730,8 +745,160 @@ class Store(SchedulesMixin):
                 ttl_seconds=ttl.total_seconds(),
                 write_events=self.event_mode is EventMode.ALL,
             )
-        )
+
+        if not self._any_limited(names):
+            rows = self._on_pool(claim_on)
+        else:
+
+            def locked(c: psycopg.Connection[Any], committing: list[bool]) -> list[models.Job]:
+                # BEGIN, the limits rows' lock, the claim (a statement of its
+                # own: its snapshot is taken once the lock is granted), and
+                # COMMIT, in one pipeline: two round trips in all.
+                with c.pipeline():
+                    c.execute("BEGIN")
+                    self.q.lock_queue_limits(c, queues=names)
+                    claimed = claim_on(c)
+                    committing[0] = True
+                    c.execute("COMMIT")
+                return claimed
+
+            rows = self._with_explicit_tx(locked)
         return [job_from_row(r) for r in rows]
+
+    def _any_limited(self, names: builtins.list[str]) -> bool:
+        """Whether a limit applies to one of the queues (read at most every
+        LIMITED_QUEUES_TTL seconds per list of queues)."""
+        key = tuple(names)
+        now = time.monotonic()
+        cached = self._limited.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        limited = bool(self._on_pool_read(lambda c: self.q.limited_queues(c, queues=names)))
+        if len(self._limited) > 1024:
+            self._limited.clear()
+        self._limited[key] = (now + LIMITED_QUEUES_TTL, limited)
+        return limited
+
+    def limits_hold_back(self, queues: Sequence[str]) -> bool:
+        """Whether a limit (not a lack of work) holds back ready jobs of ``queues``.
+
+        For a worker whose claim came back short: True means a limited queue
+        among them has ready jobs, so it should claim again soon (a slot freed
+        by another worker, or a rate window moving on, sends no wake-up).
+        """
+        names = [validate.queue_name(name, "queues") for name in queues]
+        if not names or not self._any_limited(names):
+            return False
+        return bool(self._on_pool_read(lambda c: self.q.limits_hold_back(c, queues=names)))
+
+    def set_queue_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        per_key: int | None = None,
+        rate: RateLimit | str | None = None,
+    ) -> QueueLimits:
+        """Replace every limit of ``queue``; None removes that limit.
+
+        The limits live in the database, so every worker on every host applies
+        them to its next claim (within LIMITED_QUEUES_TTL for a queue that had
+        none). Exact, because claims of a limited queue take turns on its
+        limits row and count with a snapshot taken after the previous claim
+        committed:
+
+        - ``concurrency``: never more than this many of the queue's jobs
+          leased at once. A lease counts until its job leaves the leased
+          state: a killed worker's jobs hold their slots until the reaper
+          requeues them after their lease expires.
+        - ``per_key``: never more than this many leased at once with the same
+          ``concurrency_key`` (jobs without a key count only against
+          ``concurrency``). A busy key never holds back the keys behind it.
+        - ``rate`` (``RateLimit`` or text such as ``"100/s"``): in any window
+          of ``rate.period``, at most ``rate.limit`` jobs started, where a
+          start is a claim, timed by the database clock
+          (``statement_timestamp()`` once the claim holds the queue's lock).
+          A sliding window, not a bucket: no burst above the limit, ever.
+
+        Leases taken before a limit was set or lowered are not revoked; the
+        limit holds for every claim after it. Raising or setting a limit wakes
+        the queue's workers.
+        """
+        if isinstance(rate, str):
+            rate = RateLimit.parse(rate)
+        limits = QueueLimits(queue=queue, concurrency=concurrency, per_key=per_key, rate=rate)
+        if concurrency is None and per_key is None and rate is None:
+            raise ValidationError(
+                "limits",
+                "give at least one of concurrency, per_key, rate (clear_queue_limits lifts them)",
+            )
+        self._on_pool(
+            lambda c: self.q.set_queue_limits(
+                c,
+                queue=limits.queue,
+                concurrency=concurrency,
+                per_key=per_key,
+                rate_limit=None if rate is None else rate.limit,
+                rate_period_seconds=None if rate is None else rate.period.total_seconds(),
+                channel=self.notify_channel,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
+        )
+        self._limited.clear()
+        return self.queue_limits(limits.queue)
+
+    def clear_queue_limits(self, queue: str) -> bool:
+        """Lift every limit of ``queue``; False when it had none."""
+        validate.queue_name(queue)
+        removed = self._on_pool(
+            lambda c: self.q.delete_queue_limits(
+                c, queue=queue, channel=self.notify_channel, max_notify_usage=MAX_NOTIFY_QUEUE_USAGE
+            )
+        )
+        self._limited.clear()
+        return bool(removed)
+
+    def queue_limits(self, queue: str) -> QueueLimits:
+        """The queue's limits and what they hold now (all None: no limits)."""
+        validate.queue_name(queue)
+        found = [lim for lim in self.all_queue_limits() if lim.queue == queue]
+        return found[0] if found else QueueLimits(queue=queue)
+
+    def all_queue_limits(self) -> builtins.list[QueueLimits]:
+        """Every limited queue's limits and what they hold now, by queue name."""
+        return [
+            QueueLimits(
+                queue=r.queue,
+                concurrency=r.concurrency,
+                per_key=r.per_key,
+                rate=None
+                if r.rate_limit is None or r.rate_period_seconds is None
+                else RateLimit(r.rate_limit, dt.timedelta(seconds=r.rate_period_seconds)),
+                leased=r.leased or 0,
+                started_in_window=r.started_in_window or 0,
+                updated_at=utc(r.updated_at),
+            )
+            for r in self._on_pool_read(self.q.list_queue_limits)
+        ]
+
+    def record_progress(self, job: Job, progress: float, message: str | None = None) -> dt.datetime:
+        """Store a running job's progress (a fraction from 0 to 1, and a message).
+
+        Fenced like a heartbeat: LeaseLost when the claim no longer holds the
+        job. Returns when it was recorded (database clock). The worker's
+        ``JobContext.progress`` throttles the calls.
+        """
+        owner, token = _lease_of(job)
+        value = validate.progress(progress)
+        text = None if message is None else validate.progress_message(message)
+        at = self._on_pool(
+            lambda c: self.q.record_progress(
+                c, progress=value, message=text, id=job.id, owner=owner, token=token
+            )
+        )
+        if at is None:
+            raise LeaseLost(job.id)
+        return utc(at)
 
     def heartbeat(
         self, owner: str, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], until: dt.datetime
@@ -1067,7 +1234,7 @@ class Store(SchedulesMixin):
             raise LeaseLost(job.id)
         return job_from_row(row)
 
-    def release(self, job: Job, delay: dt.timedelta, reason: str) -> Job:
+    def release(self, job: Job, delay: dt.timedelta, reason: str, *, snooze: bool = False) -> Job:
         """Give a claimed job back without counting its attempt: queued again after
         ``delay`` (from the database clock), or cancelled when cancel was requested.
 
@@ -1075,6 +1242,11 @@ class Store(SchedulesMixin):
         while a newer worker rolls out), so that a job is never burnt to dead
         by workers that do not know it. The caller bounds how often it does
         this; ``reason`` is kept as ``last_error`` and in the event.
+
+        ``snooze``: the handler asked to run again later (``jobrun.Snooze``).
+        The attempt is given back all the same and ``snoozes`` counts it; the
+        event is "snoozed" and ``last_error`` is left as it was (a snooze is
+        no error).
         """
         owner, token = _lease_of(job)
         validate.delay(delay)
@@ -1084,6 +1256,7 @@ class Store(SchedulesMixin):
         row = self._on_pool(
             lambda c: self.q.release_job(
                 c,
+                snooze=bool(snooze),
                 delay_seconds=delay.total_seconds(),
                 reason=text,
                 id=job.id,
@@ -1400,6 +1573,7 @@ def same_body(job: NewJob, stored: Job, same_payload: bool) -> bool:
         and stored.priority == job.priority
         and stored.max_attempts == job.max_attempts
         and stored.backoff == job.backoff
+        and stored.concurrency_key == job.concurrency_key
     )
 
 
@@ -1518,6 +1692,7 @@ def _copy_row(job: NewJob, db_now: dt.datetime, shared: Jsonb | None) -> q.CopyJ
         backoff=backoff_json(job.backoff),
         run_at=_run_at(job, db_now),
         trace_context=_trace_json(job, shared),
+        concurrency_key=job.concurrency_key,
     )
 
 

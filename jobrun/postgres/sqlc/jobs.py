@@ -15,30 +15,30 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from jobrun.postgres.sqlc._schema import QueriesBase
-from jobrun.postgres.sqlc.models import Job, JobState
+from jobrun.postgres.sqlc.models import Job, JobState, QueueLimit
 
 ENQUEUE_JOB: Final = """\
 
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                      idempotency_key, trace_context)
+                      idempotency_key, trace_context, concurrency_key)
     VALUES ($1, $2, $3, $4,
             $5, $6, $7,
             COALESCE($8::timestamptz,
                      now() + make_interval(secs => $9::float8)),
-            NULL, $10::jsonb)
+            NULL, $10::jsonb, $11::text)
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
-    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $11::boolean
+    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $12::boolean
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
 ), wake AS (
-    SELECT pg_notify($12::text, ins.queue) FROM ins, usage
-    WHERE usage.used < $13::float8
+    SELECT pg_notify($13::text, ins.queue) FROM ins, usage
+    WHERE usage.used < $14::float8
 )
-SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, ins.trace_context, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, ins.trace_context, ins.concurrency_key, ins.snoozes, ins.progress, ins.progress_message, ins.progress_at, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
 FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
@@ -67,30 +67,36 @@ class EnqueueJobRow:
     result: Any
     notify_finished: bool
     trace_context: Any
+    concurrency_key: str | None
+    snoozes: int
+    progress: float | None
+    progress_message: str | None
+    progress_at: datetime.datetime | None
     notify_queue_usage: float
 
 
 ENQUEUE_KEYED_JOB: Final = """\
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                      idempotency_key, trace_context)
+                      idempotency_key, trace_context, concurrency_key)
     VALUES ($1, $2, $3, $4,
             $5, $6, $7,
             COALESCE($8::timestamptz,
                      now() + make_interval(secs => $9::float8)),
-            $10::text, $11::jsonb)
+            $10::text, $11::jsonb,
+            $12::text)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
-    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $12::boolean
+    SELECT ins.id, 'enqueued', 0 FROM ins WHERE $13::boolean
 ), usage AS (
     SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
 ), wake AS (
-    SELECT pg_notify($13::text, ins.queue) FROM ins, usage
-    WHERE usage.used < $14::float8
+    SELECT pg_notify($14::text, ins.queue) FROM ins, usage
+    WHERE usage.used < $15::float8
 )
-SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, ins.trace_context, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
+SELECT ins.id, ins.queue, ins.type, ins.payload, ins.priority, ins.state, ins.attempts, ins.max_attempts, ins.backoff, ins.run_at, ins.lease_owner, ins.lease_token, ins.lease_expires_at, ins.cancel_requested, ins.idempotency_key, ins.last_error, ins.created_at, ins.updated_at, ins.finished_at, ins.finished_token, ins.result, ins.notify_finished, ins.trace_context, ins.concurrency_key, ins.snoozes, ins.progress, ins.progress_message, ins.progress_at, COALESCE((SELECT usage.used FROM usage), 0)::float8 AS notify_queue_usage
 FROM ins WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
@@ -119,6 +125,11 @@ class EnqueueKeyedJobRow:
     result: Any
     notify_finished: bool
     trace_context: Any
+    concurrency_key: str | None
+    snoozes: int
+    progress: float | None
+    progress_message: str | None
+    progress_at: datetime.datetime | None
     notify_queue_usage: float
 
 
@@ -130,11 +141,11 @@ JOIN (SELECT unnest($1::uuid[]) AS id,
 WHERE jobs.payload = sent.payload"""
 
 
-GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
+GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
 
 
 GET_JOBS_BY_KEYS: Final = """\
-SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context FROM jobrun.jobs AS jobs
+SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest($1::text[]) AS queue,
              unnest($2::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key"""
@@ -142,23 +153,24 @@ JOIN (SELECT unnest($1::text[]) AS queue,
 
 INSERT_KEYED_JOBS: Final = """\
 INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                  idempotency_key, trace_context)
+                  idempotency_key, trace_context, concurrency_key)
 SELECT unnest($1::uuid[]), unnest($2::text[]),
        unnest($3::text[]), unnest($4::jsonb[]),
        unnest($5::int4[]), unnest($6::int4[]),
        unnest($7::jsonb[]), unnest($8::timestamptz[]),
-       unnest($9::text[]), unnest($10::jsonb[])
+       unnest($9::text[]), unnest($10::jsonb[]),
+       unnest($11::text[])
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id"""
 
 
-GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
 
 
 COPY_JOBS: Final = """\
 INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at,
-                         trace_context)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"""
+                         trace_context, concurrency_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,9 +186,10 @@ class CopyJobsParams:
     backoff: Any
     run_at: datetime.datetime
     trace_context: Any
+    concurrency_key: str | None
 
 
-COPY_JOBS_COPY: Final = "COPY jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at, trace_context) FROM STDIN (FORMAT BINARY)"
+COPY_JOBS_COPY: Final = "COPY jobrun.jobs (id, queue, type, payload, priority, max_attempts, backoff, run_at, trace_context, concurrency_key) FROM STDIN (FORMAT BINARY)"
 COPY_JOBS_COPY_TYPES: Final = (
     "uuid",
     "text",
@@ -187,23 +200,88 @@ COPY_JOBS_COPY_TYPES: Final = (
     "jsonb",
     "timestamptz",
     "jsonb",
+    "text",
 )
 
 
 CLAIM_JOBS: Final = """\
-WITH next AS (
-    SELECT c.id
+WITH lim AS MATERIALIZED (
+    SELECT q.name, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds,
+           l.queue IS NOT NULL AS limited,
+           COALESCE(l.queue = ANY(COALESCE(NULLIF(current_setting('jobrun.claim_locks', true), ''),
+                                           '{}')::text[]), false) AS locked
     FROM unnest($1::text[]) AS q(name)
-    CROSS JOIN LATERAL (
-        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
-        WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
-        ORDER BY jobs.priority, jobs.run_at, jobs.id
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    ) AS c
+    LEFT JOIN jobrun.queue_limits AS l ON l.queue = q.name
     WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
-    ORDER BY c.priority, c.run_at, c.id
+), room AS MATERIALIZED (
+    SELECT lim.name, lim.per_key, lim.locked AND lim.rate_limit IS NOT NULL AS rated,
+           CASE WHEN NOT lim.limited THEN $2::int4
+                WHEN NOT lim.locked THEN 0
+                ELSE GREATEST(0, LEAST(
+                    $2::int4,
+                    COALESCE(lim.concurrency - (
+                        SELECT count(*) FROM jobrun.jobs AS j
+                        WHERE j.state = 'leased' AND j.queue = lim.name)::int4,
+                        $2::int4),
+                    COALESCE(lim.rate_limit - (
+                        SELECT COALESCE(sum(s.jobs), 0) FROM jobrun.queue_starts AS s
+                        WHERE s.queue = lim.name
+                          AND s.at > statement_timestamp()
+                                     - make_interval(secs => lim.rate_period_seconds))::int4,
+                        $2::int4)))
+           END AS n
+    FROM lim
+), busy AS MATERIALIZED (
+    SELECT j.queue, j.concurrency_key AS key, count(*)::int4 AS leased
+    FROM room JOIN jobrun.jobs AS j
+      ON j.state = 'leased' AND j.queue = room.name AND j.concurrency_key IS NOT NULL
+    WHERE room.per_key IS NOT NULL AND room.n > 0
+    GROUP BY j.queue, j.concurrency_key
+), plain AS (
+    SELECT c.id, c.priority, c.run_at
+    FROM room CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
+        WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
+        ORDER BY jobs.priority, jobs.run_at, jobs.id
+        LIMIT room.n
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE room.per_key IS NULL AND room.n > 0
+), seen AS (
+    SELECT c.id, c.priority, c.run_at, c.concurrency_key, room.name, room.n, room.per_key,
+           row_number() OVER (PARTITION BY room.name, c.concurrency_key
+                              ORDER BY c.priority, c.run_at, c.id) AS nth_of_key
+    FROM room CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.priority, jobs.run_at, jobs.concurrency_key
+        FROM jobrun.jobs AS jobs
+        WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
+          AND NOT EXISTS (SELECT 1 FROM busy
+                          WHERE busy.queue = room.name AND busy.key = jobs.concurrency_key
+                            AND busy.leased >= room.per_key)
+        ORDER BY jobs.priority, jobs.run_at, jobs.id
+        LIMIT room.n * 4
+    ) AS c
+    WHERE room.per_key IS NOT NULL AND room.n > 0
+), fits AS (
+    SELECT seen.id, seen.n,
+           row_number() OVER (PARTITION BY seen.name
+                              ORDER BY seen.priority, seen.run_at, seen.id) AS nth_of_queue
+    FROM seen LEFT JOIN busy ON busy.queue = seen.name AND busy.key = seen.concurrency_key
+    WHERE seen.concurrency_key IS NULL
+       OR seen.nth_of_key <= seen.per_key - COALESCE(busy.leased, 0)
+), keyed AS (
+    SELECT jobs.id, jobs.priority, jobs.run_at
+    FROM fits JOIN jobrun.jobs AS jobs ON jobs.id = fits.id
+    WHERE fits.nth_of_queue <= fits.n AND jobs.state = 'queued'
+    FOR UPDATE OF jobs SKIP LOCKED
+), next AS (
+    SELECT u.id FROM (
+        SELECT plain.id, plain.priority, plain.run_at FROM plain
+        UNION ALL
+        SELECT keyed.id, keyed.priority, keyed.run_at FROM keyed
+    ) AS u
+    ORDER BY u.priority, u.run_at, u.id
     LIMIT $2
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
@@ -212,16 +290,114 @@ WITH next AS (
         lease_owner = $3::text,
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => $4::float8),
+        progress = NULL, progress_message = NULL, progress_at = NULL,
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at
 ), ev AS (
-    INSERT INTO jobrun.job_events (job_id, kind, attempt)
-    SELECT claimed.id, 'claimed', claimed.attempts FROM claimed
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
+    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
     WHERE $5::boolean
+), started AS (
+    INSERT INTO jobrun.queue_starts (queue, at, jobs)
+    SELECT claimed.queue, statement_timestamp(), count(*)::int4
+    FROM claimed JOIN room ON room.name = claimed.queue AND room.rated
+    GROUP BY claimed.queue
+), forgotten AS (
+    DELETE FROM jobrun.queue_starts AS s USING lim
+    WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
+      AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM claimed"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM claimed"""
+
+
+LOCK_QUEUE_LIMITS: Final = """\
+SELECT set_config('jobrun.claim_locks', COALESCE(array_agg(l.queue)::text, '{}'), true)
+FROM (
+    SELECT queue FROM jobrun.queue_limits
+    WHERE queue = ANY($1::text[])
+    ORDER BY queue
+    FOR UPDATE
+) AS l"""
+
+
+LIMITED_QUEUES: Final = (
+    "SELECT queue FROM jobrun.queue_limits WHERE queue = ANY($1::text[]) ORDER BY queue"
+)
+
+
+LIMITS_HOLD_BACK: Final = """\
+SELECT EXISTS (
+    SELECT 1 FROM jobrun.queue_limits AS l
+    WHERE l.queue = ANY($1::text[])
+      AND NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = l.queue)
+      AND EXISTS (SELECT 1 FROM jobrun.jobs AS jobs
+                  WHERE jobs.state = 'queued' AND jobs.queue = l.queue AND jobs.run_at <= now())
+)::boolean AS held"""
+
+
+SET_QUEUE_LIMITS: Final = """\
+WITH up AS (
+    INSERT INTO jobrun.queue_limits AS l (queue, concurrency, per_key, rate_limit, rate_period_seconds)
+    VALUES ($1, $2::int4, $3::int4,
+            $4::int4, $5::float8)
+    ON CONFLICT (queue) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, per_key = EXCLUDED.per_key,
+        rate_limit = EXCLUDED.rate_limit, rate_period_seconds = EXCLUDED.rate_period_seconds,
+        updated_at = now()
+    RETURNING l.queue, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds, l.updated_at
+), wake AS (
+    SELECT pg_notify($6::text, up.queue) FROM up
+    WHERE pg_notification_queue_usage() < $7::float8
+)
+SELECT up.queue, up.concurrency, up.per_key, up.rate_limit, up.rate_period_seconds, up.updated_at FROM up WHERE (SELECT count(*) FROM wake) >= 0"""
+
+
+DELETE_QUEUE_LIMITS: Final = """\
+WITH gone AS (
+    DELETE FROM jobrun.queue_limits AS l WHERE l.queue = $1 RETURNING l.queue
+), window_gone AS (
+    DELETE FROM jobrun.queue_starts AS s USING gone WHERE s.queue = gone.queue
+), wake AS (
+    SELECT pg_notify($2::text, gone.queue) FROM gone
+    WHERE pg_notification_queue_usage() < $3::float8
+)
+SELECT count(*)::int8 AS removed FROM gone WHERE (SELECT count(*) FROM wake) >= 0"""
+
+
+GET_QUEUE_LIMITS: Final = "SELECT queue, concurrency, per_key, rate_limit, rate_period_seconds, updated_at FROM jobrun.queue_limits AS l WHERE l.queue = $1"
+
+
+LIST_QUEUE_LIMITS: Final = """\
+SELECT l.queue, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds, l.updated_at,
+       (SELECT count(*) FROM jobrun.jobs AS j WHERE j.state = 'leased' AND j.queue = l.queue)::int8 AS leased,
+       (SELECT COALESCE(sum(s.jobs), 0) FROM jobrun.queue_starts AS s
+        WHERE s.queue = l.queue AND l.rate_limit IS NOT NULL
+          AND s.at > now() - make_interval(secs => l.rate_period_seconds))::int8 AS started_in_window
+FROM jobrun.queue_limits AS l
+ORDER BY l.queue"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ListQueueLimitsRow:
+    queue: str
+    concurrency: int | None
+    per_key: int | None
+    rate_limit: int | None
+    rate_period_seconds: float | None
+    updated_at: datetime.datetime
+    leased: int
+    started_in_window: int
+
+
+RECORD_PROGRESS: Final = """\
+UPDATE jobrun.jobs AS jobs
+SET progress = $1::float8, progress_message = $2::text,
+    progress_at = now()
+WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
+  AND jobs.lease_owner = $4::text AND jobs.lease_token = $5::uuid
+RETURNING jobs.progress_at"""
 
 
 HEARTBEAT_JOBS: Final = """\
@@ -250,7 +426,7 @@ WITH lease AS (
 SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0"""
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
+LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
 
 
 COMPLETE_BEGIN: Final = """\
@@ -387,7 +563,7 @@ WITH failed AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
@@ -401,7 +577,7 @@ WITH failed AS (
     SELECT pg_notify($8::text, failed.id::text) FROM failed
     WHERE failed.state <> 'queued' AND failed.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 COMPLETE_JOBS: Final = """\
@@ -454,7 +630,7 @@ class CompleteJobsRow:
 
 
 SELECT_EXPIRED_LEASES: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
 WHERE state = 'leased' AND lease_expires_at < $1::timestamptz
 ORDER BY id
 LIMIT $2
@@ -493,11 +669,11 @@ class ReapJobParams:
     finish_channel: str
 
 
-GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs WHERE id = $1"
+GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs WHERE id = $1"
 
 
 LIST_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
 WHERE ($1::text IS NULL OR queue = $1::text)
   AND ($2::jobrun.job_state IS NULL OR state = $2::jobrun.job_state)
   AND ($3::text IS NULL OR type = $3::text)
@@ -510,18 +686,18 @@ CANCEL_QUEUED_JOB: Final = """\
 WITH cancelled AS (
     UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
     WHERE id = $1 AND state = 'queued'
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
 ), wake AS (
     SELECT pg_notify($2::text, cancelled.id::text) FROM cancelled
     WHERE cancelled.notify_finished
 )
-SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context, cancelled.concurrency_key, cancelled.snoozes, cancelled.progress, cancelled.progress_message, cancelled.progress_at FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 REQUEST_CANCEL: Final = """\
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
 WHERE id = $1 AND state = 'leased'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at"""
 
 
 REQUEUE_JOB: Final = """\
@@ -530,7 +706,7 @@ SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
     notify_finished = false, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at"""
 
 
 PURGE_JOBS: Final = """\
@@ -638,7 +814,7 @@ SCHEMA_VERSION: Final = "SELECT version FROM jobrun.schema_version"
 WATCH_JOB: Final = """\
 UPDATE jobrun.jobs AS jobs SET notify_finished = true
 WHERE id = $1
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at"""
 
 
 RELEASE_JOB: Final = """\
@@ -646,29 +822,35 @@ WITH released AS (
     UPDATE jobrun.jobs AS jobs
     SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END::jobrun.job_state,
         attempts = CASE WHEN cancel_requested THEN attempts ELSE greatest(attempts - 1, 0) END,
+        snoozes = CASE WHEN NOT cancel_requested AND $1::boolean
+                       THEN snoozes + 1 ELSE snoozes END,
         run_at = CASE WHEN cancel_requested THEN run_at
-                      ELSE now() + make_interval(secs => $1::float8) END,
+                      ELSE now() + make_interval(secs => $2::float8) END,
         finished_at = CASE WHEN cancel_requested THEN now() END,
-        last_error = $2::text,
+        last_error = CASE WHEN $1::boolean AND NOT cancel_requested THEN last_error
+                          ELSE $3::text END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
-      AND jobs.lease_owner = $4::text AND jobs.lease_token = $5::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context
+    WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
+      AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT released.id,
-           CASE released.state WHEN 'queued' THEN 'released' ELSE 'cancelled' END,
+           CASE WHEN released.state <> 'queued' THEN 'cancelled'
+                WHEN $1::boolean THEN 'snoozed'
+                ELSE 'released' END,
            released.attempts,
-           jsonb_build_object('via', 'release', 'reason', left($2::text, 1000),
-                              'delay_seconds', $1::float8)
+           jsonb_build_object('via', CASE WHEN $1::boolean THEN 'snooze' ELSE 'release' END,
+                              'reason', left($3::text, 1000),
+                              'delay_seconds', $2::float8)
     FROM released
-    WHERE $6::boolean OR released.state <> 'queued'
+    WHERE $7::boolean OR released.state <> 'queued'
 ), wake AS (
-    SELECT pg_notify($7::text, released.id::text) FROM released
+    SELECT pg_notify($8::text, released.id::text) FROM released
     WHERE released.state <> 'queued' AND released.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 class Queries(QueriesBase):
@@ -690,6 +872,7 @@ class Queries(QueriesBase):
         run_at: datetime.datetime | None,
         delay_seconds: float,
         trace_context: Any,
+        concurrency_key: str | None,
         write_event: bool,
         channel: str,
         max_notify_usage: float,
@@ -730,6 +913,7 @@ class Queries(QueriesBase):
                         if trace_context is not None
                         else None
                     ),
+                    concurrency_key,
                     write_event,
                     channel,
                     max_notify_usage,
@@ -762,7 +946,12 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
-            notify_queue_usage=r[23],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
+            notify_queue_usage=r[28],
         )
 
     def enqueue_keyed_job(
@@ -780,6 +969,7 @@ class Queries(QueriesBase):
         delay_seconds: float,
         idempotency_key: str,
         trace_context: Any,
+        concurrency_key: str | None,
         write_event: bool,
         channel: str,
         max_notify_usage: float,
@@ -808,6 +998,7 @@ class Queries(QueriesBase):
                         if trace_context is not None
                         else None
                     ),
+                    concurrency_key,
                     write_event,
                     channel,
                     max_notify_usage,
@@ -840,7 +1031,12 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
-            notify_queue_usage=r[23],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
+            notify_queue_usage=r[28],
         )
 
     def same_payloads(
@@ -898,6 +1094,11 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )
 
     def get_jobs_by_keys(
@@ -934,6 +1135,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
@@ -952,6 +1158,7 @@ class Queries(QueriesBase):
         run_ats: list[datetime.datetime],
         idempotency_keys: list[str],
         trace_contexts: list[Any],
+        concurrency_keys: list[str],
     ) -> list[uuid.UUID]:
         """The keyed part of a batch, in (queue, key) order so that two batches with
         overlapping keys take the unique-index locks in the same order (no
@@ -975,6 +1182,7 @@ class Queries(QueriesBase):
                     run_ats,
                     idempotency_keys,
                     [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in trace_contexts],
+                    concurrency_keys,
                 ),
             )
             return [r[0] for r in cur.fetchall()]
@@ -1007,6 +1215,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
@@ -1031,6 +1244,7 @@ class Queries(QueriesBase):
                         (p.backoff if isinstance(p.backoff, Jsonb) else Jsonb(p.backoff)),
                         p.run_at,
                         p.trace_context,
+                        p.concurrency_key,
                     ),
                 )
                 count += 1
@@ -1047,13 +1261,28 @@ class Queries(QueriesBase):
         write_events: bool,
     ) -> list[Job]:
         """One statement claims up to max_jobs: queued -> leased, one attempt burned,
-        a fresh lease token (the fence) per claim, and the "claimed" events when
-        write_events. Each queue is read on its own through jobs_claim_idx in
-        (priority, run_at, id) order (a LATERAL per queue: an index scan that stops
-        after max_jobs rows, where "queue = ANY(...)" would sort every queued row),
-        then the best max_jobs of them are taken. LIMIT inside a FOR UPDATE SKIP
-        LOCKED subquery, never IN (subquery), so a claim can never return more
-        than max_jobs rows. Paused queues are skipped.
+        a fresh lease token (the fence) per claim, the progress of an earlier
+        attempt cleared, and the "claimed" events when write_events. Each queue is
+        read on its own through jobs_claim_idx in (priority, run_at, id) order (a
+        LATERAL per queue: an index scan that stops after its rows, where
+        "queue = ANY(...)" would sort every queued row), then the best max_jobs of
+        them are taken. LIMIT inside a FOR UPDATE SKIP LOCKED subquery, never
+        IN (subquery), so a claim can never return more than max_jobs rows.
+        Paused queues are skipped.
+
+        Limited queues (a row in queue_limits) are claimed only by a transaction
+        that locked their row first (LockQueueLimits, a statement of its own,
+        which names the rows it locked in jobrun.claim_locks): this statement's
+        snapshot is then newer than every claim of the queue that committed
+        before, so its counts are exact. Here, unlocked, such a queue yields
+        nothing. Its room is the least of max_jobs, concurrency less its leased
+        jobs, and rate_limit less the jobs started in the window (the claims'
+        own rows in queue_starts, at statement_timestamp(): the database clock
+        after the lock was granted). With per_key, keys whose leased jobs reach
+        the limit are skipped in the scan itself (a busy key never blocks the
+        keys behind it); the first rows of the other keys are read without locks
+        (the queue's row lock keeps other claimers out), each key held to its
+        room, the queue to its room, and only those rows locked and claimed.
 
         The claim commits asynchronously (synchronous_commit off for this
         transaction only): if the server crashes before the claim reaches disk, the
@@ -1089,9 +1318,163 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
+
+    def lock_queue_limits(self, conn: psycopg.Connection[Any], *, queues: list[str]) -> None:
+        """The first statement of a limited claim: lock the limits rows of the
+        queues about to be claimed (in queue order: no deadlock between claims of
+        overlapping queue lists), and name them in jobrun.claim_locks for this
+        transaction, so that ClaimJobs, the next statement, counts with a
+        snapshot taken after every earlier claim of those queues committed.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LOCK_QUEUE_LIMITS), (queues,))
+
+    def limited_queues(self, conn: psycopg.Connection[Any], *, queues: list[str]) -> list[str]:
+        """Which of the queues have limits (the store routes their claims through
+        LockQueueLimits).
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LIMITED_QUEUES), (queues,))
+            return [r[0] for r in cur.fetchall()]
+
+    def limits_hold_back(self, conn: psycopg.Connection[Any], *, queues: list[str]) -> bool | None:
+        """After a short claim: does a limit hold back ready jobs of these queues?
+        (True: a limited queue among them has ready queued jobs, so the worker
+        comes back soon instead of waiting for a wake-up that a freed slot or an
+        aging rate window never sends.)
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LIMITS_HOLD_BACK), (queues,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        value: bool = r[0]
+        return value
+
+    def set_queue_limits(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        queue: str,
+        concurrency: int | None,
+        per_key: int | None,
+        rate_limit: int | None,
+        rate_period_seconds: float | None,
+        channel: str,
+        max_notify_usage: float,
+    ) -> QueueLimit | None:
+        """Replace a queue's limits (every one: NULL removes that limit). Waits for
+        a claim of the queue in flight (it holds the row) and wakes the workers
+        of the queue, since a raised limit frees room.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(
+                self.sql(SET_QUEUE_LIMITS),
+                (
+                    queue,
+                    concurrency,
+                    per_key,
+                    rate_limit,
+                    rate_period_seconds,
+                    channel,
+                    max_notify_usage,
+                ),
+            )
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return QueueLimit(
+            queue=r[0],
+            concurrency=r[1],
+            per_key=r[2],
+            rate_limit=r[3],
+            rate_period_seconds=r[4],
+            updated_at=r[5],
+        )
+
+    def delete_queue_limits(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        queue: str,
+        channel: str,
+        max_notify_usage: float,
+    ) -> int | None:
+        """Lift every limit of a queue (and forget its rate window); wakes its
+        workers. removed is 0 when the queue had no limits.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(DELETE_QUEUE_LIMITS), (queue, channel, max_notify_usage))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        value: int = r[0]
+        return value
+
+    def get_queue_limits(self, conn: psycopg.Connection[Any], *, queue: str) -> QueueLimit | None:
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(GET_QUEUE_LIMITS), (queue,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return QueueLimit(
+            queue=r[0],
+            concurrency=r[1],
+            per_key=r[2],
+            rate_limit=r[3],
+            rate_period_seconds=r[4],
+            updated_at=r[5],
+        )
+
+    def list_queue_limits(self, conn: psycopg.Connection[Any]) -> list[ListQueueLimitsRow]:
+        """Every queue's limits, with what they hold now: leased jobs and the jobs
+        started in the current rate window.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LIST_QUEUE_LIMITS))
+            return [
+                ListQueueLimitsRow(
+                    queue=r[0],
+                    concurrency=r[1],
+                    per_key=r[2],
+                    rate_limit=r[3],
+                    rate_period_seconds=r[4],
+                    updated_at=r[5],
+                    leased=r[6],
+                    started_in_window=r[7],
+                )
+                for r in cur.fetchall()
+            ]
+
+    def record_progress(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        progress: float,
+        message: str | None,
+        id: uuid.UUID,
+        owner: str,
+        token: uuid.UUID,
+    ) -> datetime.datetime | None:
+        """A running handler's progress, owner- and token-guarded like a heartbeat.
+        No row back: the lease is gone. Waits for nothing long (the handler's own
+        row; a Complete of it cannot be in flight while its handler runs).
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(RECORD_PROGRESS), (progress, message, id, owner, token))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        value: datetime.datetime | None = r[0]
+        return value
 
     def heartbeat_jobs(
         self,
@@ -1148,6 +1531,11 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )
 
     def complete_begin(
@@ -1337,6 +1725,11 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )
 
     def complete_jobs(
@@ -1410,6 +1803,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
@@ -1476,6 +1874,11 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )
 
     def list_jobs(
@@ -1516,6 +1919,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
@@ -1557,6 +1965,11 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )
 
     def request_cancel(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1589,6 +2002,11 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )
 
     def requeue_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1625,6 +2043,11 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )
 
     def purge_jobs(
@@ -1779,12 +2202,18 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )
 
     def release_job(
         self,
         conn: psycopg.Connection[Any],
         *,
+        snooze: bool,
         delay_seconds: float,
         reason: str,
         id: uuid.UUID,
@@ -1794,15 +2223,16 @@ class Queries(QueriesBase):
         finish_channel: str,
     ) -> Job | None:
         """Give a claimed job back without counting its attempt (a worker that has no
-        handler for its type, or a handler that asks to run later): queued again
-        at now() + delay with the attempt the claim burned returned, owner- and
-        token-guarded like Fail, with a "released" event. A job whose cancel was
-        requested ends cancelled instead (cancel wins).
+        handler for its type, or a handler that snoozes: asks to run later):
+        queued again at now() + delay with the attempt the claim burned returned,
+        owner- and token-guarded like Fail, with a "released" event ("snoozed",
+        counted in snoozes, when snooze). A job whose cancel was requested ends
+        cancelled instead (cancel wins).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
                 self.sql(RELEASE_JOB),
-                (delay_seconds, reason, id, owner, token, write_all, finish_channel),
+                (snooze, delay_seconds, reason, id, owner, token, write_all, finish_channel),
             )
             r = cur.fetchone()
         if r is None:
@@ -1831,4 +2261,9 @@ class Queries(QueriesBase):
             result=r[20],
             notify_finished=r[21],
             trace_context=r[22],
+            concurrency_key=r[23],
+            snoozes=r[24],
+            progress=r[25],
+            progress_message=r[26],
+            progress_at=r[27],
         )

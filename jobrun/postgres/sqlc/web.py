@@ -46,7 +46,7 @@ class WebScanJobsRow:
 
 
 WEB_QUEUED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'queued'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -56,7 +56,7 @@ LIMIT $5"""
 
 
 WEB_LEASED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -66,7 +66,7 @@ LIMIT $5"""
 
 
 WEB_DEAD_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'dead'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -76,7 +76,7 @@ LIMIT $5"""
 
 
 WEB_KEYED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
 WHERE jobs.idempotency_key = $1::text
   AND jobs.id BETWEEN $2::uuid AND $3::uuid
   AND ($4::jobrun.job_state IS NULL
@@ -144,7 +144,7 @@ class WebLeaseOwnersRow:
 
 
 WEB_RUNNING_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
 ORDER BY jobs.lease_owner, jobs.id
 LIMIT $1"""
@@ -280,6 +280,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
@@ -322,6 +327,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
@@ -364,6 +374,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
@@ -414,6 +429,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
@@ -483,6 +503,11 @@ class Queries(QueriesBase):
                     result=r[20],
                     notify_finished=r[21],
                     trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
                 )
                 for r in cur.fetchall()
             ]
