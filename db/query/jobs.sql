@@ -121,9 +121,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- read on its own through jobs_claim_idx in (priority, run_at, id) order (a
 -- LATERAL per queue: an index scan that stops after its rows, where
 -- "queue = ANY(...)" would sort every queued row), then the best max_jobs of
--- them are taken. LIMIT inside a FOR UPDATE SKIP LOCKED subquery, never
--- IN (subquery), so a claim can never return more than max_jobs rows.
--- Paused queues are skipped.
+-- them are taken, and returned in that order. LIMIT inside a FOR UPDATE
+-- SKIP LOCKED subquery, never IN (subquery), so a claim can never return
+-- more than max_jobs rows. Paused queues are skipped.
 --
 -- Limited queues (a row in queue_limits) are claimed only by a transaction
 -- that locked their row first (LockQueueLimits, a statement of its own,
@@ -249,7 +249,7 @@ WITH lim AS MATERIALIZED (
     WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
       AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
-SELECT * FROM claimed;
+SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: LockQueueLimits :exec
 -- The first statement of a limited claim: lock the limits rows of the

@@ -309,7 +309,7 @@ WITH lim AS MATERIALIZED (
     WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
       AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM claimed"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
 
 
 LOCK_QUEUE_LIMITS: Final = """\
@@ -1266,9 +1266,9 @@ class Queries(QueriesBase):
         read on its own through jobs_claim_idx in (priority, run_at, id) order (a
         LATERAL per queue: an index scan that stops after its rows, where
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
-        them are taken. LIMIT inside a FOR UPDATE SKIP LOCKED subquery, never
-        IN (subquery), so a claim can never return more than max_jobs rows.
-        Paused queues are skipped.
+        them are taken, and returned in that order. LIMIT inside a FOR UPDATE
+        SKIP LOCKED subquery, never IN (subquery), so a claim can never return
+        more than max_jobs rows. Paused queues are skipped.
 
         Limited queues (a row in queue_limits) are claimed only by a transaction
         that locked their row first (LockQueueLimits, a statement of its own,
