@@ -54,6 +54,8 @@ from jobrun.job.model import (
     JSONValue,
     NewJob,
     QueueDepth,
+    QueueLimits,
+    RateLimit,
     Schedule,
     ScheduleSpec,
     State,
@@ -152,13 +154,17 @@ class Client:
         delay: dt.timedelta | None = None,
         idempotency_key: str | None = None,
         id: uuid.UUID | None = None,
+        concurrency_key: str | None = None,
         conn: Any = None,
     ) -> Job:
         """Enqueue one job; with ``conn``, inside that connection's transaction.
 
         With an ``idempotency_key`` already used in the queue, an identical
         job returns the stored one (its id differs from ``id``), a different
-        one raises IdempotencyConflict.
+        one raises IdempotencyConflict. ``concurrency_key`` (a tenant, an
+        account) is what the queue's per-key limit counts the job under (see
+        :meth:`set_queue_limits`); None counts it against the queue's own
+        limits only.
         """
         job = NewJob(
             type=type,
@@ -171,6 +177,7 @@ class Client:
             delay=delay,
             idempotency_key=idempotency_key,
             id=id or new_job_id(),
+            concurrency_key=concurrency_key,
         )
         return self.store.enqueue(job, conn=conn)
 
@@ -248,6 +255,52 @@ class Client:
 
     def paused_queues(self) -> builtins.list[str]:
         return self.store.paused_queues()
+
+    # -- flow control ----------------------------------------------------------------------
+
+    def set_queue_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        per_key: int | None = None,
+        rate: RateLimit | str | None = None,
+    ) -> QueueLimits:
+        """Replace every limit of ``queue`` (None removes that one; give at least one).
+
+        Every worker applies them to its next claim (within a second for a
+        queue that had none), exactly, across hosts:
+
+        - ``concurrency``: never more than this many of the queue's jobs leased
+          at once; a crashed worker's job holds its slot until the reaper
+          requeues it after its lease expires.
+        - ``per_key``: never more than this many leased at once per
+          ``concurrency_key``; a busy key is skipped, never blocks the others;
+          jobs without a key count against ``concurrency`` only.
+        - ``rate`` (``"100/s"``, ``"10/min"``, ``"5/10s"`` or a
+          :class:`~jobrun.RateLimit`): at most that many jobs started (claimed)
+          in any window of the period, by the database clock: a sliding
+          window, no burst above it.
+
+        Leases taken before are not revoked. Returns the limits as stored, with
+        what they hold now. See :meth:`jobrun.postgres.store.Store.set_queue_limits`.
+        """
+        return self.store.set_queue_limits(
+            queue, concurrency=concurrency, per_key=per_key, rate=rate
+        )
+
+    def clear_queue_limits(self, queue: str) -> bool:
+        """Lift every limit of ``queue``; False when it had none."""
+        return self.store.clear_queue_limits(queue)
+
+    def queue_limits(self, queue: str) -> QueueLimits:
+        """The queue's limits and what they hold now (leased jobs, jobs started in
+        the rate window); every limit None when it has none."""
+        return self.store.queue_limits(queue)
+
+    def all_queue_limits(self) -> builtins.list[QueueLimits]:
+        """Every limited queue's limits and what they hold now, by queue name."""
+        return self.store.all_queue_limits()
 
     def now(self) -> dt.datetime:
         return self.store.now()
