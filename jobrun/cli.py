@@ -7,7 +7,7 @@
     jobrun worker --app myapp.jobs:registry [--queues emails=4,default] [--concurrency N] ...
     jobrun scheduler [--app MODULE:REGISTRY]
     jobrun enqueue TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--queue Q] [--priority N]
-                   [--max-attempts N] [--delay 30s] [--key KEY]
+                   [--max-attempts N] [--delay 30s] [--key KEY] [--concurrency-key KEY]
     jobrun get ID
     jobrun list [--queue Q] [--state S] [--type T] [--limit N] [--before ID]   (newest first)
     jobrun list --oldest | --after ID [...]                                   (oldest first)
@@ -15,6 +15,9 @@
     jobrun cancel ID | cancel --state S [--queue Q] [--type T]
     jobrun retry ID  | retry --state dead [--queue Q] [--type T]
     jobrun queues pause Q | resume Q | list
+    jobrun queues limit Q [CONCURRENCY] [--per-key K] [--rate 100/s]
+                        [--no-concurrency] [--no-per-key] [--no-rate]
+    jobrun queues unlimit Q
     jobrun purge --older-than 30d
     jobrun schedules add ID CRON TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--tz ZONE]
                          [--replace] [--app MODULE:REGISTRY] ...
@@ -47,7 +50,17 @@ of each job's "succeeded" line: info by default, so a person watching sees
 every job; debug keeps a busy worker's log to failures). A worker starts with a
 banner (version, database, queues, concurrency, job types), then logs one
 line per job outcome, each naming the job's id, type and attempt. ``jobrun
-get`` shows a job's result (a handler's return value).
+get`` shows a job's result (a handler's return value), and its concurrency
+key, snoozes and progress when it has them.
+
+``jobrun queues limit`` sets a queue's limits in the database, which every
+worker applies to its claims (see :meth:`jobrun.postgres.store.Store.set_queue_limits`
+for the guarantees): the limits named replace the queue's, the others are
+kept (read, then set: two people changing one queue's limits at the same
+instant can lose one change), ``--no-...`` removes one, and it prints the
+queue's limits. ``jobrun queues unlimit`` lifts them all; ``jobrun queues
+list`` shows each queue's limits with what they hold (jobs leased, jobs
+started in the rate window).
 
 Both serve probes and metrics when asked (:mod:`jobrun.observe`):
 ``--metrics-port`` (``JOBRUN_METRICS_PORT``) serves Prometheus ``/metrics``
@@ -107,11 +120,13 @@ import importlib.metadata
 import io
 import itertools
 import json
+import math
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -137,12 +152,15 @@ from jobrun.job.model import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_PRIORITY,
     DEFAULT_QUEUE,
+    MAX_LIMIT,
     Backoff,
     Event,
     Job,
     JSONValue,
     NewJob,
     QueueDepth,
+    QueueLimits,
+    RateLimit,
     Schedule,
     ScheduleSpec,
     State,
@@ -445,6 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run later: 30s, 5m, 2h, 1d or plain seconds like 300 (default: now)",
     )
     p.add_argument("--key", metavar="KEY", help="idempotency key (unique per queue)")
+    p.add_argument(
+        "--concurrency-key",
+        metavar="KEY",
+        help="what the queue's per-key limit counts the job under: a tenant, an account "
+        "(default: none, only the queue's own limits apply)",
+    )
 
     p = command(sub, "get", cmd_get, "show one job", json=True)
     p.add_argument("id", metavar="ID", help="the job id (as enqueue and list print it)")
@@ -478,7 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
         _filters(p)
 
     queues = sub.add_parser(
-        "queues", help="pause, resume and list queues", parents=[common], allow_abbrev=False
+        "queues",
+        help="pause, resume, limit and list queues",
+        parents=[common],
+        allow_abbrev=False,
     )
     qsub = queues.add_subparsers(dest="queues_command", metavar="ACTION", required=True)
     for name, func, what in (
@@ -487,7 +514,54 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = command(qsub, name, func, what, json=True)
         p.add_argument("queue", metavar="QUEUE", help="the queue's name")
-    command(qsub, "list", cmd_queue_list, "known queues and whether paused", json=True)
+    p = command(
+        qsub,
+        "limit",
+        cmd_queue_limit,
+        "set a queue's limits, for every worker: the ones given are replaced, the others "
+        "kept; prints the queue's limits",
+        json=True,
+    )
+    p.add_argument("queue", metavar="QUEUE", help="the queue's name")
+    p.add_argument(
+        "concurrency",
+        metavar="CONCURRENCY",
+        nargs="?",
+        help="at most this many of its jobs running at once, across every worker "
+        "(default: unchanged)",
+    )
+    p.add_argument(
+        "--per-key",
+        metavar="K",
+        help="at most K running at once with the same concurrency key (default: unchanged)",
+    )
+    p.add_argument(
+        "--rate",
+        metavar="JOBS/PERIOD",
+        help="at most this many started in any window of the period, like 100/s, 10/min, "
+        "5/10s, 1000/h (default: unchanged)",
+    )
+    # dest drop_*: "no_concurrency" would read as the worker's --concurrency setting.
+    for flag, what in (
+        ("concurrency", "the concurrency limit"),
+        ("per-key", "the per-key limit"),
+        ("rate", "the rate limit"),
+    ):
+        p.add_argument(
+            f"--no-{flag}",
+            dest=f"drop_{flag.replace('-', '_')}",
+            action="store_true",
+            help=f"remove {what}",
+        )
+    p = command(qsub, "unlimit", cmd_queue_unlimit, "lift every limit of a queue", json=True)
+    p.add_argument("queue", metavar="QUEUE", help="the queue's name")
+    command(
+        qsub,
+        "list",
+        cmd_queue_list,
+        "known queues: paused or not, their limits and what they hold",
+        json=True,
+    )
 
     p = command(sub, "purge", cmd_purge, "delete finished jobs; prints the count", json=True)
     p.add_argument(
@@ -976,11 +1050,14 @@ def _job_details(job: Job) -> Table:
         ("type", job.type),
         ("state", job.state),
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
+        *([("snoozes", job.snoozes)] if job.snoozes else []),
+        *([("progress", progress_text(job))] if job.progress is not None else []),
         ("priority", job.priority),
         ("payload", _compact(job.payload)),
         ("result", "" if job.result is None else _compact(job.result)),
         ("run_at", _when(job.run_at)),
         ("idempotency_key", job.idempotency_key or ""),
+        *([("concurrency_key", job.concurrency_key)] if job.concurrency_key is not None else []),
         ("cancel_requested", "yes" if job.cancel_requested else "no"),
         ("lease_owner", job.lease_owner or ""),
         ("lease_expires_at", _when(job.lease_expires_at)),
@@ -993,6 +1070,24 @@ def _job_details(job: Job) -> Table:
     for key, value in rows:
         grid.add_row(Text(key), Text(str(value)))
     return grid
+
+
+def percent(fraction: float) -> str:
+    """A fraction done as people read it: 40%, 99.9% (never 100% before it is 1)."""
+    tenths = math.floor(fraction * 1000 + 1e-9)
+    return f"{tenths // 10}%" if tenths % 10 == 0 else f"{tenths / 10:.1f}%"
+
+
+def progress_text(job: Job) -> str:
+    """``40% at 2026-12-01T15:20:00Z: chunk 4 of 10`` (empty without progress)."""
+    if job.progress is None:
+        return ""
+    text = percent(job.progress)
+    if job.progress_at is not None:
+        text += f" at {_when(job.progress_at)}"
+    if job.progress_message:
+        text += f": {' '.join(job.progress_message.split())}"
+    return text
 
 
 MAX_PAYLOAD_FILE_BYTES = 4 * MAX_PAYLOAD_BYTES
@@ -1202,6 +1297,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         max_attempts=args.max_attempts,
         delay=_optional_duration(args.delay, "--delay"),
         idempotency_key=args.key,
+        concurrency_key=args.concurrency_key,
     )
     with open_client(args) as client:
         job = client.enqueue_job(new)
@@ -1496,17 +1592,149 @@ def cmd_queue_resume(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _limit_arg(text: str | None, field: str) -> int | None:
+    """A limit as typed (None: not given), checked before anything is sent."""
+    if text is None:
+        return None
+    value = text.strip()
+    if _DIGITS.fullmatch(value) and len(value) <= len(str(MAX_LIMIT)):
+        number = int(value)
+        if 1 <= number <= MAX_LIMIT:
+            return number
+    raise ValidationError(field, f"must be a whole number from 1 to {MAX_LIMIT:,}, not {text!r}")
+
+
+def _limits_json(limits: QueueLimits) -> dict[str, Any]:
+    """A queue's limits for --json: the QueueLimits fields but the queue's name."""
+    out: dict[str, Any] = to_json(limits)
+    out.pop("queue")
+    return out
+
+
+def _merged_limits(args: argparse.Namespace) -> tuple[QueueLimits, set[str]]:
+    """The limits the command line names (checked), and the ones it removes."""
+    if args.concurrency is not None and args.drop_concurrency:
+        raise _UsageError("queues limit: give CONCURRENCY or --no-concurrency, not both")
+    if args.per_key is not None and args.drop_per_key:
+        raise _UsageError("queues limit: give --per-key or --no-per-key, not both")
+    if args.rate is not None and args.drop_rate:
+        raise _UsageError("queues limit: give --rate or --no-rate, not both")
+    given = QueueLimits(
+        queue=args.queue,
+        concurrency=_limit_arg(args.concurrency, "concurrency"),
+        per_key=_limit_arg(args.per_key, "--per-key"),
+        rate=None if args.rate is None else RateLimit.parse(args.rate),
+    )
+    dropped = {
+        name
+        for name, drop in (
+            ("concurrency", args.drop_concurrency),
+            ("per_key", args.drop_per_key),
+            ("rate", args.drop_rate),
+        )
+        if drop
+    }
+    named = {n for n in ("concurrency", "per_key", "rate") if getattr(given, n) is not None}
+    if not named and not dropped:
+        raise _UsageError(
+            "queues limit: give CONCURRENCY, --per-key or --rate (or --no-concurrency, "
+            "--no-per-key, --no-rate); jobrun queues list shows the limits"
+        )
+    return given, dropped
+
+
+_T = TypeVar("_T")
+
+
+def _kept(given: _T | None, current: _T | None, dropped: bool) -> _T | None:
+    """A limit after the command: removed, replaced by the one given, or kept."""
+    if dropped:
+        return None
+    return given if given is not None else current
+
+
+def cmd_queue_limit(args: argparse.Namespace) -> int:
+    # Every check runs here, before the database is even opened.
+    given, dropped = _merged_limits(args)
+    queue = given.queue
+    with open_client(args) as client:
+        current = client.queue_limits(queue)
+        merged = QueueLimits(
+            queue=queue,
+            concurrency=_kept(given.concurrency, current.concurrency, "concurrency" in dropped),
+            per_key=_kept(given.per_key, current.per_key, "per_key" in dropped),
+            rate=_kept(given.rate, current.rate, "rate" in dropped),
+        )
+        if merged.concurrency is None and merged.per_key is None and merged.rate is None:
+            client.clear_queue_limits(queue)
+            limits = client.queue_limits(queue)
+        else:
+            limits = client.set_queue_limits(
+                queue, concurrency=merged.concurrency, per_key=merged.per_key, rate=merged.rate
+            )
+    if args.json:
+        _print_json(limits)
+    else:
+        _say(f"queue {queue}: {limits.describe()}")
+    return EXIT_OK
+
+
+def cmd_queue_unlimit(args: argparse.Namespace) -> int:
+    with open_client(args) as client:
+        had_limits = client.clear_queue_limits(args.queue)
+    if args.json:
+        _print_json({"queue": args.queue, "limits": None, "had_limits": had_limits})
+    elif had_limits:
+        _say(f"queue {args.queue}: limits lifted")
+    else:
+        _say(f"queue {args.queue} had no limits")
+    return EXIT_OK
+
+
+def _queue_rows(client: Client) -> list[dict[str, Any]]:
+    """Every known queue (with jobs, paused, or limited): paused, leased, its limits."""
+    depths: dict[str, QueueDepth] = {d.queue: d for d in client.depth()}
+    paused = set(client.paused_queues())
+    limits = {lim.queue: lim for lim in client.all_queue_limits()}
+    rows = []
+    for name in sorted(set(depths) | paused | set(limits)):
+        lim = limits.get(name)
+        depth = depths.get(name)
+        leased = lim.leased if lim is not None else depth.leased if depth is not None else 0
+        rows.append(
+            {
+                "queue": name,
+                "paused": name in paused,
+                "leased": leased,
+                "limits": None if lim is None else _limits_json(lim),
+                "_limits": lim,
+            }
+        )
+    return rows
+
+
 def cmd_queue_list(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        rows = [{"queue": r["queue"], "paused": r["paused"]} for r in _depth_rows(client)]
+        rows = _queue_rows(client)
     if args.json:
-        _print_json(rows)
+        _print_json([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
     elif not rows:
         _say("no queues")
     else:
-        table = _table("queue", "paused")
+        table = _table("queue", "paused", "limits", "leased", "started")
         for r in rows:
-            _row(table, r["queue"], "paused" if r["paused"] else "")
+            lim: QueueLimits | None = r["_limits"]
+            leased = str(r["leased"])
+            started = ""
+            if lim is not None and lim.concurrency is not None:
+                leased += f"/{lim.concurrency}"
+            if lim is not None and lim.rate is not None:
+                started = f"{lim.started_in_window}/{lim.rate.limit}"
+            limits = "" if lim is None else lim.describe()
+            _row(table, r["queue"], "paused" if r["paused"] else "", limits, leased, started)
         _print_table(table)
     return EXIT_OK
 

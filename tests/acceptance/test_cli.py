@@ -289,7 +289,7 @@ def test_global_options_work_before_and_after_the_subcommand(
     assert after.code == 0, after.err
     nested = jobrun("--database-url", dsn, "queues", "list", "--json", database_url=None)
     assert nested.code == 0, nested.err
-    assert nested.json() == [{"queue": "default", "paused": False}]
+    assert nested.json() == [{"queue": "default", "paused": False, "leased": 0, "limits": None}]
 
 
 def test_database_url_comes_from_the_environment(
@@ -686,7 +686,10 @@ def test_queues_pause_resume_and_list(jobrun: Callable[..., Result], client: Cli
     }
 
     listed = jobrun("queues", "list", "--json").json()
-    assert listed == [{"queue": "emails", "paused": True}, {"queue": "later", "paused": True}]
+    assert listed == [
+        {"queue": "emails", "paused": True, "leased": 0, "limits": None},
+        {"queue": "later", "paused": True, "leased": 0, "limits": None},
+    ]
     table = jobrun("queues", "list").out
     assert "emails" in table
     assert "paused" in table
@@ -698,7 +701,9 @@ def test_queues_pause_resume_and_list(jobrun: Callable[..., Result], client: Cli
         "paused": False,
         "was_paused": True,
     }
-    assert jobrun("queues", "list", "--json").json() == [{"queue": "emails", "paused": False}]
+    assert jobrun("queues", "list", "--json").json() == [
+        {"queue": "emails", "paused": False, "leased": 0, "limits": None}
+    ]
 
 
 def test_queues_without_an_action_is_a_usage_error(jobrun: Callable[..., Result]) -> None:
