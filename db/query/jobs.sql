@@ -178,6 +178,12 @@ WITH lim AS MATERIALIZED (
       ON j.state = 'leased' AND j.queue = room.name AND j.concurrency_key IS NOT NULL
     WHERE room.per_key IS NOT NULL AND room.n > 0
     GROUP BY j.queue, j.concurrency_key
+), full_keys AS MATERIALIZED (
+    SELECT room.name, COALESCE(array_agg(busy.key) FILTER (WHERE busy.key IS NOT NULL),
+                               '{}')::text[] AS keys
+    FROM room LEFT JOIN busy ON busy.queue = room.name AND busy.leased >= room.per_key
+    WHERE room.per_key IS NOT NULL AND room.n > 0
+    GROUP BY room.name
 ), plain AS (
     SELECT c.id, c.priority, c.run_at
     FROM room CROSS JOIN LATERAL (
@@ -192,17 +198,14 @@ WITH lim AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_at, c.concurrency_key, room.name, room.n, room.per_key,
            row_number() OVER (PARTITION BY room.name, c.concurrency_key
                               ORDER BY c.priority, c.run_at, c.id) AS nth_of_key
-    FROM room CROSS JOIN LATERAL (
+    FROM room JOIN full_keys ON full_keys.name = room.name CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.priority, jobs.run_at, jobs.concurrency_key
         FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
-          AND NOT EXISTS (SELECT 1 FROM busy
-                          WHERE busy.queue = room.name AND busy.key = jobs.concurrency_key
-                            AND busy.leased >= room.per_key)
+          AND (jobs.concurrency_key IS NULL OR jobs.concurrency_key <> ALL(full_keys.keys))
         ORDER BY jobs.priority, jobs.run_at, jobs.id
         LIMIT room.n * 4
     ) AS c
-    WHERE room.per_key IS NOT NULL AND room.n > 0
 ), fits AS (
     SELECT seen.id, seen.n,
            row_number() OVER (PARTITION BY seen.name
@@ -211,10 +214,10 @@ WITH lim AS MATERIALIZED (
     WHERE seen.concurrency_key IS NULL
        OR seen.nth_of_key <= seen.per_key - COALESCE(busy.leased, 0)
 ), keyed AS (
-    SELECT jobs.id, jobs.priority, jobs.run_at
-    FROM fits JOIN jobrun.jobs AS jobs ON jobs.id = fits.id
-    WHERE fits.nth_of_queue <= fits.n AND jobs.state = 'queued'
-    FOR UPDATE OF jobs SKIP LOCKED
+    SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
+    WHERE jobs.id = ANY(ARRAY(SELECT fits.id FROM fits WHERE fits.nth_of_queue <= fits.n))
+      AND jobs.state = 'queued'
+    FOR UPDATE SKIP LOCKED
 ), next AS (
     SELECT u.id FROM (
         SELECT plain.id, plain.priority, plain.run_at FROM plain
