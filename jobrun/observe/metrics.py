@@ -133,7 +133,8 @@ class Metrics(WorkerHooks):
         self.jobs_finished = Counter(
             "jobrun_jobs_finished",
             "Attempts whose outcome was recorded, by queue, type and outcome: succeeded, "
-            "failed (to be retried), dead, cancelled, lease_lost, released (unknown type).",
+            "failed (to be retried), dead, cancelled, lease_lost, released (unknown type), "
+            "snoozed (queued again by the handler, attempt given back).",
             ["queue", "type", "outcome"],
             registry=reg,
         )

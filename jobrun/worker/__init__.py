@@ -2,7 +2,7 @@
 
 from jobrun.worker.context import JobContext
 from jobrun.worker.hooks import JobOutcome, StoreCall, WorkerHooks
-from jobrun.worker.registry import Done, Handler, PermanentFailure, Registry
+from jobrun.worker.registry import Done, Handler, PermanentFailure, Registry, Snooze
 from jobrun.worker.worker import Worker, WorkerConfig, parse_queues
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "JobOutcome",
     "PermanentFailure",
     "Registry",
+    "Snooze",
     "StoreCall",
     "Worker",
     "WorkerConfig",

@@ -18,8 +18,10 @@ When each method runs, and on which thread:
 ``job_finished(outcome)``
     once the job's outcome is recorded in the database (or known to be
     lost): succeeded, failed (to be retried), dead, cancelled, lease_lost,
-    released (an unknown job type given back). On the handler thread for a
-    failure, on the completer thread for a batch of successes;
+    released (an unknown job type given back), snoozed (the handler raised
+    or returned ``jobrun.Snooze``: queued again, its attempt given back). On
+    the handler thread for a failure or a snooze, on the completer thread
+    for a batch of successes;
 ``store_call(call)``
     after each round trip of the worker's own Store calls (claim,
     complete, complete_tx, fail, heartbeat), with its duration, the number
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobrun.worker.hooks")
 
 OutcomeKind: TypeAlias = Literal[
-    "succeeded", "failed", "dead", "cancelled", "lease_lost", "released"
+    "succeeded", "failed", "dead", "cancelled", "lease_lost", "released", "snoozed"
 ]
 OUTCOME_KINDS: tuple[OutcomeKind, ...] = (
     "succeeded",
@@ -60,6 +62,7 @@ OUTCOME_KINDS: tuple[OutcomeKind, ...] = (
     "cancelled",
     "lease_lost",
     "released",
+    "snoozed",
 )
 
 StoreOperation: TypeAlias = Literal["claim", "complete", "complete_tx", "fail", "heartbeat"]
@@ -81,8 +84,10 @@ class JobOutcome:
     no handler ran: an unknown type, a lease lost before the handler
     returned). ``error`` is the exception the handler (or its commit
     callable) raised, ``error_text`` what was stored as ``last_error``.
-    ``next_run_at`` is when a failed or released job runs again (database
-    clock). ``result`` is a succeeded job's stored result.
+    ``next_run_at`` is when a failed, released or snoozed job runs again
+    (database clock). ``result`` is a succeeded job's stored result. A
+    snooze is no error: its ``error`` is None and ``error_text`` the reason
+    written to its event.
     """
 
     kind: OutcomeKind

@@ -17,7 +17,10 @@ A handler is ``callable(ctx, job)``. It may
 - return :class:`Done` (``Done(result=..., commit=fn)``): both a result and
   a commit callable, written in the one transaction;
 - raise: the attempt fails and the job is retried after its backoff;
-- raise :class:`PermanentFailure`: the job is dead now, whatever attempts remain.
+- raise :class:`PermanentFailure`: the job is dead now, whatever attempts remain;
+- raise (or return) :class:`Snooze` (``raise Snooze(30)``): run the job again
+  after a delay without counting this attempt (see :class:`Snooze` for how
+  ``max_snoozes`` bounds it).
 
 A callable is always taken for a commit callable, never for a result: that is
 what keeps the transactional path's one-line form (``return commit``).
@@ -35,6 +38,7 @@ import dataclasses
 import datetime as dt
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -48,9 +52,70 @@ if TYPE_CHECKING:
 
 Handler: TypeAlias = Callable[["JobContext", Job], Any]
 
+MAX_SNOOZES = 1_000_000_000
+"""The largest ``max_snoozes`` a handler takes (the column is an int4)."""
+
 
 class PermanentFailure(Exception):
     """Raise from a handler to fail the job for good: no more attempts."""
+
+
+class Snooze(Exception):
+    """Raise from a handler (or return it) to run the job again after ``delay``.
+
+    ``raise Snooze(30)`` or ``raise Snooze(dt.timedelta(minutes=5))``: the
+    job is queued again at the database's now + ``delay``, and the attempt
+    this claim burned is given back (``attempts`` is as before the claim;
+    the job's ``snoozes`` counts one more, a "snoozed" event is written and
+    ``last_error`` is left as it was: a snooze is no error). For work that
+    cannot run *yet* (a resource busy, a rate limit upstream, a result not
+    ready): snoozing never burns ``max_attempts``, so a job that snoozes 30
+    times still gets every one of its real attempts afterwards.
+
+    Unlimited by default (like Oban's and River's snooze). A handler
+    registered with ``max_snoozes=N`` bounds it: once the job has snoozed N
+    times, a further Snooze is a failed attempt (``last_error`` says
+    "snoozed more than N times"), retried after its backoff and dead when its
+    attempts run out, so a job that snoozes forever still ends.
+
+    A cancel requested meanwhile wins: the snooze ends the job cancelled.
+
+    ``delay`` is a ``datetime.timedelta`` or seconds (int or float): positive
+    and at most what a job's delay may be (ten years). A bad one is a
+    ValidationError here, where the Snooze is made: raised in a handler, it
+    fails that attempt with a message saying why.
+    """
+
+    def __init__(self, delay: dt.timedelta | float) -> None:
+        self.delay: dt.timedelta = snooze_delay(delay)
+        super().__init__(self.delay)
+
+    def __str__(self) -> str:
+        return f"snooze for {self.delay.total_seconds():g} s"
+
+
+def snooze_delay(value: object) -> dt.timedelta:
+    """A Snooze's delay, checked: a positive timedelta (or seconds), at most a job's delay."""
+    field = "delay"
+    if isinstance(value, bool) or not isinstance(value, dt.timedelta | int | float):
+        raise ValidationError(
+            field,
+            "Snooze(delay) takes a datetime.timedelta or seconds (an int or a float), "
+            f"not {type(value).__name__}",
+        )
+    if not isinstance(value, dt.timedelta):
+        if not math.isfinite(value):
+            raise ValidationError(field, f"Snooze(delay) must be a finite number, not {value!r}")
+        if value > validate.MAX_DELAY_SECONDS:
+            most = validate.MAX_DELAY_SECONDS
+            raise ValidationError(field, f"Snooze(delay) must be at most {most} s, not {value!r}")
+        seconds = value
+        value = dt.timedelta(seconds=value)
+        if value <= dt.timedelta(0):
+            raise ValidationError(field, f"Snooze(delay) must be positive, not {seconds!r} s")
+    elif value <= dt.timedelta(0):
+        raise ValidationError(field, f"Snooze(delay) must be positive, not {value!r}")
+    return validate.delay(value, field)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +161,9 @@ class Registration:
     type: str
     handler: Handler
     timeout: dt.timedelta | None
+    max_snoozes: int | None = None
+    """How many times a job of this type may snooze before a further Snooze
+    is a failed attempt (None: no limit; see :class:`Snooze`)."""
 
 
 class Registry:
@@ -112,17 +180,35 @@ class Registry:
         self._handlers: dict[str, Registration] = {}
 
     def handler(
-        self, job_type: str, *, timeout: dt.timedelta | None = None
+        self,
+        job_type: str,
+        *,
+        timeout: dt.timedelta | None = None,
+        max_snoozes: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``@registry.handler("email.send")``."""
 
         def register(fn: Handler) -> Handler:
-            self.register(job_type, fn, timeout=timeout)
+            self.register(job_type, fn, timeout=timeout, max_snoozes=max_snoozes)
             return fn
 
         return register
 
-    def register(self, job_type: str, fn: Handler, *, timeout: dt.timedelta | None = None) -> None:
+    def register(
+        self,
+        job_type: str,
+        fn: Handler,
+        *,
+        timeout: dt.timedelta | None = None,
+        max_snoozes: int | None = None,
+    ) -> None:
+        """Run ``fn`` for jobs of ``job_type``.
+
+        ``timeout``: past it the job's context is cancelled (``default_timeout``
+        when None). ``max_snoozes``: how many times a job of this type may
+        :class:`Snooze` before a further snooze counts as a failed attempt
+        (None: no limit; 0: every snooze is a failed attempt).
+        """
         validate.job_type(job_type)
         if not callable(fn):
             raise ValidationError("handler", f"the handler for {job_type!r} is not callable")
@@ -137,9 +223,18 @@ class Registry:
             )
         if timeout is not None:
             validate.positive_duration("timeout", timeout)
+        if max_snoozes is not None and (
+            isinstance(max_snoozes, bool)
+            or not isinstance(max_snoozes, int)
+            or not 0 <= max_snoozes <= MAX_SNOOZES
+        ):
+            raise ValidationError(
+                "max_snoozes",
+                f"must be None or an int from 0 to {MAX_SNOOZES:,}, not {max_snoozes!r}",
+            )
         if job_type in self._handlers:
             raise ValidationError("type", f"a handler for {job_type!r} is already registered")
-        self._handlers[job_type] = Registration(job_type, fn, timeout)
+        self._handlers[job_type] = Registration(job_type, fn, timeout, max_snoozes)
 
     def get(self, job_type: str) -> Registration | None:
         return self._handlers.get(job_type)

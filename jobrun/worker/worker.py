@@ -77,6 +77,21 @@ dead at once. A cancel requested meanwhile wins (the release ends it
 cancelled). Each worker logs one WARNING per unknown type, naming the types
 it knows; later releases of that type are DEBUG lines.
 
+Snoozes: a handler that raises (or returns) :class:`~jobrun.worker.registry.Snooze`
+asks to run later. The worker calls ``Store.release(job, delay, reason,
+snooze=True)``: the job is queued again at the database's now + delay, the
+attempt its claim burned is given back (``attempts`` unchanged), ``snoozes``
+counts one more, a "snoozed" event is written and ``last_error`` is left as
+it was. Snoozing therefore never burns ``max_attempts``: a job that snoozes
+30 times and then fails still gets all of its real attempts. A handler
+registered with ``max_snoozes=N`` bounds the snoozes (None, the default, is
+unlimited, as in Oban and River): once the job's ``snoozes`` reached N, a
+further Snooze is a failed attempt ("snoozed more than N times", the normal
+fail path: backoff, then dead when its attempts run out), so a job that
+snoozes forever still ends. A cancel requested meanwhile wins (the release
+ends it cancelled). A Snooze with a bad delay is a ValidationError raised
+where it is made, in the handler: that attempt fails with its message.
+
 Console (see :mod:`jobrun.worker.logs` for the formats): a start banner
 (version, database, queues with their limits, concurrency, registered job
 types), then one line per job outcome, each carrying the job's id, type,
@@ -84,7 +99,8 @@ attempt, max_attempts and queue as ``extra``: ``succeeded in N ms`` at
 ``success_log_level`` (DEBUG unless configured: free when off), ``failed``
 at INFO with the next run time and the error (the traceback attached when
 DEBUG is on), ``dead`` at WARNING, ``cancelled`` at INFO, ``lease lost`` at
-WARNING, ``released`` (unknown type) as above.
+WARNING, ``released`` (unknown type) as above, ``snoozed for N s`` at INFO
+with the next run time.
 """
 
 from __future__ import annotations
@@ -109,7 +125,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from jobrun.job import validate
 from jobrun.job.errors import (
@@ -133,7 +149,7 @@ from jobrun.worker.hooks import (
     WorkerHooks,
 )
 from jobrun.worker.logs import job_fields
-from jobrun.worker.registry import Done, PermanentFailure, Registry
+from jobrun.worker.registry import Done, PermanentFailure, Registration, Registry, Snooze
 
 log = logging.getLogger("jobrun.worker")
 
@@ -270,6 +286,15 @@ class WorkerConfig:
             return self
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         return dataclasses.replace(self, owner=owner)
+
+
+class _Release(Protocol):
+    """``Store.release`` with its ``snooze`` flag (jobrun.postgres.Store has it;
+    the Store port names only the plain release)."""
+
+    def __call__(
+        self, job: Job, delay: dt.timedelta, reason: str, *, snooze: bool = False
+    ) -> Job: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -506,9 +531,11 @@ class Worker:
             "lease_lost": 0,
             "adopted": 0,
             "released": 0,
+            "snoozed": 0,
         }
         self._success_level = logs.success_level(self.config.success_log_level)
         self._unknown_types: set[str] = set()  # warned about once each
+        self._release = cast(_Release, store.release)
         # Lost claims (see the module docstring): look for them until then.
         self._lost_claims_until = 0.0
         self._next_lost_claim_check = 0.0
@@ -984,6 +1011,9 @@ class Worker:
                 running.in_handler = False
                 if hooks is not None and hooks.returned:
                     hooks.job_returned(job, sys.exc_info()[1])
+        except Snooze as snooze:
+            self._snooze(job, registration, snooze, started)
+            return
         except PermanentFailure as exc:
             self._fail(job, _describe(exc), permanent=True, exc=exc, started=started)
             return
@@ -996,6 +1026,9 @@ class Worker:
             pass
         elif isinstance(value, Done):
             commit, result = value.commit, value.result
+        elif isinstance(value, Snooze):
+            self._snooze(job, registration, value, started)
+            return
         elif callable(value):
             commit = value
         elif inspect.isawaitable(value):
@@ -1218,6 +1251,67 @@ class Worker:
                 f"next try at {_iso(released.run_at)}",
                 fields,
             )
+
+    def _snooze(self, job: Job, registration: Registration, snooze: Snooze, started: float) -> None:
+        """The handler snoozed: queue the job again after the delay, its attempt
+        given back, or fail the attempt past ``max_snoozes`` (see the module
+        docstring)."""
+        limit = registration.max_snoozes
+        if limit is not None and job.snoozes >= limit:
+            self._fail(
+                job,
+                f"snoozed more than {limit} times (max_snoozes={limit} for {job.type!r}): "
+                f"this snooze ({snooze}) counts as a failed attempt",
+                exc=snooze,
+                started=started,
+            )
+            return
+        duration = time.monotonic() - started
+        delay = snooze.delay
+        seconds = delay.total_seconds()
+        count = job.snoozes + 1
+        of = "" if limit is None else f" of {limit}"
+        reason = (
+            f"snoozed by its handler for {seconds:g} s (snooze {count}{of}, attempt not counted)"
+        )
+        released = self._record(
+            job,
+            lambda: self._release(job, delay, reason, snooze=True),
+            "snooze",
+            duration=duration,
+        )
+        if released is None:
+            return
+        fields: dict[str, Any] = {"duration_ms": round(duration * 1000, 3)}
+        if released.state is State.CANCELLED:
+            self._count("cancelled")
+            if self._hooks is not None:
+                self._finished("cancelled", job, duration=duration, error_text=reason)
+            self._job_log(
+                logging.INFO,
+                job,
+                "cancelled",
+                f"cancelled in {_ms(duration)}: cancel was requested (it wins over the "
+                "handler's snooze)",
+                fields,
+            )
+            return
+        self._count("snoozed")
+        if self._hooks is not None:
+            self._finished(
+                "snoozed", job, duration=duration, error_text=reason, next_run_at=released.run_at
+            )
+        fields.update(
+            next_run_at=_iso(released.run_at), delay_seconds=seconds, snoozes=released.snoozes
+        )
+        self._job_log(
+            logging.INFO,
+            job,
+            "snoozed",
+            f"snoozed for {seconds:g} s after {_ms(duration)} (snooze {count}{of}, attempt not "
+            f"counted); next run at {_iso(released.run_at)}",
+            fields,
+        )
 
     def _job_log(
         self,
