@@ -6,9 +6,20 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeAlias
 
+from jobrun.job import validate
 from jobrun.job.model import Job
 from jobrun.worker.logs import job_fields
+
+ProgressSink: TypeAlias = Callable[[float, str | None], bool]
+"""Writes a job's progress (a checked fraction and message) for the worker;
+True when it is done with the value (written, or never to be written: the
+lease is gone), False when the value should be written again later."""
+
+DEFAULT_PROGRESS_INTERVAL = 1.0
+"""Seconds between two progress writes of one job (``WorkerConfig.progress_interval``)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -20,6 +31,8 @@ class JobContext:
     Long handlers should check it (or wait on it instead of sleeping): a
     handler that returns after cancellation is reported as failed, never as
     succeeded. ``deadline`` is a ``time.monotonic()`` value (None: no timeout).
+
+    :meth:`progress` reports how far the attempt got (see there).
     """
 
     job: Job
@@ -28,6 +41,16 @@ class JobContext:
     cancel_reason: str | None = None
     _logger: logging.LoggerAdapter[logging.Logger] | None = dataclasses.field(
         default=None, repr=False
+    )
+    _progress_sink: ProgressSink | None = dataclasses.field(default=None, repr=False)
+    """Set by the worker (None: progress is only kept here, as in a test)."""
+    _progress_interval: float = dataclasses.field(default=DEFAULT_PROGRESS_INTERVAL, repr=False)
+    _progress: float | None = dataclasses.field(default=None, init=False)
+    _progress_message: str | None = dataclasses.field(default=None, init=False)
+    _progress_written_at: float | None = dataclasses.field(default=None, init=False, repr=False)
+    _progress_held: bool = dataclasses.field(default=False, init=False, repr=False)
+    _progress_lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, init=False, repr=False
     )
 
     @property
@@ -63,3 +86,62 @@ class JobContext:
     @property
     def is_cancelled(self) -> bool:
         return self.cancelled.is_set()
+
+    # -- progress ------------------------------------------------------------------
+
+    def progress(self, value: float, message: str | None = None) -> None:
+        """Report the fraction of the work done (0 to 1) and, if given, a message.
+
+        Stored on the job (``progress``, ``progress_message``, ``progress_at``:
+        ``jobrun get ID``, the dashboard) while it runs. Checked here: a value
+        outside 0..1 (or not a number), or a message that is not a str of at
+        most 1000 characters, is a ValidationError, and nothing is written.
+        Each report replaces the last one, message included (None clears it).
+
+        Cheap enough for a hot loop: the first report is written at once; one
+        within ``progress_interval`` (``WorkerConfig``, 1 s by default) of the
+        last write is only kept, and the next report after the interval
+        writes the latest value; when the handler returns (however it ends)
+        a value kept and not written yet is written once. Writes run on the
+        calling thread (one UPDATE of the job's own row, fenced by its
+        lease). A write that finds the lease gone cancels this context; a
+        database error is logged once per job and never fails the job.
+        """
+        fraction = validate.progress(value)
+        text = None if message is None else validate.progress_message(message)
+        with self._progress_lock:
+            self._progress, self._progress_message = fraction, text
+            sink = self._progress_sink
+            if sink is None:
+                return
+            now = time.monotonic()
+            last = self._progress_written_at
+            if last is not None and now - last < self._progress_interval:
+                self._progress_held = True
+                return
+            self._write_progress(sink, fraction, text, now)
+
+    def flush_progress(self) -> None:
+        """Write the progress kept and not written yet, if any (the worker calls
+        this when the handler returns; a handler need not)."""
+        with self._progress_lock:
+            sink = self._progress_sink
+            if not self._progress_held or sink is None or self._progress is None:
+                return
+            self._write_progress(sink, self._progress, self._progress_message, time.monotonic())
+
+    def _write_progress(
+        self, sink: ProgressSink, fraction: float, text: str | None, now: float
+    ) -> None:
+        self._progress_written_at = now  # a failed write waits its interval too
+        self._progress_held = not sink(fraction, text)
+
+    @property
+    def progress_value(self) -> float | None:
+        """The fraction last reported through :meth:`progress` (None: none yet)."""
+        return self._progress
+
+    @property
+    def progress_message(self) -> str | None:
+        """The message reported with it."""
+        return self._progress_message

@@ -92,6 +92,15 @@ snoozes forever still ends. A cancel requested meanwhile wins (the release
 ends it cancelled). A Snooze with a bad delay is a ValidationError raised
 where it is made, in the handler: that attempt fails with its message.
 
+Progress: ``ctx.progress(fraction, message)`` is checked at the call and
+written on the handler's thread with ``Store.record_progress`` (fenced by
+the claim), at most once per ``progress_interval`` (1 s by default): the
+first report at once, the latest of those in between by the next report
+after the interval, and a report still held when the handler returns
+(however it ends) before the outcome is recorded. A write that finds the
+lease gone cancels the job's context; a database error is logged once per
+job and never fails it.
+
 Console (see :mod:`jobrun.worker.logs` for the formats): a start banner
 (version, database, queues with their limits, concurrency, registered job
 types), then one line per job outcome, each carrying the job's id, type,
@@ -139,7 +148,7 @@ from jobrun.job.model import CompleteManyResult, Job, State
 from jobrun.job.ports import CommitCallable as Commit
 from jobrun.job.ports import Dispatcher, Store, Waiter
 from jobrun.worker import logs
-from jobrun.worker.context import JobContext
+from jobrun.worker.context import JobContext, ProgressSink
 from jobrun.worker.hooks import (
     HookRunner,
     JobOutcome,
@@ -160,6 +169,7 @@ DEFAULT_POLL_INTERVAL = dt.timedelta(seconds=1)
 DEFAULT_SHUTDOWN_GRACE = dt.timedelta(seconds=30)
 DEFAULT_COMPLETE_BATCH = 200
 DEFAULT_COMPLETE_FLUSH = dt.timedelta(milliseconds=5)
+DEFAULT_PROGRESS_INTERVAL = dt.timedelta(seconds=1)
 MAX_CONCURRENCY = 1000
 _DB_RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0, 2.0)
 CLAIM_COALESCE = 0.002  # seconds a busy worker waits to claim several jobs at once
@@ -240,6 +250,9 @@ class WorkerConfig:
     """The level of the ``succeeded`` line: ``logging.DEBUG`` or ``INFO``
     (``"debug"``, ``"info"``); None takes the process default
     (:func:`jobrun.worker.logs.set_success_level`, ``--log-success``), DEBUG."""
+    progress_interval: dt.timedelta = DEFAULT_PROGRESS_INTERVAL
+    """The least time between two progress writes of one job
+    (:meth:`JobContext.progress` keeps the reports in between)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", parse_queues(self.queues))
@@ -252,6 +265,7 @@ class WorkerConfig:
             "poll_interval",
             "shutdown_grace",
             "complete_flush_interval",
+            "progress_interval",
         ):
             validate.positive_duration(name, getattr(self, name))
         if self.stall_warning is not None:
@@ -536,6 +550,11 @@ class Worker:
         self._success_level = logs.success_level(self.config.success_log_level)
         self._unknown_types: set[str] = set()  # warned about once each
         self._release = cast(_Release, store.release)
+        # Optional Store features (a Store of an older jobrun lacks them).
+        record_progress = getattr(store, "record_progress", None)
+        self._record_progress: Callable[[Job, float, str | None], dt.datetime] | None = (
+            record_progress if callable(record_progress) else None
+        )
         # Lost claims (see the module docstring): look for them until then.
         self._lost_claims_until = 0.0
         self._next_lost_claim_check = 0.0
@@ -955,8 +974,12 @@ class Worker:
             self._stopping.wait(timeout)
 
     def _dispatch(self, jobs: list[Job]) -> None:
+        interval = self.config.progress_interval.total_seconds()
         for job in jobs:
-            ctx = JobContext(job=job, cancelled=threading.Event(), deadline=None)
+            ctx = JobContext(
+                job=job, cancelled=threading.Event(), deadline=None, _progress_interval=interval
+            )
+            ctx._progress_sink = self._progress_sink(ctx)
             registration = self.registry.get(job.type)
             timeout = self.registry.timeout_for(registration)
             if timeout is not None:
@@ -1009,6 +1032,7 @@ class Worker:
                 value = registration.handler(ctx, job)
             finally:
                 running.in_handler = False
+                ctx.flush_progress()  # a value kept by the throttle, before the outcome
                 if hooks is not None and hooks.returned:
                     hooks.job_returned(job, sys.exc_info()[1])
         except Snooze as snooze:
@@ -1312,6 +1336,55 @@ class Worker:
             f"counted); next run at {_iso(released.run_at)}",
             fields,
         )
+
+    # -- progress ------------------------------------------------------------------
+
+    def _progress_sink(self, ctx: JobContext) -> ProgressSink | None:
+        """How ``ctx.progress`` writes: on the handler's thread, fenced by the
+        claim; a lost lease cancels the context, a database error is logged
+        once per job (and never fails it). None when the store cannot."""
+        record = self._record_progress
+        if record is None:
+            return None
+        job = ctx.job
+        lost = warned = False
+
+        def write(value: float, message: str | None) -> bool:
+            nonlocal lost, warned
+            if lost:
+                return True
+            try:
+                record(job, value, message)
+            except LeaseLost:
+                lost = True
+                self._note(
+                    logging.INFO,
+                    job,
+                    "cancelling: its lease is gone (a progress write found the job "
+                    "no longer held by this claim)",
+                )
+                ctx.cancel("lease lost")
+                return True
+            except Exception as exc:
+                if not warned:
+                    warned = True
+                    self._note(
+                        logging.WARNING,
+                        job,
+                        f"recording its progress failed ({_describe(exc)}); the job runs on "
+                        "(said once per job)",
+                    )
+                return False
+            return True
+
+        return write
+
+    def _note(self, level: int, job: Job, message: str) -> None:
+        """A line about ``job`` that is not its outcome."""
+        if log.isEnabledFor(level):
+            extra = job_fields(job)
+            extra["owner"] = self.owner
+            log.log(level, "%s", message, extra=extra)
 
     def _job_log(
         self,
