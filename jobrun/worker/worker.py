@@ -101,6 +101,15 @@ after the interval, and a report still held when the handler returns
 lease gone cancels the job's context; a database error is logged once per
 job and never fails it.
 
+Queue limits (``Store.set_queue_limits``: concurrency, per key, rate; held
+in the database for every worker): a claim of a limited queue takes only
+what the limits allow. A slot freed by another worker, or a rate window
+moving on, sends no wake-up, so after a short claim the claimer asks
+``Store.limits_hold_back(queues)``; when a limit (not a lack of work) held
+ready jobs back, it claims again after ``LIMITED_RECLAIM`` (50 ms), or at
+once when its completer flushes (a flushed batch freed its slots), instead
+of waiting for a notification or the poll interval.
+
 Console (see :mod:`jobrun.worker.logs` for the formats): a start banner
 (version, database, queues with their limits, concurrency, registered job
 types), then one line per job outcome, each carrying the job's id, type,
@@ -170,6 +179,10 @@ DEFAULT_SHUTDOWN_GRACE = dt.timedelta(seconds=30)
 DEFAULT_COMPLETE_BATCH = 200
 DEFAULT_COMPLETE_FLUSH = dt.timedelta(milliseconds=5)
 DEFAULT_PROGRESS_INTERVAL = dt.timedelta(seconds=1)
+LIMITED_RECLAIM = 0.05
+"""Seconds a claimer whose claim a queue limit held back waits for a slot of
+its own to free before it claims again (another worker's freed slot, or a
+rate window moving on, sends no wake-up)."""
 MAX_CONCURRENCY = 1000
 _DB_RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0, 2.0)
 CLAIM_COALESCE = 0.002  # seconds a busy worker waits to claim several jobs at once
@@ -555,6 +568,10 @@ class Worker:
         self._record_progress: Callable[[Job, float, str | None], dt.datetime] | None = (
             record_progress if callable(record_progress) else None
         )
+        limits_hold_back = getattr(store, "limits_hold_back", None)
+        self._limits_hold_back: Callable[[Sequence[str]], bool] | None = (
+            limits_hold_back if callable(limits_hold_back) else None
+        )
         # Lost claims (see the module docstring): look for them until then.
         self._lost_claims_until = 0.0
         self._next_lost_claim_check = 0.0
@@ -856,6 +873,7 @@ class Worker:
                 self._slot_freed.clear()
                 plan = self._claim_plan()
             drained = False
+            held_back = False
             try:
                 for queues, n in plan:
                     activity.busy(f"claiming up to {n} job(s) of {queues}")
@@ -863,6 +881,8 @@ class Worker:
                     self._dispatch(jobs)
                     if len(jobs) < n:
                         drained = True
+                        if not held_back:
+                            held_back = self._held_back_by_limits(queues)
                 failures = 0
             except JobrunError as exc:
                 activity.idle()
@@ -880,8 +900,27 @@ class Worker:
                 self._stopping.wait(1.0)
                 continue
             activity.idle()
-            if drained:
+            if held_back:
+                # Ready jobs a queue limit held back: no wake-up comes when a
+                # slot frees elsewhere or the rate window moves on, so claim
+                # again soon (at once when the completer frees a slot here).
+                self._slot_freed.wait(LIMITED_RECLAIM)
+                self._slot_freed.clear()
+            elif drained:
                 self._wait_for_work()
+
+    def _held_back_by_limits(self, queues: list[str]) -> bool:
+        """After a short claim: whether a queue limit (not a lack of work) held
+        back ready jobs of ``queues``. False when the store cannot tell."""
+        ask = self._limits_hold_back
+        if ask is None:
+            return False
+        self._claimer_activity.busy(f"asking whether a limit holds back {queues}")
+        try:
+            return bool(ask(queues))
+        except JobrunError as exc:  # then wait for work as usual
+            self._log.debug("asking whether a limit holds back %s failed: %s", queues, exc)
+            return False
 
     # -- lost claims ---------------------------------------------------------------
 

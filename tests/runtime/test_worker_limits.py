@@ -1,0 +1,158 @@
+"""Workers on limited queues (Store.set_queue_limits): the limits hold across
+workers, a busy key blocks no other, and the workers keep claiming although a
+freed slot sends no wake-up. Several workers in this process, against real
+PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobrun.job.model import Job, NewJob
+from jobrun.postgres.store import Store
+from jobrun.worker import JobContext, Registry, Worker
+from tests.support.waiting import wait_for
+
+DEADLINE = 120.0
+
+
+class Running:
+    """How many handlers run at once, across every worker of the test."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.done = 0
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.now -= 1
+            self.done += 1
+
+
+def states(conn: psycopg.Connection[Any], **where: str) -> dict[str, int]:
+    clause = " AND ".join(f"{column} = %({column})s" for column in where) or "true"
+    rows = conn.execute(
+        f"SELECT state::text, count(*) FROM jobrun.jobs WHERE {clause} GROUP BY state", where
+    ).fetchall()
+    return {state: n for state, n in rows}
+
+
+def test_three_workers_never_run_more_than_the_queues_concurrency_limit(
+    store: Store,
+    registry: Registry,
+    make_worker: Callable[..., Worker],
+    conn: psycopg.Connection[Any],
+) -> None:
+    running = Running()
+
+    def handler(ctx: JobContext, job: Job) -> None:
+        with running:
+            time.sleep(0.005)
+
+    registry.register("t", handler)
+    store.set_queue_limits("q", concurrency=2)
+    store.enqueue_batch([NewJob(type="t", queue="q") for _ in range(200)])
+    for n in range(3):
+        make_worker(queues={"q": None}, concurrency=8, owner=f"worker-{n}")
+    wait_for(lambda: states(conn, queue="q") == {"succeeded": 200}, timeout=DEADLINE)
+    assert running.done == 200
+    assert 1 <= running.most <= 2
+
+
+def test_a_hot_key_does_not_hold_back_the_cold_keys_behind_it(
+    store: Store,
+    registry: Registry,
+    make_worker: Callable[..., Worker],
+    conn: psycopg.Connection[Any],
+) -> None:
+    running: dict[str, Running] = {}
+
+    def handler(ctx: JobContext, job: Job) -> None:
+        key = job.concurrency_key or ""
+        with running.setdefault(key, Running()):
+            time.sleep(0.03 if key == "hot" else 0.001)
+
+    registry.register("t", handler)
+    store.set_queue_limits("q", per_key=1)
+    store.enqueue_batch([NewJob(type="t", queue="q", concurrency_key="hot") for _ in range(100)])
+    store.enqueue_batch(
+        [NewJob(type="t", queue="q", concurrency_key=f"cold-{n}") for n in range(20)]
+    )
+    for n in range(2):
+        make_worker(queues={"q": None}, concurrency=8, owner=f"worker-{n}")
+
+    def cold_done() -> bool:
+        row = conn.execute(
+            "SELECT count(*) FROM jobrun.jobs WHERE queue = 'q' AND concurrency_key LIKE 'cold-%%' "
+            "AND state = 'succeeded'"
+        ).fetchone()
+        return row is not None and row[0] == 20
+
+    wait_for(cold_done, timeout=DEADLINE, interval=0.01)
+    hot = states(conn, concurrency_key="hot")
+    assert hot.get("queued", 0) > 0, hot  # the cold keys did not wait for the hot one
+    wait_for(lambda: states(conn, queue="q") == {"succeeded": 120}, timeout=DEADLINE)
+    assert running["hot"].most == 1 and running["hot"].done == 100
+    assert all(running[f"cold-{n}"].done == 1 for n in range(20))
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_rate_limit_starts_no_more_than_its_limit_in_any_window(
+    store: Store,
+    registry: Registry,
+    make_worker: Callable[..., Worker],
+    conn: psycopg.Connection[Any],
+    workers: int,
+) -> None:
+    registry.register("t", lambda ctx, job: None)
+    store.set_queue_limits("q", rate="20/s")
+    store.enqueue_batch([NewJob(type="t", queue="q") for _ in range(60)])
+    for n in range(workers):
+        make_worker(queues={"q": None}, concurrency=8, owner=f"worker-{n}")
+    wait_for(lambda: states(conn, queue="q") == {"succeeded": 60}, timeout=DEADLINE)
+    claims = [
+        at
+        for (at,) in conn.execute(
+            "SELECT e.at FROM jobrun.job_events e JOIN jobrun.jobs j ON j.id = e.job_id "
+            "WHERE j.queue = 'q' AND e.kind = 'claimed' ORDER BY e.at"
+        ).fetchall()
+    ]
+    assert len(claims) == 60
+    window = dt.timedelta(seconds=1)
+    busiest = max(sum(1 for other in claims if at <= other < at + window) for at in claims)
+    assert busiest <= 20
+    assert claims[-1] - claims[0] >= 2 * window  # 60 starts at 20/s span two windows at least
+
+
+def test_a_worker_whose_claim_a_limit_held_back_claims_again_without_a_wake_up(
+    store: Store,
+    registry: Registry,
+    make_worker: Callable[..., Worker],
+    conn: psycopg.Connection[Any],
+) -> None:
+    # Two workers share one slot. No dispatcher and a poll interval of a
+    # minute: only the limited queue's short re-claim can move the jobs on.
+    registry.register("t", lambda ctx, job: time.sleep(0.002))
+    store.set_queue_limits("q", concurrency=1)
+    store.enqueue_batch([NewJob(type="t", queue="q") for _ in range(30)])
+    for n in range(2):
+        make_worker(
+            queues={"q": None},
+            concurrency=4,
+            owner=f"worker-{n}",
+            poll_interval=dt.timedelta(seconds=60),
+        )
+    wait_for(lambda: states(conn, queue="q") == {"succeeded": 30}, timeout=30)
