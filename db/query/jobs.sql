@@ -119,25 +119,16 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- a fresh lease token (the fence) per claim, the progress of an earlier
 -- attempt cleared, and the "claimed" events when write_events. Each queue is
 -- read on its own through jobs_claim_idx in (priority, run_at, id) order (a
--- LATERAL per queue: an index scan that stops after its rows, where
+-- LATERAL per queue: an index scan that stops after max_jobs rows, where
 -- "queue = ANY(...)" would sort every queued row), then the best max_jobs of
 -- them are taken, and returned in that order. LIMIT inside a FOR UPDATE
 -- SKIP LOCKED subquery, never IN (subquery), so a claim can never return
--- more than max_jobs rows. Paused queues are skipped.
---
--- Limited queues (a row in queue_limits) are claimed only by a transaction
--- that locked their row first (LockQueueLimits, a statement of its own,
--- which names the rows it locked in jobrun.claim_locks): this statement's
--- snapshot is then newer than every claim of the queue that committed
--- before, so its counts are exact. Here, unlocked, such a queue yields
--- nothing. Its room is the least of max_jobs, concurrency less its leased
--- jobs, and rate_limit less the jobs started in the window (the claims'
--- own rows in queue_starts, at statement_timestamp(): the database clock
--- after the lock was granted). With per_key, keys whose leased jobs reach
--- the limit are skipped in the scan itself (a busy key never blocks the
--- keys behind it); the first rows of the other keys are read without locks
--- (the queue's row lock keeps other claimers out), each key held to its
--- room, the queue to its room, and only those rows locked and claimed.
+-- more than max_jobs rows. Paused queues are skipped, and so are limited
+-- queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
+-- lock, claims those. This statement is the lock-free path of every queue
+-- without limits; it stays this small because PostgreSQL plans it anew on
+-- every call (custom plans), and the limited one costs several times more
+-- to plan.
 --
 -- The claim commits asynchronously (synchronous_commit off for this
 -- transaction only): if the server crashes before the claim reaches disk, the
@@ -145,6 +136,60 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- commits synchronously and flushes the WAL up to it, claim included, so no
 -- durable completion can rest on a lost claim, and the effect ledger still
 -- keeps the transactional path exactly-once.
+WITH next AS (
+    SELECT c.id
+    FROM unnest(sqlc.arg(queues)::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
+        WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
+        ORDER BY jobs.priority, jobs.run_at, jobs.id
+        LIMIT sqlc.arg(max_jobs)
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
+      AND NOT EXISTS (SELECT 1 FROM jobrun.queue_limits l WHERE l.queue = q.name)
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT sqlc.arg(max_jobs)
+), claimed AS (
+    UPDATE jobrun.jobs AS jobs
+    SET state = 'leased',
+        attempts = jobs.attempts + 1,
+        lease_owner = sqlc.arg(owner)::text,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => sqlc.arg(ttl_seconds)::float8),
+        progress = NULL, progress_message = NULL, progress_at = NULL,
+        updated_at = now()
+    FROM next
+    WHERE jobs.id = next.id
+    RETURNING jobs.*
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
+    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
+    WHERE sqlc.arg(write_events)::boolean
+)
+SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
+
+-- name: ClaimLimitedJobs :many
+-- ClaimJobs for a claim that includes limited queues, as the second
+-- statement of a transaction whose first was LockQueueLimits. The limited
+-- queues' rows are locked and named in jobrun.claim_locks: this statement's
+-- snapshot is newer than every claim of those queues that committed before,
+-- so its counts are exact; a limited queue it sees but did not lock (its
+-- limits were set after the lock was taken) yields nothing. Queues without
+-- limits are claimed as in ClaimJobs. The store runs it with a generic plan
+-- (plan_cache_mode, for this transaction): a fresh plan of this statement
+-- costs more than running it.
+--
+-- A limited queue's room is the least of max_jobs, concurrency less its
+-- leased jobs, and rate_limit less the jobs started in the window (the
+-- claims' own rows in queue_starts, at statement_timestamp(): the database
+-- clock after the lock was granted). With per_key, keys whose leased jobs
+-- reach the limit are skipped in the scan itself (a busy key never blocks
+-- the keys behind it); the first rows of the other keys are read without
+-- locks (the queue's row lock keeps other claimers out), each key held to
+-- its room, the queue to its room, and only those rows locked and claimed.
+-- The claim commits asynchronously, as in ClaimJobs.
 WITH lim AS MATERIALIZED (
     SELECT q.name, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds,
            l.queue IS NOT NULL AS limited,

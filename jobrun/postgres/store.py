@@ -736,28 +736,28 @@ class Store(SchedulesMixin):
         validate.claim_limit(limit)
         validate.positive_duration("ttl", ttl)
 
-        def claim_on(c: psycopg.Connection[Any]) -> builtins.list[models.Job]:
-            return self.q.claim_jobs(
-                c,
-                queues=names,
-                max_jobs=limit,
-                owner=owner,
-                ttl_seconds=ttl.total_seconds(),
-                write_events=self.event_mode is EventMode.ALL,
-            )
-
+        args: dict[str, Any] = dict(
+            queues=names,
+            max_jobs=limit,
+            owner=owner,
+            ttl_seconds=ttl.total_seconds(),
+            write_events=self.event_mode is EventMode.ALL,
+        )
         if not self._any_limited(names):
-            rows = self._on_pool(claim_on)
+            rows = self._on_pool(lambda c: self.q.claim_jobs(c, **args))
         else:
 
             def locked(c: psycopg.Connection[Any], committing: list[bool]) -> list[models.Job]:
-                # BEGIN, the limits rows' lock, the claim (a statement of its
-                # own: its snapshot is taken once the lock is granted), and
-                # COMMIT, in one pipeline: two round trips in all.
+                # BEGIN, a generic plan for the claim (planning it afresh
+                # costs more than running it), the limits rows' lock, the
+                # claim (a statement of its own: its snapshot is taken once
+                # the lock is granted), and COMMIT, in one pipeline: two
+                # round trips in all.
                 with c.pipeline():
                     c.execute("BEGIN")
+                    c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                     self.q.lock_queue_limits(c, queues=names)
-                    claimed = claim_on(c)
+                    claimed = self.q.claim_limited_jobs(c, **args)
                     committing[0] = True
                     c.execute("COMMIT")
                 return claimed

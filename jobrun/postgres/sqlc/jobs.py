@@ -205,6 +205,42 @@ COPY_JOBS_COPY_TYPES: Final = (
 
 
 CLAIM_JOBS: Final = """\
+WITH next AS (
+    SELECT c.id
+    FROM unnest($1::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
+        WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
+        ORDER BY jobs.priority, jobs.run_at, jobs.id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
+      AND NOT EXISTS (SELECT 1 FROM jobrun.queue_limits l WHERE l.queue = q.name)
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT $2
+), claimed AS (
+    UPDATE jobrun.jobs AS jobs
+    SET state = 'leased',
+        attempts = jobs.attempts + 1,
+        lease_owner = $3::text,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => $4::float8),
+        progress = NULL, progress_message = NULL, progress_at = NULL,
+        updated_at = now()
+    FROM next
+    WHERE jobs.id = next.id
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
+    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
+    WHERE $5::boolean
+)
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+
+
+CLAIM_LIMITED_JOBS: Final = """\
 WITH lim AS MATERIALIZED (
     SELECT q.name, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds,
            l.queue IS NOT NULL AS limited,
@@ -1267,25 +1303,16 @@ class Queries(QueriesBase):
         a fresh lease token (the fence) per claim, the progress of an earlier
         attempt cleared, and the "claimed" events when write_events. Each queue is
         read on its own through jobs_claim_idx in (priority, run_at, id) order (a
-        LATERAL per queue: an index scan that stops after its rows, where
+        LATERAL per queue: an index scan that stops after max_jobs rows, where
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
         them are taken, and returned in that order. LIMIT inside a FOR UPDATE
         SKIP LOCKED subquery, never IN (subquery), so a claim can never return
-        more than max_jobs rows. Paused queues are skipped.
-
-        Limited queues (a row in queue_limits) are claimed only by a transaction
-        that locked their row first (LockQueueLimits, a statement of its own,
-        which names the rows it locked in jobrun.claim_locks): this statement's
-        snapshot is then newer than every claim of the queue that committed
-        before, so its counts are exact. Here, unlocked, such a queue yields
-        nothing. Its room is the least of max_jobs, concurrency less its leased
-        jobs, and rate_limit less the jobs started in the window (the claims'
-        own rows in queue_starts, at statement_timestamp(): the database clock
-        after the lock was granted). With per_key, keys whose leased jobs reach
-        the limit are skipped in the scan itself (a busy key never blocks the
-        keys behind it); the first rows of the other keys are read without locks
-        (the queue's row lock keeps other claimers out), each key held to its
-        room, the queue to its room, and only those rows locked and claimed.
+        more than max_jobs rows. Paused queues are skipped, and so are limited
+        queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
+        lock, claims those. This statement is the lock-free path of every queue
+        without limits; it stays this small because PostgreSQL plans it anew on
+        every call (custom plans), and the limited one costs several times more
+        to plan.
 
         The claim commits asynchronously (synchronous_commit off for this
         transaction only): if the server crashes before the claim reaches disk, the
@@ -1296,6 +1323,75 @@ class Queries(QueriesBase):
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(CLAIM_JOBS), (queues, max_jobs, owner, ttl_seconds, write_events))
+            return [
+                Job(
+                    id=r[0],
+                    queue=r[1],
+                    type=r[2],
+                    payload=r[3],
+                    priority=r[4],
+                    state=JobState(r[5]),
+                    attempts=r[6],
+                    max_attempts=r[7],
+                    backoff=r[8],
+                    run_at=r[9],
+                    lease_owner=r[10],
+                    lease_token=r[11],
+                    lease_expires_at=r[12],
+                    cancel_requested=r[13],
+                    idempotency_key=r[14],
+                    last_error=r[15],
+                    created_at=r[16],
+                    updated_at=r[17],
+                    finished_at=r[18],
+                    finished_token=r[19],
+                    result=r[20],
+                    notify_finished=r[21],
+                    trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
+                )
+                for r in cur.fetchall()
+            ]
+
+    def claim_limited_jobs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        queues: list[str],
+        max_jobs: int,
+        owner: str,
+        ttl_seconds: float,
+        write_events: bool,
+    ) -> list[Job]:
+        """ClaimJobs for a claim that includes limited queues, as the second
+        statement of a transaction whose first was LockQueueLimits. The limited
+        queues' rows are locked and named in jobrun.claim_locks: this statement's
+        snapshot is newer than every claim of those queues that committed before,
+        so its counts are exact; a limited queue it sees but did not lock (its
+        limits were set after the lock was taken) yields nothing. Queues without
+        limits are claimed as in ClaimJobs. The store runs it with a generic plan
+        (plan_cache_mode, for this transaction): a fresh plan of this statement
+        costs more than running it.
+
+        A limited queue's room is the least of max_jobs, concurrency less its
+        leased jobs, and rate_limit less the jobs started in the window (the
+        claims' own rows in queue_starts, at statement_timestamp(): the database
+        clock after the lock was granted). With per_key, keys whose leased jobs
+        reach the limit are skipped in the scan itself (a busy key never blocks
+        the keys behind it); the first rows of the other keys are read without
+        locks (the queue's row lock keeps other claimers out), each key held to
+        its room, the queue to its room, and only those rows locked and claimed.
+        The claim commits asynchronously, as in ClaimJobs.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(
+                self.sql(CLAIM_LIMITED_JOBS),
+                (queues, max_jobs, owner, ttl_seconds, write_events),
+            )
             return [
                 Job(
                     id=r[0],
