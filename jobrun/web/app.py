@@ -84,9 +84,16 @@ many refreshes it applied) and the class ``stale`` when one failed.
 Overview: ``#overview-live`` (the live region); ``table#queues`` with one
 ``tr.queue-row`` per queue: ``data-queue``, ``data-ready``,
 ``data-scheduled``, ``data-leased``, ``data-dead``,
-``data-oldest-ready-seconds``, ``data-paused=true|false``; cells
+``data-oldest-ready-seconds``, ``data-paused=true|false``,
+``data-limited=true|false`` and, for a limited queue, ``data-limit-leased``
+and ``data-started-in-window`` (what its limits hold, read by
+``Store.all_queue_limits`` just after the rest) with ``data-concurrency``,
+``data-per-key``, ``data-rate`` (like ``100/s``) for the limits it has; cells
 ``td.ready``, ``td.scheduled``, ``td.leased``, ``td.dead`` (a link to the
-queue's dead jobs), ``td.oldest-ready``, ``td.paused``; actions
+queue's dead jobs), ``td.oldest-ready``, ``td.paused``, ``td.limits`` (with
+``span.limit-concurrency``, ``span.limit-per-key``, ``span.limit-rate``, each
+of class ``full`` once reached); a limited queue without jobs is listed
+with zeros; ``#limits-error`` when the limits could not be read; actions
 ``form.queue-pause`` / ``button.pause-queue`` and ``form.queue-resume`` /
 ``button.resume-queue``. ``#no-queues`` when there are none. Throughput:
 ``svg#throughput`` (``data-succeeded-total``, ``data-failed-total``) with
@@ -95,7 +102,8 @@ one ``g.minute`` per minute (``data-minute`` ISO, ``data-succeeded``,
 Leader: ``#leader`` with ``data-leader=present|none`` and, when present,
 ``data-pid``. Workers: ``table#workers`` with ``tr.worker-row``
 (``data-owner``, ``data-running``, ``data-expired=true|false``) and, in it,
-``li.running-job`` (``data-job-id``, a link ``a.job-link``); ``#no-workers``
+``li.running-job`` (``data-job-id``, a link ``a.job-link``, and
+``span.progress-percent`` with ``data-progress`` once it reported progress); ``#no-workers``
 when none holds a lease. ``#notify-usage`` (``data-usage``, 0 to 1).
 
 Jobs: ``form#job-filters`` with ``#filter-queue``, ``#filter-state`` (a
@@ -117,7 +125,10 @@ matches) or ``#bulk-too-many`` instead of the form.
 Job: ``#job`` (``data-job-id``, ``data-state``, ``data-attempts``,
 ``data-cancel-requested``), ``#job-live``, ``#job-state``,
 ``#job-queue``, ``#job-type``, ``#job-attempts``, ``#job-lease-owner``,
-``#job-lease-expires``, ``#job-run-at``, ``#job-key``, ``pre#job-payload``,
+``#job-lease-expires``, ``#job-run-at``, ``#job-key``, and only when the job
+has them ``#job-progress`` (``data-progress``, a fraction; a ``progress``
+element and the percentage), ``#job-progress-message``, ``#job-progress-at``,
+``#job-snoozes``, ``#job-concurrency-key``; ``pre#job-payload``,
 ``pre#job-result``, ``#job-last-error`` (``pre``, the whole text with its
 traceback) and ``#job-error-summary`` (its first line), ``#job-effect``
 (``data-recorded=true|false``, ``data-scope``, ``data-key``);
@@ -169,10 +180,11 @@ from jobrun.job.errors import (
     TransientError,
     ValidationError,
 )
-from jobrun.job.model import Job, State
+from jobrun.job.model import Job, QueueLimits, RateLimit, State
 from jobrun.job.validate import redact
 from jobrun.postgres import dsn
 from jobrun.postgres.lock import LOCK_LEADER, lock_key
+from jobrun.postgres.stats import QueueStats
 from jobrun.postgres.store import Store
 from jobrun.postgres.web import DashboardReads, JobFilter, Minute
 from jobrun.web.security import CSRF_COOKIE, CSRF_FIELD, Authorizer, Csrf, Guard, authorizer
@@ -251,7 +263,12 @@ class Dashboard:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            age=format_age, when=format_when, pretty=pretty_json, short=short_id
+            age=format_age,
+            when=format_when,
+            pretty=pretty_json,
+            short=short_id,
+            percent=format_percent,
+            window=rate_window,
         )
 
     def _use(self, store: Store) -> None:
@@ -538,12 +555,41 @@ def _overview_live(dash: Dashboard, request: Request) -> Response:
 
 def _overview_context(dash: Dashboard) -> dict[str, Any]:
     data = dash.reads.overview()
+    limits, limits_error = _queue_limits(dash.store)
+    queues = list(data.cluster.queues)
+    shown = {q.queue for q in queues}
+    # A limited queue with no job and no pause is a queue all the same: listed with zeros.
+    queues.extend(
+        QueueStats(
+            queue=name,
+            ready=0,
+            scheduled=0,
+            leased=0,
+            dead=0,
+            oldest_ready_seconds=0.0,
+            paused=False,
+        )
+        for name in sorted(set(limits) - shown)
+    )
+    queues.sort(key=lambda q: q.queue)
     return {
         "page": "overview",
         "data": data,
+        "queues": queues,
+        "limits": limits,
+        "limits_error": limits_error,
         "db_now": data.db_now,
         "chart": throughput_chart(data.throughput),
     }
+
+
+def _queue_limits(store: Store) -> tuple[dict[str, QueueLimits], str]:
+    """Every limited queue's limits (the Store's read, just after the overview's own),
+    or none and why: a row the Store refuses to read must not take the page down."""
+    try:
+        return {lim.queue: lim for lim in store.all_queue_limits()}, ""
+    except ValidationError as exc:
+        return {}, _error_text(exc)
 
 
 def _jobs(dash: Dashboard, request: Request) -> Response:
@@ -921,6 +967,19 @@ def format_when(value: dt.datetime | None, now: dt.datetime | None = None) -> Ma
     return Markup('<time datetime="{}" title="{}">{}</time>').format(
         utc.isoformat(), relative or text, text if not relative else f"{text} ({relative})"
     )
+
+
+def format_percent(fraction: float) -> str:
+    """A fraction done as people read it: 40%, 99.9% (never 100% before it is 1)."""
+    tenths = math.floor(fraction * 1000 + 1e-9)
+    return f"{tenths // 10}%" if tenths % 10 == 0 else f"{tenths / 10:.1f}%"
+
+
+def rate_window(rate: RateLimit) -> str:
+    """A rate limit's window as people read it: 1 s, 10 s, 1 min, 500 ms."""
+    period = str(rate).split("/", 1)[1]  # s, 10s, min, 500ms
+    unit = period.lstrip("0123456789.")
+    return f"{period[: len(period) - len(unit)] or '1'} {unit}"
 
 
 def pretty_json(value: object) -> str:
