@@ -80,9 +80,20 @@ class Store(Schedules, Protocol):
         """Complete many claimed jobs of one owner, each with its commit callable."""
         ...
 
-    def release(self, job: Job, delay: dt.timedelta, reason: str) -> Job:
+    def release(self, job: Job, delay: dt.timedelta, reason: str, *, snooze: bool = False) -> Job:
         """Give a claimed job back without counting its attempt: queued again
-        after ``delay``, or cancelled when cancel was requested."""
+        after ``delay``, or cancelled when cancel was requested. ``snooze``:
+        the handler asked for it (counted in ``snoozes``, a "snoozed" event)."""
+        ...
+
+    def record_progress(self, job: Job, progress: float, message: str | None = None) -> dt.datetime:
+        """Store a running job's progress (fenced like a heartbeat: LeaseLost
+        when the claim no longer holds the job); when, by the database clock."""
+        ...
+
+    def limits_hold_back(self, queues: Sequence[str]) -> bool:
+        """After a short claim: whether a queue limit, not a lack of work,
+        held back ready jobs of ``queues``."""
         ...
 
     def fail(

@@ -143,7 +143,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar
 
 from jobrun.job import validate
 from jobrun.job.errors import (
@@ -313,15 +313,6 @@ class WorkerConfig:
             return self
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         return dataclasses.replace(self, owner=owner)
-
-
-class _Release(Protocol):
-    """``Store.release`` with its ``snooze`` flag (jobrun.postgres.Store has it;
-    the Store port names only the plain release)."""
-
-    def __call__(
-        self, job: Job, delay: dt.timedelta, reason: str, *, snooze: bool = False
-    ) -> Job: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -562,16 +553,6 @@ class Worker:
         }
         self._success_level = logs.success_level(self.config.success_log_level)
         self._unknown_types: set[str] = set()  # warned about once each
-        self._release = cast(_Release, store.release)
-        # Optional Store features (a Store of an older jobrun lacks them).
-        record_progress = getattr(store, "record_progress", None)
-        self._record_progress: Callable[[Job, float, str | None], dt.datetime] | None = (
-            record_progress if callable(record_progress) else None
-        )
-        limits_hold_back = getattr(store, "limits_hold_back", None)
-        self._limits_hold_back: Callable[[Sequence[str]], bool] | None = (
-            limits_hold_back if callable(limits_hold_back) else None
-        )
         # Lost claims (see the module docstring): look for them until then.
         self._lost_claims_until = 0.0
         self._next_lost_claim_check = 0.0
@@ -912,12 +893,9 @@ class Worker:
     def _held_back_by_limits(self, queues: list[str]) -> bool:
         """After a short claim: whether a queue limit (not a lack of work) held
         back ready jobs of ``queues``. False when the store cannot tell."""
-        ask = self._limits_hold_back
-        if ask is None:
-            return False
         self._claimer_activity.busy(f"asking whether a limit holds back {queues}")
         try:
-            return bool(ask(queues))
+            return bool(self.store.limits_hold_back(queues))
         except JobrunError as exc:  # then wait for work as usual
             self._log.debug("asking whether a limit holds back %s failed: %s", queues, exc)
             return False
@@ -1339,7 +1317,7 @@ class Worker:
         )
         released = self._record(
             job,
-            lambda: self._release(job, delay, reason, snooze=True),
+            lambda: self.store.release(job, delay, reason, snooze=True),
             "snooze",
             duration=duration,
         )
@@ -1381,10 +1359,8 @@ class Worker:
     def _progress_sink(self, ctx: JobContext) -> ProgressSink | None:
         """How ``ctx.progress`` writes: on the handler's thread, fenced by the
         claim; a lost lease cancels the context, a database error is logged
-        once per job (and never fails it). None when the store cannot."""
-        record = self._record_progress
-        if record is None:
-            return None
+        once per job (and never fails it)."""
+        record = self.store.record_progress
         job = ctx.job
         lost = warned = False
 
