@@ -319,17 +319,29 @@ FROM (
 SELECT queue FROM jobrun.queue_limits WHERE queue = ANY(sqlc.arg(queues)::text[]) ORDER BY queue;
 
 -- name: LimitsHoldBack :one
--- After a short claim: does a limit hold back ready jobs of these queues?
--- (True: a limited queue among them has ready queued jobs, so the worker
--- comes back soon instead of waiting for a wake-up that a freed slot or an
--- aging rate window never sends.)
-SELECT EXISTS (
-    SELECT 1 FROM jobrun.queue_limits AS l
-    WHERE l.queue = ANY(sqlc.arg(queues)::text[])
-      AND NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = l.queue)
-      AND EXISTS (SELECT 1 FROM jobrun.jobs AS jobs
-                  WHERE jobs.state = 'queued' AND jobs.queue = l.queue AND jobs.run_at <= now())
-)::boolean AS held;
+-- After a short claim: does a limit hold back ready jobs of these queues,
+-- and for how long? NULL: no limited queue among them has ready jobs (the
+-- claim was short for want of work). Otherwise the seconds until a claim
+-- may get some: for a queue whose rate window is full, until its oldest
+-- start leaves the window; 0 when nobody can tell (a slot frees when a job
+-- finishes). The least over the queues. (A freed slot or an aging window
+-- sends no wake-up, so the worker comes back by itself.)
+SELECT min(CASE WHEN l.rate_limit IS NOT NULL AND w.started >= l.rate_limit
+                THEN GREATEST(extract(epoch FROM w.oldest
+                                      + make_interval(secs => l.rate_period_seconds)
+                                      - statement_timestamp()), 0)
+                ELSE 0 END)::float8 AS wait_seconds
+FROM jobrun.queue_limits AS l
+CROSS JOIN LATERAL (
+    SELECT COALESCE(sum(s.jobs), 0) AS started, min(s.at) AS oldest
+    FROM jobrun.queue_starts AS s
+    WHERE s.queue = l.queue AND l.rate_limit IS NOT NULL
+      AND s.at > statement_timestamp() - make_interval(secs => l.rate_period_seconds)
+) AS w
+WHERE l.queue = ANY(sqlc.arg(queues)::text[])
+  AND NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = l.queue)
+  AND EXISTS (SELECT 1 FROM jobrun.jobs AS jobs
+              WHERE jobs.state = 'queued' AND jobs.queue = l.queue AND jobs.run_at <= now());
 
 -- name: SetQueueLimits :one
 -- Replace a queue's limits (every one: NULL removes that limit). Waits for

@@ -91,9 +91,10 @@ class Store(Schedules, Protocol):
         when the claim no longer holds the job); when, by the database clock."""
         ...
 
-    def limits_hold_back(self, queues: Sequence[str]) -> bool:
-        """After a short claim: whether a queue limit, not a lack of work,
-        held back ready jobs of ``queues``."""
+    def limits_hold_back(self, queues: Sequence[str]) -> float | None:
+        """After a short claim: None when no queue limit held back ready jobs of
+        ``queues`` (the claim was short for want of work), else the seconds
+        until a claim may get some (0: unknown, a slot frees when a job ends)."""
         ...
 
     def fail(

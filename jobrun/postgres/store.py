@@ -779,17 +779,20 @@ class Store(SchedulesMixin):
         self._limited[key] = (now + LIMITED_QUEUES_TTL, limited)
         return limited
 
-    def limits_hold_back(self, queues: Sequence[str]) -> bool:
+    def limits_hold_back(self, queues: Sequence[str]) -> float | None:
         """Whether a limit (not a lack of work) holds back ready jobs of ``queues``.
 
-        For a worker whose claim came back short: True means a limited queue
-        among them has ready jobs, so it should claim again soon (a slot freed
-        by another worker, or a rate window moving on, sends no wake-up).
+        For a worker whose claim came back short. None: no limit holds work
+        back. Otherwise the seconds until a claim may get some: until the
+        oldest start leaves a full rate window, or 0 when that cannot be told
+        (a slot frees when a job finishes, here or on another worker). Either
+        way no wake-up comes, so the worker claims again by itself.
         """
         names = [validate.queue_name(name, "queues") for name in queues]
         if not names or not self._any_limited(names):
-            return False
-        return bool(self._on_pool_read(lambda c: self.q.limits_hold_back(c, queues=names)))
+            return None
+        wait: float | None = self._on_pool_read(lambda c: self.q.limits_hold_back(c, queues=names))
+        return None if wait is None else max(float(wait), 0.0)
 
     def set_queue_limits(
         self,

@@ -106,7 +106,8 @@ in the database for every worker): a claim of a limited queue takes only
 what the limits allow. A slot freed by another worker, or a rate window
 moving on, sends no wake-up, so after a short claim the claimer asks
 ``Store.limits_hold_back(queues)``; when a limit (not a lack of work) held
-ready jobs back, it claims again after ``LIMITED_RECLAIM`` (50 ms), or at
+ready jobs back, it claims again after ``LIMITED_RECLAIM`` (50 ms; doubling,
+up to the poll interval, while such claims get nothing), or at
 once when its completer flushes (a flushed batch freed its slots), instead
 of waiting for a notification or the poll interval.
 
@@ -840,6 +841,7 @@ class Worker:
         # several jobs); an idle worker claims at once.
         batch = max(1, min(self.config.concurrency // 4, 8))
         activity = self._claimer_activity
+        held_streak = 0  # claims in a row that a limit held back and got nothing
         while not self._stopping.is_set():
             activity.busy("planning a claim")
             self._adopt_lost_claims_if_due()
@@ -854,16 +856,19 @@ class Worker:
                 self._slot_freed.clear()
                 plan = self._claim_plan()
             drained = False
-            held_back = False
+            held_back: float | None = None  # seconds until a limit lets more through
+            claimed = 0
             try:
                 for queues, n in plan:
                     activity.busy(f"claiming up to {n} job(s) of {queues}")
                     jobs = self._claim_call(queues, min(n, validate.MAX_CLAIM_LIMIT))
                     self._dispatch(jobs)
+                    claimed += len(jobs)
                     if len(jobs) < n:
                         drained = True
-                        if not held_back:
-                            held_back = self._held_back_by_limits(queues)
+                        wait = self._held_back_by_limits(queues)
+                        if wait is not None:
+                            held_back = wait if held_back is None else min(held_back, wait)
                 failures = 0
             except JobrunError as exc:
                 activity.idle()
@@ -881,24 +886,34 @@ class Worker:
                 self._stopping.wait(1.0)
                 continue
             activity.idle()
-            if held_back:
-                # Ready jobs a queue limit held back: no wake-up comes when a
-                # slot frees elsewhere or the rate window moves on, so claim
-                # again soon (at once when the completer frees a slot here).
-                self._slot_freed.wait(LIMITED_RECLAIM)
+            # Ready jobs a queue limit held back: no wake-up comes when a slot
+            # frees elsewhere or the rate window moves on, so claim again by
+            # itself: when the full rate window opens, or (a slot frees who
+            # knows when) soon, at once when the completer frees a slot here.
+            # Such claims that get nothing back off, doubling up to the poll
+            # interval, so that workers facing a full limit do not poll it 20
+            # times a second.
+            held_streak = held_streak + 1 if held_back is not None and not claimed else 0
+            if held_back is not None:
+                poll = max(self.config.poll_interval.total_seconds(), LIMITED_RECLAIM)
+                if held_back > 0:
+                    pause = min(held_back + 0.001, poll)
+                else:
+                    pause = min(LIMITED_RECLAIM * 2 ** min(max(held_streak - 1, 0), 8), poll)
+                self._slot_freed.wait(pause)
                 self._slot_freed.clear()
             elif drained:
                 self._wait_for_work()
 
-    def _held_back_by_limits(self, queues: list[str]) -> bool:
-        """After a short claim: whether a queue limit (not a lack of work) held
-        back ready jobs of ``queues``. False when the store cannot tell."""
+    def _held_back_by_limits(self, queues: list[str]) -> float | None:
+        """After a short claim: None when no queue limit held back ready jobs of
+        ``queues``, else the seconds until a claim may get some (0: unknown)."""
         self._claimer_activity.busy(f"asking whether a limit holds back {queues}")
         try:
-            return bool(self.store.limits_hold_back(queues))
+            return self.store.limits_hold_back(queues)
         except JobrunError as exc:  # then wait for work as usual
             self._log.debug("asking whether a limit holds back %s failed: %s", queues, exc)
-            return False
+            return None
 
     # -- lost claims ---------------------------------------------------------------
 

@@ -84,16 +84,24 @@ def test_a_paused_limited_queue_yields_nothing(store: Store) -> None:
     store.set_queue_limits("q", concurrency=2)
     store.pause_queue("q")
     assert store.claim(OWNER, ["q"], 5, TTL) == []
-    assert store.limits_hold_back(["q"]) is False
+    assert store.limits_hold_back(["q"]) is None
 
 
 def test_limits_hold_back_tells_a_full_queue_from_an_empty_one(store: Store) -> None:
     store.set_queue_limits("q", concurrency=1)
-    assert store.limits_hold_back(["q"]) is False  # nothing queued
+    assert store.limits_hold_back(["q"]) is None  # nothing queued
     _enqueue(store, 2)
     assert len(store.claim(OWNER, ["q"], 5, TTL)) == 1
-    assert store.limits_hold_back(["q"]) is True  # one ready job held back by the limit
-    assert store.limits_hold_back(["other"]) is False
+    assert store.limits_hold_back(["q"]) == 0.0  # held back until a slot frees
+    assert store.limits_hold_back(["other"]) is None
+
+
+def test_limits_hold_back_says_when_a_full_rate_window_opens(store: Store) -> None:
+    _enqueue(store, 5)
+    store.set_queue_limits("q", rate="2/10s")
+    assert len(store.claim(OWNER, ["q"], 5, TTL)) == 2
+    wait = store.limits_hold_back(["q"])
+    assert wait is not None and 9.0 < wait <= 10.0
 
 
 def test_a_limit_set_through_another_store_is_never_overshot_by_a_stale_route(
@@ -155,8 +163,9 @@ def test_a_rate_limit_starts_at_most_its_count_in_any_window(store: Store) -> No
     for job in first:
         store.complete(job)  # finishing frees no rate: the window counts starts
     assert store.claim(OWNER, ["q"], 20, TTL) == []
-    assert store.limits_hold_back(["q"]) is True
-    time.sleep(1.05)
+    wait = store.limits_hold_back(["q"])
+    assert wait is not None and 0 < wait <= 1.0
+    time.sleep(wait + 0.05)
     assert len(store.claim(OWNER, ["q"], 20, TTL)) == 5
 
 

@@ -367,13 +367,22 @@ LIMITED_QUEUES: Final = (
 
 
 LIMITS_HOLD_BACK: Final = """\
-SELECT EXISTS (
-    SELECT 1 FROM jobrun.queue_limits AS l
-    WHERE l.queue = ANY($1::text[])
-      AND NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = l.queue)
-      AND EXISTS (SELECT 1 FROM jobrun.jobs AS jobs
-                  WHERE jobs.state = 'queued' AND jobs.queue = l.queue AND jobs.run_at <= now())
-)::boolean AS held"""
+SELECT min(CASE WHEN l.rate_limit IS NOT NULL AND w.started >= l.rate_limit
+                THEN GREATEST(extract(epoch FROM w.oldest
+                                      + make_interval(secs => l.rate_period_seconds)
+                                      - statement_timestamp()), 0)
+                ELSE 0 END)::float8 AS wait_seconds
+FROM jobrun.queue_limits AS l
+CROSS JOIN LATERAL (
+    SELECT COALESCE(sum(s.jobs), 0) AS started, min(s.at) AS oldest
+    FROM jobrun.queue_starts AS s
+    WHERE s.queue = l.queue AND l.rate_limit IS NOT NULL
+      AND s.at > statement_timestamp() - make_interval(secs => l.rate_period_seconds)
+) AS w
+WHERE l.queue = ANY($1::text[])
+  AND NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = l.queue)
+  AND EXISTS (SELECT 1 FROM jobrun.jobs AS jobs
+              WHERE jobs.state = 'queued' AND jobs.queue = l.queue AND jobs.run_at <= now())"""
 
 
 SET_QUEUE_LIMITS: Final = """\
@@ -1444,18 +1453,21 @@ class Queries(QueriesBase):
             cur.execute(self.sql(LIMITED_QUEUES), (queues,))
             return [r[0] for r in cur.fetchall()]
 
-    def limits_hold_back(self, conn: psycopg.Connection[Any], *, queues: list[str]) -> bool | None:
-        """After a short claim: does a limit hold back ready jobs of these queues?
-        (True: a limited queue among them has ready queued jobs, so the worker
-        comes back soon instead of waiting for a wake-up that a freed slot or an
-        aging rate window never sends.)
+    def limits_hold_back(self, conn: psycopg.Connection[Any], *, queues: list[str]) -> float | None:
+        """After a short claim: does a limit hold back ready jobs of these queues,
+        and for how long? NULL: no limited queue among them has ready jobs (the
+        claim was short for want of work). Otherwise the seconds until a claim
+        may get some: for a queue whose rate window is full, until its oldest
+        start leaves the window; 0 when nobody can tell (a slot frees when a job
+        finishes). The least over the queues. (A freed slot or an aging window
+        sends no wake-up, so the worker comes back by itself.)
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(LIMITS_HOLD_BACK), (queues,))
             r = cur.fetchone()
         if r is None:
             return None
-        value: bool = r[0]
+        value: float = r[0]
         return value
 
     def set_queue_limits(
