@@ -135,3 +135,16 @@ def plain_work(ctx: JobContext, job: Job) -> None:
 def plain_fast(ctx: JobContext, job: Job) -> None:
     """As little work as possible: one side-log line (the load test)."""
     side_log("start", job)
+
+
+@registry.handler("tx.limited")
+def tx_limited(ctx: JobContext, job: Job) -> Callable[[psycopg.Connection[Any]], None]:
+    """A job of a limited queue (tests/faults/test_limits.py): transactional like
+    ``tx.work`` (payload ``sleep``), its side-log records also name its queue and
+    concurrency key, so that a test can count the runs in progress per queue and key."""
+    side_log("start", job, queue=job.queue, key=job.concurrency_key)
+    seconds = float(job.payload.get("sleep", 0))
+    if seconds:
+        ctx.cancelled.wait(seconds)
+    side_log("end", job, queue=job.queue, key=job.concurrency_key)
+    return commit_for(job)

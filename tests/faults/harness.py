@@ -390,3 +390,33 @@ class Background:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+class Reaper:
+    """``Store.reap_expired`` every ``interval`` seconds in a thread (the leader's
+    job, done by the test so that an expired lease is requeued within a fraction
+    of a second instead of the scheduler's 5 s); errors (a restarting server)
+    are counted and the loop goes on."""
+
+    def __init__(self, store: Any, interval: float = 0.2) -> None:
+        self.store = store
+        self.interval = interval
+        self.requeued = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-reaper", daemon=True)
+
+    def __enter__(self) -> Reaper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.requeued += self.store.reap_expired(self.store.now(), 500).total
+            except Exception:
+                self.errors += 1

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime as dt
 import json
+import threading
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +287,220 @@ def _check_side_log(target: Target, jobs: dict[uuid.UUID, Any]) -> list[str]:
             if n != 1:
                 problems.append(f"job {job_id} ({row[1]}) ran {n} times, not exactly once")
     return problems
+
+
+# -- flow control: no limit overshot ----------------------------------------------------
+#
+# Three independent checks of the queue limits (issue 14), each told the limits
+# by the test rather than read from jobrun.queue_limits, so that each can be
+# checked against a run whose limits were never set (it must then fail):
+#
+# - in the database, at every claim: a trigger on jobs counts the queue's and
+#   the key's leases afresh (a plpgsql statement in READ COMMITTED takes a new
+#   snapshot: every claim committed before, and this claim's own rows) and
+#   records any count above its limit in public.limit_violations;
+# - from outside, all the time: :class:`LeaseSampler` reads the committed
+#   leases per queue and key every few milliseconds on a connection of its own;
+# - the rate: :func:`busiest_window` counts the ``claimed`` events (their
+#   ``at`` is the claim's statement_timestamp(), the clock the limit uses) in
+#   every window of the period that ends at a claim.
+#
+# :func:`most_running` adds the application's view: the handler runs in
+# progress at once, from the side log (a run lies inside its lease).
+
+LIMIT_ORACLE_DDL = """
+CREATE TABLE IF NOT EXISTS public.limit_expected (
+    queue       text PRIMARY KEY,
+    concurrency integer,
+    per_key     integer
+);
+CREATE TABLE IF NOT EXISTS public.limit_violations (
+    queue   text        NOT NULL,
+    key     text,
+    seen    integer     NOT NULL,
+    allowed integer     NOT NULL,
+    job_id  uuid        NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE OR REPLACE FUNCTION public.check_limits() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE lim public.limit_expected; n int;
+BEGIN
+  SELECT * INTO lim FROM public.limit_expected WHERE queue = NEW.queue;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF lim.concurrency IS NOT NULL THEN
+    SELECT count(*) INTO n FROM jobrun.jobs WHERE state = 'leased' AND queue = NEW.queue;
+    IF n > lim.concurrency THEN
+      INSERT INTO public.limit_violations (queue, seen, allowed, job_id)
+      VALUES (NEW.queue, n, lim.concurrency, NEW.id);
+    END IF;
+  END IF;
+  IF lim.per_key IS NOT NULL AND NEW.concurrency_key IS NOT NULL THEN
+    SELECT count(*) INTO n FROM jobrun.jobs
+    WHERE state = 'leased' AND queue = NEW.queue AND concurrency_key = NEW.concurrency_key;
+    IF n > lim.per_key THEN
+      INSERT INTO public.limit_violations (queue, key, seen, allowed, job_id)
+      VALUES (NEW.queue, NEW.concurrency_key, n, lim.per_key, NEW.id);
+    END IF;
+  END IF;
+  RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS check_limits ON jobrun.jobs;
+CREATE TRIGGER check_limits AFTER UPDATE OF state ON jobrun.jobs
+FOR EACH ROW WHEN (NEW.state = 'leased' AND OLD.state <> 'leased')
+EXECUTE FUNCTION public.check_limits();
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedLimits:
+    """The limits a test set on a queue, as the limit oracles check them."""
+
+    concurrency: int | None = None
+    per_key: int | None = None
+
+
+def install_limit_oracle(
+    conn: psycopg.Connection[Any], expected: dict[str, ExpectedLimits]
+) -> None:
+    """The claim-time trigger on ``jobrun.jobs``, checking ``expected`` (needs a superuser)."""
+    conn.execute(LIMIT_ORACLE_DDL)
+    for queue, lim in expected.items():
+        conn.execute(
+            "INSERT INTO public.limit_expected (queue, concurrency, per_key) VALUES (%s, %s, %s)"
+            " ON CONFLICT (queue) DO UPDATE SET concurrency = EXCLUDED.concurrency,"
+            " per_key = EXCLUDED.per_key",
+            [queue, lim.concurrency, lim.per_key],
+        )
+
+
+def limit_violations(conn: psycopg.Connection[Any]) -> list[str]:
+    """What the trigger recorded: every claim that left a queue or key above its limit."""
+    rows = conn.execute(
+        "SELECT queue, key, seen, allowed, job_id, at FROM public.limit_violations ORDER BY at"
+    ).fetchall()
+    return [
+        f"claim of job {job} left {queue}"
+        + (f" key {key}" if key is not None else "")
+        + f" with {seen} leases (limit {allowed}) at {at}"
+        for queue, key, seen, allowed, job, at in rows
+    ]
+
+
+LEASES_NOW = """
+SELECT queue, concurrency_key, count(*)::int FROM jobrun.jobs
+WHERE state = 'leased' AND queue = ANY(%s) GROUP BY queue, concurrency_key
+"""
+
+
+class LeaseSampler:
+    """A thread reading the leases per queue and key every ``interval`` seconds.
+
+    Each sample is one statement (one snapshot of what has committed), on a
+    connection of its own, reconnecting when the server goes away. Keeps the
+    peaks per queue and per key and every sample above ``expected``.
+    """
+
+    def __init__(
+        self, url: str, expected: dict[str, ExpectedLimits], interval: float = 0.005
+    ) -> None:
+        self.url = url
+        self.expected = expected
+        self.interval = interval
+        self.samples = 0
+        self.unreachable = 0
+        self.peak: collections.Counter[str] = collections.Counter()
+        """The most leases seen at once per queue."""
+        self.peak_per_key: collections.Counter[str] = collections.Counter()
+        """The most leases seen at once for one key, per queue."""
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-sampler", daemon=True)
+
+    def __enter__(self) -> LeaseSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        queues = list(self.expected)
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True, connect_timeout=3) as conn:
+                    while not self._stop.is_set():
+                        self._sample(conn.execute(LEASES_NOW, [queues]).fetchall())
+                        self._stop.wait(self.interval)
+            except psycopg.OperationalError:
+                self.unreachable += 1  # a restart: sample again once it is back
+                self._stop.wait(0.05)
+
+    def _sample(self, rows: list[tuple[str, str | None, int]]) -> None:
+        self.samples += 1
+        stamp = time.time()
+        totals: collections.Counter[str] = collections.Counter()
+        for queue, key, n in rows:
+            totals[queue] += n
+            lim = self.expected[queue]
+            if key is None:
+                continue
+            self.peak_per_key[queue] = max(self.peak_per_key[queue], n)
+            if lim.per_key is not None and n > lim.per_key:
+                self.violations.append(
+                    f"sample {self.samples} at {stamp:.3f}: {queue} key {key} has {n} leases"
+                    f" (limit {lim.per_key})"
+                )
+        for queue, n in totals.items():
+            self.peak[queue] = max(self.peak[queue], n)
+            lim = self.expected[queue]
+            if lim.concurrency is not None and n > lim.concurrency:
+                self.violations.append(
+                    f"sample {self.samples} at {stamp:.3f}: {queue} has {n} leases"
+                    f" (limit {lim.concurrency})"
+                )
+
+
+def busiest_window(conn: psycopg.Connection[Any], queue: str, period: dt.timedelta) -> int:
+    """The most claims of ``queue``'s jobs in any window of ``period`` (by the
+    ``claimed`` events' ``at``, the claim's statement_timestamp()): every window
+    (t - period, t] that ends at a claim, ties included."""
+    row = conn.execute(
+        "SELECT COALESCE(max(n), 0) FROM ("
+        "  SELECT count(*) OVER (ORDER BY e.at RANGE BETWEEN %s::interval PRECEDING"
+        "                        AND CURRENT ROW) AS n"
+        "  FROM jobrun.job_events e JOIN jobrun.jobs j ON j.id = e.job_id"
+        "  WHERE e.kind = 'claimed' AND j.queue = %s) AS w",
+        [period - dt.timedelta(microseconds=1), queue],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def most_running(
+    records: list[dict[str, Any]], group: Callable[[dict[str, Any]], Any]
+) -> collections.Counter[Any]:
+    """The most handler runs in progress at once per ``group(record)`` (None: left
+    out), from the side log's ``start`` and ``end`` records of one claim (its
+    lease token). A run without an end (its process was killed) is left out."""
+    starts = {(r["job"], r["token"]): r for r in records if r["event"] == "start"}
+    edges: list[tuple[float, int, Any]] = []
+    for r in records:
+        if r["event"] != "end":
+            continue
+        start = starts.get((r["job"], r["token"]))
+        if start is None or group(start) is None:
+            continue
+        edges.append((start["t"], 1, group(start)))
+        edges.append((r["t"], -1, group(start)))
+    running: collections.Counter[Any] = collections.Counter()
+    peak: collections.Counter[Any] = collections.Counter()
+    for _, step, key in sorted(edges, key=lambda e: (e[0], e[1])):  # ends first at a tie
+        running[key] += step
+        peak[key] = max(peak[key], running[key])
+    return peak
