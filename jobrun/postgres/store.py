@@ -868,21 +868,31 @@ class Store(SchedulesMixin):
         return found[0] if found else QueueLimits(queue=queue)
 
     def all_queue_limits(self) -> builtins.list[QueueLimits]:
-        """Every limited queue's limits and what they hold now, by queue name."""
-        return [
-            QueueLimits(
-                queue=r.queue,
-                concurrency=r.concurrency,
-                per_key=r.per_key,
-                rate=None
-                if r.rate_limit is None or r.rate_period_seconds is None
-                else RateLimit(r.rate_limit, dt.timedelta(seconds=r.rate_period_seconds)),
-                leased=r.leased or 0,
-                started_in_window=r.started_in_window or 0,
-                updated_at=utc(r.updated_at),
-            )
-            for r in self._on_pool_read(self.q.list_queue_limits)
-        ]
+        """Every limited queue's limits and what they hold now, by queue name.
+
+        A row no jobrun call could have written (a queue name or a limit out
+        of range, put there by hand) is left out with a WARNING, rather than
+        making every reader fail: no worker can claim such a queue anyway.
+        """
+        found: builtins.list[QueueLimits] = []
+        for r in self._on_pool_read(self.q.list_queue_limits):
+            try:
+                found.append(
+                    QueueLimits(
+                        queue=r.queue,
+                        concurrency=r.concurrency,
+                        per_key=r.per_key,
+                        rate=None
+                        if r.rate_limit is None or r.rate_period_seconds is None
+                        else RateLimit(r.rate_limit, dt.timedelta(seconds=r.rate_period_seconds)),
+                        leased=r.leased or 0,
+                        started_in_window=r.started_in_window or 0,
+                        updated_at=utc(r.updated_at),
+                    )
+                )
+            except ValidationError as exc:
+                log.warning("ignoring the queue_limits row of queue %r: %s", r.queue, exc)
+        return found
 
     def record_progress(self, job: Job, progress: float, message: str | None = None) -> dt.datetime:
         """Store a running job's progress (a fraction from 0 to 1, and a message).

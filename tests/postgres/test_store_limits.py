@@ -194,6 +194,15 @@ def test_queue_limits_reads_back_what_was_set_and_what_it_holds(store: Store) ->
     assert store.set_queue_limits("q", concurrency=5).per_key is None
 
 
+def test_a_limits_row_written_by_hand_that_no_call_could_write_is_left_out(
+    store: Store, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    store.set_queue_limits("good", concurrency=2)
+    conn.execute("INSERT INTO jobrun.queue_limits (queue, concurrency) VALUES ('bad name!', 3)")
+    assert [lim.queue for lim in store.all_queue_limits()] == ["good"]
+    assert "ignoring the queue_limits row of queue 'bad name!'" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("fields", "field"),
     [
