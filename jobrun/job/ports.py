@@ -22,6 +22,7 @@ from jobrun.job.model import (
     Job,
     NewJob,
     QueueDepth,
+    QueueLimits,
     ReapResult,
     Schedule,
     State,
@@ -89,6 +90,10 @@ class Store(Schedules, Protocol):
     def record_progress(self, job: Job, progress: float, message: str | None = None) -> dt.datetime:
         """Store a running job's progress (fenced like a heartbeat: LeaseLost
         when the claim no longer holds the job); when, by the database clock."""
+        ...
+
+    def all_queue_limits(self) -> list[QueueLimits]:
+        """Every limited queue's limits (for the worker's start banner)."""
         ...
 
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:

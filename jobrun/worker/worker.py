@@ -605,6 +605,9 @@ class Worker:
         if self.database is not None:
             lines.append(f"  database:    {self.database}")
         lines.append(f"  queues:      {queues}")
+        shared = self._shared_limits()
+        if shared:
+            lines.append(f"  limits:      {shared} (in the database: for every worker)")
         lines.append(f"  concurrency: {self.config.concurrency}")
         if types:
             lines.append(f"  job types ({len(types)}):")
@@ -622,6 +625,17 @@ class Worker:
                 "concurrency": self.config.concurrency,
                 "job_types": types,
             },
+        )
+
+    def _shared_limits(self) -> str:
+        """The database's limits on this worker's queues, for the banner ("" when
+        none, or when they cannot be read now: the claims apply them anyway)."""
+        try:
+            limits = self.store.all_queue_limits()
+        except JobrunError:
+            return ""
+        return "; ".join(
+            f"{lim.queue}: {lim.describe()}" for lim in limits if lim.queue in self.config.queues
         )
 
     def stop(self, timeout: float | None = None) -> bool:

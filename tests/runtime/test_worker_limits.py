@@ -6,6 +6,7 @@ PostgreSQL."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import pytest
 
 from jobrun.job.model import Job, NewJob
 from jobrun.postgres.store import Store
-from jobrun.worker import JobContext, Registry, Worker
+from jobrun.worker import JobContext, Registry, Worker, WorkerConfig
 from tests.support.waiting import wait_for
 
 DEADLINE = 120.0
@@ -156,3 +157,21 @@ def test_a_worker_whose_claim_a_limit_held_back_claims_again_without_a_wake_up(
             poll_interval=dt.timedelta(seconds=60),
         )
     wait_for(lambda: states(conn, queue="q") == {"succeeded": 30}, timeout=30)
+
+
+def test_the_start_banner_names_the_databases_limits_on_the_workers_queues(
+    store: Store, registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.set_queue_limits("emails", concurrency=5, rate="100/s")
+    store.set_queue_limits("elsewhere", per_key=1)  # not this worker's queue
+    caplog.set_level(logging.INFO, logger="jobrun")
+    worker = Worker(store, registry, WorkerConfig(queues={"emails": 2, "default": None}))
+    worker.start()
+    try:
+        (banner,) = [r for r in caplog.records if "starting" in r.getMessage()]
+    finally:
+        worker.stop(5)
+    lines = banner.getMessage().splitlines()
+    shared = "emails: concurrency 5, rate 100/s (in the database: for every worker)"
+    assert f"  limits:      {shared}" in lines
+    assert not any("elsewhere" in line for line in lines)
