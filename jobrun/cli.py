@@ -152,11 +152,13 @@ from jobrun.job.model import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_PRIORITY,
     DEFAULT_QUEUE,
+    KEEP,
     MAX_LIMIT,
     Backoff,
     Event,
     Job,
     JSONValue,
+    Keep,
     NewJob,
     QueueDepth,
     QueueLimits,
@@ -1649,11 +1651,11 @@ def _merged_limits(args: argparse.Namespace) -> tuple[QueueLimits, set[str]]:
 _T = TypeVar("_T")
 
 
-def _kept(given: _T | None, current: _T | None, dropped: bool) -> _T | None:
-    """A limit after the command: removed, replaced by the one given, or kept."""
+def _change(given: _T | None, dropped: bool) -> _T | Keep | None:
+    """A limit's change: removed, set to the one given, or kept."""
     if dropped:
         return None
-    return given if given is not None else current
+    return KEEP if given is None else given
 
 
 def cmd_queue_limit(args: argparse.Namespace) -> int:
@@ -1661,20 +1663,14 @@ def cmd_queue_limit(args: argparse.Namespace) -> int:
     given, dropped = _merged_limits(args)
     queue = given.queue
     with open_client(args) as client:
-        current = client.queue_limits(queue)
-        merged = QueueLimits(
-            queue=queue,
-            concurrency=_kept(given.concurrency, current.concurrency, "concurrency" in dropped),
-            per_key=_kept(given.per_key, current.per_key, "per_key" in dropped),
-            rate=_kept(given.rate, current.rate, "rate" in dropped),
+        # One change in the database: the limits not named stay, even when
+        # another operator changes them at the same moment.
+        limits = client.change_queue_limits(
+            queue,
+            concurrency=_change(given.concurrency, "concurrency" in dropped),
+            per_key=_change(given.per_key, "per_key" in dropped),
+            rate=_change(given.rate, "rate" in dropped),
         )
-        if merged.concurrency is None and merged.per_key is None and merged.rate is None:
-            client.clear_queue_limits(queue)
-            limits = client.queue_limits(queue)
-        else:
-            limits = client.set_queue_limits(
-                queue, concurrency=merged.concurrency, per_key=merged.per_key, rate=merged.rate
-            )
     if args.json:
         _print_json(limits)
     else:

@@ -46,12 +46,14 @@ from jobrun.job.model import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_PRIORITY,
     DEFAULT_QUEUE,
+    KEEP,
     Backoff,
     BatchResult,
     EffectKey,
     Event,
     Job,
     JSONValue,
+    Keep,
     NewJob,
     QueueDepth,
     QueueLimits,
@@ -257,6 +259,21 @@ class Client:
         return self.store.paused_queues()
 
     # -- flow control ----------------------------------------------------------------------
+
+    def change_queue_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | Keep | None = KEEP,
+        per_key: int | Keep | None = KEEP,
+        rate: RateLimit | str | Keep | None = KEEP,
+    ) -> QueueLimits:
+        """Change only the limits named (None removes one) and keep the others,
+        atomically (what ``jobrun queues limit`` does); removing the last lifts
+        them all. The guarantees are :meth:`set_queue_limits`'s."""
+        return self.store.change_queue_limits(
+            queue, concurrency=concurrency, per_key=per_key, rate=rate
+        )
 
     def set_queue_limits(
         self,

@@ -362,6 +362,36 @@ WITH up AS (
 )
 SELECT up.* FROM up WHERE (SELECT count(*) FROM wake) >= 0;
 
+-- name: ChangeQueueLimits :one
+-- Set the limits given and keep the others (keep_*), in one statement: two
+-- operators changing different limits of one queue at once both land. The
+-- caller sets at least one limit (a row of only NULLs is refused by the
+-- table's check). Wakes the queue's workers, like SetQueueLimits.
+WITH up AS (
+    INSERT INTO jobrun.queue_limits AS l (queue, concurrency, per_key, rate_limit, rate_period_seconds)
+    VALUES (sqlc.arg(queue), sqlc.narg(concurrency)::int4, sqlc.narg(per_key)::int4,
+            sqlc.narg(rate_limit)::int4, sqlc.narg(rate_period_seconds)::float8)
+    ON CONFLICT (queue) DO UPDATE
+    SET concurrency = CASE WHEN sqlc.arg(keep_concurrency)::boolean THEN l.concurrency
+                           ELSE EXCLUDED.concurrency END,
+        per_key = CASE WHEN sqlc.arg(keep_per_key)::boolean THEN l.per_key ELSE EXCLUDED.per_key END,
+        rate_limit = CASE WHEN sqlc.arg(keep_rate)::boolean THEN l.rate_limit
+                          ELSE EXCLUDED.rate_limit END,
+        rate_period_seconds = CASE WHEN sqlc.arg(keep_rate)::boolean THEN l.rate_period_seconds
+                                   ELSE EXCLUDED.rate_period_seconds END,
+        updated_at = now()
+    RETURNING l.*
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, up.queue) FROM up
+    WHERE pg_notification_queue_usage() < sqlc.arg(max_notify_usage)::float8
+)
+SELECT up.* FROM up WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: LockQueueLimitsRow :one
+-- A queue's limits, locked until the transaction ends (a change that only
+-- removes limits reads, then rewrites or deletes, the row it holds).
+SELECT * FROM jobrun.queue_limits AS l WHERE l.queue = sqlc.arg(queue) FOR UPDATE;
+
 -- name: DeleteQueueLimits :one
 -- Lift every limit of a queue (and forget its rate window); wakes its
 -- workers. removed is 0 when the queue had no limits.

@@ -520,6 +520,16 @@ class RateLimit:
         return f"{self.limit}/{seconds * 1000:g}ms"
 
 
+class Keep(enum.Enum):
+    """The type of :data:`KEEP`."""
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
+"""For ``change_queue_limits``: leave this limit as it is."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class QueueLimits:
     """The limits every worker applies to a queue's claims (None: no such limit),

@@ -121,6 +121,7 @@ from jobrun.job.errors import (
     ValidationError,
 )
 from jobrun.job.model import (
+    KEEP,
     Backoff,
     BatchResult,
     CompleteManyResult,
@@ -128,6 +129,7 @@ from jobrun.job.model import (
     Event,
     EventKind,
     Job,
+    Keep,
     NewJob,
     QueueDepth,
     QueueLimits,
@@ -167,6 +169,8 @@ BATCH_CHUNK = 5000
 MAX_HEARTBEAT_IDS = 100_000
 """The most ids one heartbeat or completion call sends (arrays, before any SQL)."""
 MAX_LIST_LIMIT = 10_000
+
+
 LIMITED_QUEUES_TTL = 1.0
 """Seconds a store trusts what it last read about which queues have limits.
 
@@ -849,6 +853,85 @@ class Store(SchedulesMixin):
         )
         self._limited.clear()
         return self.queue_limits(limits.queue)
+
+    def change_queue_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | Keep | None = KEEP,
+        per_key: int | Keep | None = KEEP,
+        rate: RateLimit | str | Keep | None = KEEP,
+    ) -> QueueLimits:
+        """Change only the limits named (None removes one); the others stay.
+
+        What ``jobrun queues limit`` does: atomic against another change of
+        the same queue (two operators each setting a different limit both
+        land). Removing the last limit lifts them all. The guarantees are
+        :meth:`set_queue_limits`'s.
+        """
+        validate.queue_name(queue)
+        if isinstance(rate, str):
+            rate = RateLimit.parse(rate)
+        QueueLimits(
+            queue=queue,
+            concurrency=None if isinstance(concurrency, Keep) else concurrency,
+            per_key=None if isinstance(per_key, Keep) else per_key,
+            rate=None if isinstance(rate, Keep) else rate,
+        )  # every value checked before any SQL runs
+        if all(isinstance(v, Keep) for v in (concurrency, per_key, rate)):
+            return self.queue_limits(queue)
+        if any(v is not None and not isinstance(v, Keep) for v in (concurrency, per_key, rate)):
+            # A limit is set, so the row can never be left empty: one upsert.
+            rate_value = None if isinstance(rate, Keep) else rate
+            self._on_pool(
+                lambda c: self.q.change_queue_limits(
+                    c,
+                    queue=queue,
+                    concurrency=None if isinstance(concurrency, Keep) else concurrency,
+                    per_key=None if isinstance(per_key, Keep) else per_key,
+                    rate_limit=None if rate_value is None else rate_value.limit,
+                    rate_period_seconds=None
+                    if rate_value is None
+                    else rate_value.period.total_seconds(),
+                    keep_concurrency=isinstance(concurrency, Keep),
+                    keep_per_key=isinstance(per_key, Keep),
+                    keep_rate=isinstance(rate, Keep),
+                    channel=self.notify_channel,
+                    max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+                )
+            )
+        else:
+            # Only removals: rewrite (or delete) the row while holding it.
+            def remove(c: psycopg.Connection[Any]) -> None:
+                row = self.q.lock_queue_limits_row(c, queue=queue)
+                if row is None:
+                    return
+                left_concurrency = None if concurrency is None else row.concurrency
+                left_per_key = None if per_key is None else row.per_key
+                left_rate = None if rate is None else row.rate_limit
+                left_period = None if rate is None else row.rate_period_seconds
+                if left_concurrency is None and left_per_key is None and left_rate is None:
+                    self.q.delete_queue_limits(
+                        c,
+                        queue=queue,
+                        channel=self.notify_channel,
+                        max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+                    )
+                else:
+                    self.q.set_queue_limits(
+                        c,
+                        queue=queue,
+                        concurrency=left_concurrency,
+                        per_key=left_per_key,
+                        rate_limit=left_rate,
+                        rate_period_seconds=left_period,
+                        channel=self.notify_channel,
+                        max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+                    )
+
+            self._with_tx(remove)
+        self._limited.clear()
+        return self.queue_limits(queue)
 
     def clear_queue_limits(self, queue: str) -> bool:
         """Lift every limit of ``queue``; False when it had none."""

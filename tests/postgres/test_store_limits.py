@@ -412,3 +412,49 @@ def test_bad_progress_is_refused_before_anything_is_written(store: Store, bad: A
     with pytest.raises(ValidationError):
         store.record_progress(job, bad)
     assert store.get(job.id).progress is None
+
+
+def test_change_queue_limits_sets_the_named_and_keeps_the_others(store: Store) -> None:
+    store.change_queue_limits("q", concurrency=5)
+    store.change_queue_limits("q", rate="10/s")
+    got = store.change_queue_limits("q", per_key=2)
+    assert got.describe() == "concurrency 5, per key 2, rate 10/s"
+    assert store.change_queue_limits("q", rate=None).describe() == "concurrency 5, per key 2"
+    assert store.change_queue_limits("q").describe() == "concurrency 5, per key 2"
+    store.change_queue_limits("q", concurrency=None, per_key=None)
+    assert store.all_queue_limits() == []
+    assert store.change_queue_limits("absent", rate=None) == QueueLimits(queue="absent")
+
+
+def test_two_changes_of_different_limits_at_once_both_land(make_store: Any) -> None:
+    a, b = make_store(), make_store()
+    a.set_queue_limits("q", concurrency=1, per_key=1)
+    start = threading.Barrier(2)
+
+    def bump(store: Store, field: str) -> None:
+        start.wait()
+        for n in range(2, 40):
+            store.change_queue_limits("q", **{field: n})
+
+    threads = [
+        threading.Thread(target=bump, args=(a, "concurrency")),
+        threading.Thread(target=bump, args=(b, "per_key")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = a.queue_limits("q")
+    assert (got.concurrency, got.per_key) == (39, 39)
+
+
+def test_a_bad_change_is_refused_before_anything_is_written(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    store.set_queue_limits("q", concurrency=3)
+    for bad in ({"concurrency": 0}, {"per_key": "x"}, {"rate": "fast"}):
+        with pytest.raises(ValidationError):
+            store.change_queue_limits("q", **bad)
+    with pytest.raises(ValidationError):
+        store.change_queue_limits("bad name!", concurrency=1)
+    assert store.queue_limits("q").describe() == "concurrency 3"

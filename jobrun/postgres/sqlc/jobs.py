@@ -402,6 +402,31 @@ WITH up AS (
 SELECT up.queue, up.concurrency, up.per_key, up.rate_limit, up.rate_period_seconds, up.updated_at FROM up WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
+CHANGE_QUEUE_LIMITS: Final = """\
+WITH up AS (
+    INSERT INTO jobrun.queue_limits AS l (queue, concurrency, per_key, rate_limit, rate_period_seconds)
+    VALUES ($1, $2::int4, $3::int4,
+            $4::int4, $5::float8)
+    ON CONFLICT (queue) DO UPDATE
+    SET concurrency = CASE WHEN $6::boolean THEN l.concurrency
+                           ELSE EXCLUDED.concurrency END,
+        per_key = CASE WHEN $7::boolean THEN l.per_key ELSE EXCLUDED.per_key END,
+        rate_limit = CASE WHEN $8::boolean THEN l.rate_limit
+                          ELSE EXCLUDED.rate_limit END,
+        rate_period_seconds = CASE WHEN $8::boolean THEN l.rate_period_seconds
+                                   ELSE EXCLUDED.rate_period_seconds END,
+        updated_at = now()
+    RETURNING l.queue, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds, l.updated_at
+), wake AS (
+    SELECT pg_notify($9::text, up.queue) FROM up
+    WHERE pg_notification_queue_usage() < $10::float8
+)
+SELECT up.queue, up.concurrency, up.per_key, up.rate_limit, up.rate_period_seconds, up.updated_at FROM up WHERE (SELECT count(*) FROM wake) >= 0"""
+
+
+LOCK_QUEUE_LIMITS_ROW: Final = "SELECT queue, concurrency, per_key, rate_limit, rate_period_seconds, updated_at FROM jobrun.queue_limits AS l WHERE l.queue = $1 FOR UPDATE"
+
+
 DELETE_QUEUE_LIMITS: Final = """\
 WITH gone AS (
     DELETE FROM jobrun.queue_limits AS l WHERE l.queue = $1 RETURNING l.queue
@@ -1499,6 +1524,77 @@ class Queries(QueriesBase):
                     max_notify_usage,
                 ),
             )
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return QueueLimit(
+            queue=r[0],
+            concurrency=r[1],
+            per_key=r[2],
+            rate_limit=r[3],
+            rate_period_seconds=r[4],
+            updated_at=r[5],
+        )
+
+    def change_queue_limits(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        queue: str,
+        concurrency: int | None,
+        per_key: int | None,
+        rate_limit: int | None,
+        rate_period_seconds: float | None,
+        keep_concurrency: bool,
+        keep_per_key: bool,
+        keep_rate: bool,
+        channel: str,
+        max_notify_usage: float,
+    ) -> QueueLimit | None:
+        """Set the limits given and keep the others (keep_*), in one statement: two
+        operators changing different limits of one queue at once both land. The
+        caller sets at least one limit (a row of only NULLs is refused by the
+        table's check). Wakes the queue's workers, like SetQueueLimits.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(
+                self.sql(CHANGE_QUEUE_LIMITS),
+                (
+                    queue,
+                    concurrency,
+                    per_key,
+                    rate_limit,
+                    rate_period_seconds,
+                    keep_concurrency,
+                    keep_per_key,
+                    keep_rate,
+                    channel,
+                    max_notify_usage,
+                ),
+            )
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return QueueLimit(
+            queue=r[0],
+            concurrency=r[1],
+            per_key=r[2],
+            rate_limit=r[3],
+            rate_period_seconds=r[4],
+            updated_at=r[5],
+        )
+
+    def lock_queue_limits_row(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        queue: str,
+    ) -> QueueLimit | None:
+        """A queue's limits, locked until the transaction ends (a change that only
+        removes limits reads, then rewrites or deletes, the row it holds).
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LOCK_QUEUE_LIMITS_ROW), (queue,))
             r = cur.fetchone()
         if r is None:
             return None
