@@ -25,6 +25,12 @@ observed       the no-op drain at the highest concurrency, alternating a worker
                with no observability, one with ``--metrics-port 0`` and one
                with ``--tracing otel`` (SDK, batch processor, null exporter);
                cost = 1 - rate with / rate without, per run.
+limits         the no-op drain at the highest concurrency, alternating no limit, a
+               concurrency limit of 50, one of 1,000, a per-key limit of 1 over 1,000
+               keys and a rate limit of 1,000,000/s (issue 14); ratio = limited /
+               unlimited, per run.
+limits_claim   ``Store.claim`` of 32 jobs (the previous 32 still leased) at 100,000
+               queued jobs, without limits and under each kind; p50, p99, ratios.
 worker_rss     a longer no-op drain (100,000 jobs by default) for the RSS target.
 pickup         an idle ``jobrun worker``; jobs enqueued one by one at a fixed
                rate; latency = the handler's ``time.time()`` at start minus
@@ -61,7 +67,15 @@ from rich.console import Console
 
 from bench.plan import explain_claim
 from bench.server import ROOT, Database
-from bench.stats import Figure, at_least, at_most, below, percentile, ratio_at_least
+from bench.stats import (
+    Figure,
+    at_least,
+    at_most,
+    below,
+    not_below,
+    percentile,
+    ratio_at_least,
+)
 from jobrun import NewJob
 from jobrun.job.model import DEFAULT_BACKOFF
 from jobrun.postgres.pool import open_pool
@@ -95,6 +109,10 @@ class Sizes:
     growth_queued: int = 100_000
     growth_samples: int = 300
     claim_batch: int = 10
+    limits_queued: int = 100_000
+    """Queued jobs under the claims of ``limits_claim`` (topped up before each block)."""
+    limits_samples: int = 500
+    limits_claim_batch: int = 32
 
     @property
     def concurrencies(self) -> list[int]:
@@ -126,6 +144,8 @@ QUICK = Sizes(
     growth_finished=20_000,
     growth_queued=2_000,
     growth_samples=30,
+    limits_queued=2_000,
+    limits_samples=30,
 )
 
 
@@ -522,6 +542,25 @@ class DrainRun:
     """Transactions that completed jobs (distinct finished_at)."""
     statements: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The top statements by server time (with ``--statements``)."""
+    leased_peak: int = 0
+    """The most jobs leased at once (from each job's claim to its finished_at)."""
+    leased_mean: float = 0.0
+    """Jobs leased on average over the drain (lease time of all jobs / its duration)."""
+
+
+LEASES_HELD = """
+SELECT (SELECT max(n) FROM (
+            SELECT sum(d) OVER (ORDER BY t, d) AS n FROM (
+                SELECT e.at AS t, 1 AS d FROM jobrun.job_events e WHERE e.kind = 'claimed'
+                UNION ALL
+                SELECT j.finished_at, -1 FROM jobrun.jobs j
+                WHERE j.queue = %(queue)s AND j.finished_at IS NOT NULL) AS edges) AS w),
+       (SELECT sum(extract(epoch FROM j.finished_at - e.at)) FROM jobrun.jobs j
+        JOIN jobrun.job_events e ON e.job_id = j.id AND e.kind = 'claimed'
+        WHERE j.queue = %(queue)s)
+"""
+"""The leases a drain held: the most at once (an end before a start at a tie) and
+their total time, each lease from its claim to its job's finished_at."""
 
 
 def _drain_once(
@@ -532,11 +571,21 @@ def _drain_once(
     procs: int,
     extra_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
+    *,
+    keys: int | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> DrainRun:
+    """One drain; with ``keys``, job i has concurrency key ``k{i % keys}``; with
+    ``limits``, ``Store.set_queue_limits(queue, **limits)`` before the workers start."""
     ctx.db.reset()
     queue = "drain"
     ctx.store.pause_queue(queue)
-    ctx.store.enqueue_batch(NewJob(type=job_type, queue=queue) for _ in range(jobs))
+    ctx.store.enqueue_batch(
+        NewJob(type=job_type, queue=queue, concurrency_key=None if keys is None else f"k{i % keys}")
+        for i in range(jobs)
+    )
+    if limits:
+        ctx.store.set_queue_limits(queue, **limits)
     ctx.db.execute("VACUUM ANALYZE jobrun.jobs, jobrun.job_events")
     with workers(ctx, queue, concurrency, procs, extra_args, extra_env) as w:
         w.wait_ready()
@@ -564,7 +613,18 @@ def _drain_once(
         if effects != jobs:
             raise RuntimeError(f"{effects} commit-callable rows for {jobs} jobs")
     seconds = (last - first).total_seconds()
-    return DrainRun(jobs / seconds, rss, cpu, server_cpu, int(claims), int(completions), statements)
+    peak, lease_seconds = ctx.db.execute(LEASES_HELD, {"queue": queue})[0]
+    return DrainRun(
+        jobs / seconds,
+        rss,
+        cpu,
+        server_cpu,
+        int(claims),
+        int(completions),
+        statements,
+        leased_peak=int(peak or 0),
+        leased_mean=float(lease_seconds or 0) / seconds,
+    )
 
 
 def _diagnostics(runs: list[DrainRun], jobs: int) -> dict[str, Any]:
@@ -580,6 +640,8 @@ def _diagnostics(runs: list[DrainRun], jobs: int) -> dict[str, Any]:
         "jobs_per_claim": round(jobs / claims, 2),
         "completion_transactions": completions,
         "jobs_per_completion": round(jobs / completions, 2),
+        "leased_peak": statistics.median(r.leased_peak for r in runs),
+        "leased_mean": round(statistics.median(r.leased_mean for r in runs), 1),
     }
 
 
@@ -724,6 +786,213 @@ def observed(ctx: Context) -> list[Figure]:
                 target=at_most(limit, "%") if limit is not None else None,
             )
         )
+    return figures
+
+
+LIMIT_KEYS = 1_000
+"""Concurrency keys of the per-key drain and claims: job i has key ``k{i % 1000}``."""
+DRAIN_LIMITS: dict[str, dict[str, Any]] = {
+    "off": {},
+    "concurrency": {"concurrency": 50},
+    "concurrency_1000": {"concurrency": 1000},
+    "per_key": {"per_key": 1},
+    "rate": {"rate": "1000000/s"},
+}
+"""The queue limits of ``limits`` (issue 14): a global limit of 50 (the issue's), one
+job at a time per key over 1,000 keys, a rate far above what the machine reaches,
+and a global limit of 1,000 that nothing reaches. 50 is more than the 32 threads
+but not more than the leases a worker holds: a lease lasts until the completer's
+batch commits, and the unlimited drain holds about 64 on average (``leased_mean``),
+so 50 binds; 1,000 shows what the limited claim costs when no limit binds."""
+CLAIM_LIMITS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "concurrency": {"concurrency": 64},
+    "per_key": {"per_key": 1},
+    "rate": {"rate": "1000000/s"},
+}
+"""The limits of ``limits_claim``: 64 is the 32 jobs held plus the 32 claimed, so
+the global limit counts leases without ever binding."""
+
+
+def limits(ctx: Context) -> list[Figure]:
+    """The no-op drain at the highest concurrency, unlimited and under each kind of limit.
+
+    The four drains alternate within each run (off, concurrency, per_key, rate,
+    off, ...), the same job count and concurrency as the plain drain; the
+    ratio is per run, each limited drain against that run's unlimited one.
+    """
+    s = ctx.sizes
+    concurrency = max(s.concurrencies)
+    runs: dict[str, list[DrainRun]] = {name: [] for name in DRAIN_LIMITS}
+    for run in range(ctx.runs):
+        for name, limit in DRAIN_LIMITS.items():
+            try:
+                got = _drain_once(
+                    ctx,
+                    "bench.noop",
+                    s.drain_jobs,
+                    concurrency,
+                    1,
+                    keys=LIMIT_KEYS if name == "per_key" else None,
+                    limits=limit,
+                )
+            except RuntimeError as exc:
+                ctx.failures.append(f"drain.limits.{name} run {run + 1}: {exc}")
+                ctx.console.print(f"[red]drain.limits.{name} run {run + 1} failed:[/red] {exc}")
+                return []
+            runs[name].append(got)
+            ctx.say(
+                f"drain.limits.{name} run {run + 1}: {got.rate:,.0f} jobs/s, "
+                f"CPU {got.worker_cpu:.2f} cores (server {got.server_cpu or 0:.2f}), "
+                f"{s.drain_jobs / got.claims:.1f} jobs/claim, "
+                f"leased {got.leased_mean:.0f} on average, {got.leased_peak} at most"
+            )
+    params = {"jobs": s.drain_jobs, "processes": 1, "concurrency": concurrency}
+    figures = []
+    for name, limit in DRAIN_LIMITS.items():
+        figures.append(
+            Figure(
+                f"drain.limits.{name}",
+                "jobs/s",
+                [r.rate for r in runs[name]],
+                {
+                    **params,
+                    "handler": "bench.noop",
+                    "limits": limit or None,
+                    "concurrency_keys": LIMIT_KEYS if name == "per_key" else None,
+                    **_diagnostics(runs[name], s.drain_jobs),
+                },
+                throughput=True,
+            )
+        )
+    for name, limit in DRAIN_LIMITS.items():
+        if not limit:
+            continue
+        pairs = zip(runs[name], runs["off"], strict=True)
+        figures.append(
+            Figure(
+                f"drain.limits.{name}.ratio",
+                "x",
+                [on.rate / off.rate for on, off in pairs],
+                {**params, "limits": limit, "what": f"drain with {name} / drain without, per run"},
+                # The issue's three; the limit of 1,000 is the diagnosis of the first.
+                target=None if name == "concurrency_1000" else not_below(0.85, "x"),
+            )
+        )
+    return figures
+
+
+SEED_LIMITED = """
+INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, run_at, concurrency_key)
+SELECT gen_random_uuid(), 'limited', 'bench.noop', '{}', %(backoff)s,
+       now() - interval '1 hour' + (%(offset)s + g) * interval '1 ms',
+       'k' || ((%(offset)s + g) %% %(keys)s)
+FROM generate_series(1, %(n)s) g
+"""
+
+
+def _held_claims(ctx: Context, queue: str, samples: int, batch: int) -> list[float]:
+    """Claim round trips (ms) with the previous claim's jobs still leased, as in a
+    worker whose threads are all busy; each batch is completed (untimed) after
+    the next claim."""
+    owner = f"bench-limits-{uuid.uuid4().hex[:8]}"
+    ttl = dt.timedelta(minutes=5)
+    held: list[Any] = []
+    out = []
+    for i in range(CLAIM_WARMUP + samples):
+        started = time.perf_counter()
+        got = ctx.store.claim(owner, [queue], batch, ttl)
+        took = (time.perf_counter() - started) * 1000
+        if len(got) != batch:
+            raise RuntimeError(f"claim returned {len(got)} jobs, expected {batch}")
+        if held:
+            ctx.store.complete_many(held)
+        held = got
+        if i >= CLAIM_WARMUP:
+            out.append(took)
+    ctx.store.complete_many(held)
+    return out
+
+
+def limits_claim(ctx: Context) -> list[Figure]:
+    """``Store.claim`` of 32 jobs at Q queued jobs, without limits and under each kind.
+
+    One table (every job with a concurrency key, ignored without a per-key
+    limit); before each block of samples the queue is topped up to Q queued
+    jobs, its limits are set (or cleared) and the table is vacuumed; the
+    variants alternate within each run and the ratios are per run.
+    """
+    s = ctx.sizes
+    queue = "limited"
+    batch = s.limits_claim_batch
+    backoff = Jsonb(DEFAULT_BACKOFF.to_json())
+    ctx.db.reset()
+    ctx.say(f"limits_claim: seeding {s.limits_queued:,} queued rows over {LIMIT_KEYS:,} keys")
+    seeded = 0
+
+    def top_up() -> None:
+        nonlocal seeded
+        queued = ctx.db.execute(
+            "SELECT count(*) FROM jobrun.jobs WHERE queue = %s AND state = 'queued'", [queue]
+        )[0][0]
+        n = s.limits_queued - int(queued)
+        if n > 0:
+            ctx.db.execute(
+                SEED_LIMITED, {"backoff": backoff, "offset": seeded, "keys": LIMIT_KEYS, "n": n}
+            )
+            seeded += n
+        ctx.db.execute("VACUUM ANALYZE jobrun.jobs")
+
+    p50s: dict[str, list[float]] = {name: [] for name in CLAIM_LIMITS}
+    p99s: dict[str, list[float]] = {name: [] for name in CLAIM_LIMITS}
+    for run in range(ctx.runs):
+        for name, limit in CLAIM_LIMITS.items():
+            top_up()
+            if limit:
+                ctx.store.set_queue_limits(queue, **limit)
+            else:
+                ctx.store.clear_queue_limits(queue)
+            lat = _held_claims(ctx, queue, s.limits_samples, batch)
+            p50s[name].append(percentile(lat, 50))
+            p99s[name].append(percentile(lat, 99))
+            ctx.say(
+                f"limits.claim.{name} run {run + 1}: claim of {batch} "
+                f"p50 {p50s[name][-1]:.2f} ms, p99 {p99s[name][-1]:.2f} ms"
+            )
+    ctx.store.clear_queue_limits(queue)
+    params = {
+        "claim_batch": batch,
+        "held_leases": batch,
+        "samples_per_run": s.limits_samples,
+        "queued_rows": s.limits_queued,
+        "concurrency_keys": LIMIT_KEYS,
+    }
+    figures = []
+    for name, limit in CLAIM_LIMITS.items():
+        for stat, values in (("p50", p50s[name]), ("p99", p99s[name])):
+            figures.append(
+                Figure(
+                    f"limits.claim.{name}.{stat}", "ms", values, {**params, "limits": limit or None}
+                )
+            )
+    for name, limit in CLAIM_LIMITS.items():
+        if not limit:
+            continue
+        for stat, by_name in (("p50", p50s), ("p99", p99s)):
+            pairs = zip(by_name[name], by_name["none"], strict=True)
+            figures.append(
+                Figure(
+                    f"limits.claim.{name}.ratio_{stat}",
+                    "x",
+                    [on / off for on, off in pairs],
+                    {
+                        **params,
+                        "limits": limit,
+                        "what": f"claim {stat} with {name} / claim {stat} without, per run",
+                    },
+                    target=at_most(2, "x"),
+                )
+            )
     return figures
 
 
@@ -1001,6 +1270,8 @@ MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
     "drain_tx": drain_tx,
     "worker_rss": worker_rss,
     "observed": observed,
+    "limits": limits,
+    "limits_claim": limits_claim,
     "pickup": pickup,
     "growth": growth,
     "dashboard": dashboard,

@@ -4,8 +4,9 @@ Options::
 
     --quick               small sizes, 1 run (what the test suite runs)
     --only NAME[,NAME]    some measurements only (ceiling, enqueue_one,
-                          enqueue_batch, drain, drain_tx, worker_rss, pickup,
-                          growth); the ceiling runs first whenever selected
+                          enqueue_batch, drain, drain_tx, worker_rss, observed,
+                          limits, limits_claim, pickup, growth, dashboard);
+                          the ceiling runs first whenever selected
     --runs N              runs per figure (default 3, quick 1)
     --size NAME=VALUE     override one size (repeatable; see bench.measure.Sizes)
     --set NAME=VALUE      a server setting of the embedded cluster (repeatable)

@@ -106,8 +106,8 @@ class Database:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(
                 "TRUNCATE jobrun.jobs, jobrun.job_events, jobrun.processed_effects,"
-                " jobrun.queue_pauses, bench_sink, bench_pickup, bench_ceiling_jobs,"
-                " bench_ceiling_log"
+                " jobrun.queue_pauses, jobrun.queue_limits, jobrun.queue_starts, bench_sink,"
+                " bench_pickup, bench_ceiling_jobs, bench_ceiling_log"
             )
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 conn.execute("CHECKPOINT")

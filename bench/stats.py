@@ -52,6 +52,11 @@ def at_least(value: float, unit: str, *, ratio: float | None = None) -> Target:
     return Target(text, lambda m, r: m >= value)
 
 
+def not_below(value: float, unit: str) -> Target:
+    """``>= value`` printed as given (``>= 0.85 x``), for ratios."""
+    return Target(f">= {value:g} {unit}", lambda m, r: m >= value)
+
+
 def at_most(value: float, unit: str) -> Target:
     return Target(f"<= {value:g} {unit}", lambda m, r: m <= value)
 

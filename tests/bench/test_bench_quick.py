@@ -18,7 +18,7 @@ import jobrun
 from bench import measure
 from tests.support.database import TestServer
 
-pytestmark = pytest.mark.slow  # real worker processes, about 30 s
+pytestmark = pytest.mark.slow  # real worker processes, about 45 s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,6 +39,18 @@ EXPECTED = {
     *(f"drain.observed.{v}.cpu_per_job" for v in ("off", "metrics", "otel")),
     "drain.observed.metrics.cost",
     "drain.observed.otel.cost",
+    *(f"drain.limits.{v}" for v in ("off", "concurrency", "concurrency_1000", "per_key", "rate")),
+    *(f"drain.limits.{v}.ratio" for v in ("concurrency", "concurrency_1000", "per_key", "rate")),
+    *(
+        f"limits.claim.{v}.{q}"
+        for v in ("none", "concurrency", "per_key", "rate")
+        for q in ("p50", "p99")
+    ),
+    *(
+        f"limits.claim.{v}.ratio_{q}"
+        for v in ("concurrency", "per_key", "rate")
+        for q in ("p50", "p99")
+    ),
     "pickup.p50",
     "pickup.p95",
     "pickup.p99",
@@ -81,6 +93,12 @@ TARGETED = {
     "drain.tx.best",
     "worker_rss",
     "drain.observed.metrics.cost",
+    *(f"drain.limits.{v}.ratio" for v in ("concurrency", "per_key", "rate")),
+    *(
+        f"limits.claim.{v}.ratio_{q}"
+        for v in ("concurrency", "per_key", "rate")
+        for q in ("p50", "p99")
+    ),
     "pickup.p50",
     "pickup.p99",
     "growth.claim.ratio_p50",
@@ -184,6 +202,21 @@ def test_sane_values(quick_run: Any) -> None:
         assert best["parameters"]["processes"] == 1
         assert best["values"] in [by_name[n]["values"] for n in best["parameters"]["best_of"]]
     assert by_name["drain.noop.p2x8"]["parameters"]["processes"] == 2
+    # The limited drains ran under their limits, the per-key one over its keys;
+    # each ratio is its drain over the unlimited drain of the same run.
+    assert by_name["drain.limits.off"]["parameters"]["limits"] is None
+    assert by_name["drain.limits.concurrency"]["parameters"]["limits"] == {"concurrency": 50}
+    assert by_name["drain.limits.per_key"]["parameters"]["concurrency_keys"] == 1_000
+    off = by_name["drain.limits.off"]["values"][0]
+    for v in ("concurrency", "concurrency_1000", "per_key", "rate"):
+        ratio = by_name[f"drain.limits.{v}.ratio"]
+        assert ratio["values"][0] == pytest.approx(by_name[f"drain.limits.{v}"]["values"][0] / off)
+    # A limit of 50 holds the drain to 50 leases at once.
+    assert by_name["drain.limits.concurrency"]["parameters"]["leased_peak"] <= 50
+    for v in ("concurrency", "per_key", "rate"):
+        for q in ("p50", "p99"):
+            assert by_name[f"limits.claim.{v}.{q}"]["median"] > 0
+    assert by_name["limits.claim.none.p50"]["median"] <= by_name["limits.claim.none.p99"]["median"]
     # The claim plan is a behaviour, not a speed: it must use the index.
     plan = by_name["growth.claim_plan.seq_scans"]
     assert plan["median"] == 0
