@@ -356,15 +356,16 @@ def test_four_processes_never_start_more_than_the_rate_in_any_window_and_reach_i
     )
     assert all(p.alive() for p in procs)
     assert busiest_window(conn, RATED, RATE.period) == RATE.limit
-    # Reached, not only respected: over the span of the claims, at least half
-    # the rate (the most an exact limiter allows is limit x (span / period + 1)).
+    # Reached, not only respected: over the span of the claims, at least 70 %
+    # of what an exact limiter allows (limit x (span / period + 1); about 99 %
+    # here, on 2 busy cores).
     first, last = conn.execute(
         "SELECT min(at), max(at) FROM jobrun.job_events WHERE kind = 'claimed'"
     ).fetchone() or (None, None)
     assert first is not None and last is not None
     windows = (last - first) / RATE.period + 1
     print(f"\n{len(jobs)} jobs claimed over {windows - 1:.1f} periods of {RATE}")
-    assert len(jobs) >= 0.5 * RATE.limit * windows
+    assert len(jobs) >= 0.7 * RATE.limit * windows
     oracle.watch(oracle.default_url, settled=True, runs_exactly_once=True)
 
 
