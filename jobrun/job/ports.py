@@ -96,6 +96,10 @@ class Store(Schedules, Protocol):
         """Every limited queue's limits (for the worker's start banner)."""
         ...
 
+    def queues_limited(self, queues: Sequence[str]) -> bool:
+        """Whether a queue limit applies to one of ``queues`` (cached: cheap)."""
+        ...
+
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:
         """After a short claim: None when no queue limit held back ready jobs of
         ``queues`` (the claim was short for want of work), else the seconds

@@ -195,6 +195,17 @@ NOTIFY_WARNING_INTERVAL = 30.0
 """Seconds between two warnings about a full notification queue (per Store)."""
 
 
+LIMITED_CLAIM_IDLE_SECONDS = 2.0
+"""How long a limited claim's transaction may wait for its client's COMMIT
+while it holds the queue's limits row before the server ends the session
+(idle_in_transaction_session_timeout): the longest a frozen worker can hold
+up the other claims of a limited queue. The claim is rolled back, so nothing
+is leased to the frozen worker."""
+_LIMITED_CLAIM_IDLE_TIMEOUT = (
+    f"SET LOCAL idle_in_transaction_session_timeout = {int(LIMITED_CLAIM_IDLE_SECONDS * 1000)}"
+)
+
+
 class Store(SchedulesMixin):
     """Durable job storage on a psycopg pool (see the module docstring)."""
 
@@ -760,6 +771,11 @@ class Store(SchedulesMixin):
                 with c.pipeline():
                     c.execute("BEGIN")
                     c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                    # The queue's lock is held until COMMIT arrives: a client
+                    # frozen in between (a stopped process, a dead link) must
+                    # not stall every claim of the queue, so the server ends
+                    # such a transaction (rolling the claim back) after a while.
+                    c.execute(_LIMITED_CLAIM_IDLE_TIMEOUT)
                     self.q.lock_queue_limits(c, queues=names)
                     claimed = self.q.claim_limited_jobs(c, **args)
                     committing[0] = True
@@ -782,6 +798,12 @@ class Store(SchedulesMixin):
             self._limited.clear()
         self._limited[key] = (now + LIMITED_QUEUES_TTL, limited)
         return limited
+
+    def queues_limited(self, queues: Sequence[str]) -> bool:
+        """Whether a limit applies to one of ``queues``, as this store last read
+        it (at most LIMITED_QUEUES_TTL seconds ago): no round trip most times."""
+        names = [validate.queue_name(name, "queues") for name in queues]
+        return bool(names) and self._any_limited(names)
 
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:
         """Whether a limit (not a lack of work) holds back ready jobs of ``queues``.

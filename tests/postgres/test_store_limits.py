@@ -18,7 +18,7 @@ import pytest
 
 from jobrun.job.errors import IdempotencyConflict, LeaseLost, ValidationError
 from jobrun.job.model import EventKind, QueueLimits, RateLimit, State
-from jobrun.postgres.store import Store
+from jobrun.postgres.store import _LIMITED_CLAIM_IDLE_TIMEOUT, LIMITED_CLAIM_IDLE_SECONDS, Store
 from tests.postgres.conftest import TTL, new_job
 
 OWNER = "w1"
@@ -458,3 +458,37 @@ def test_a_bad_change_is_refused_before_anything_is_written(
     with pytest.raises(ValidationError):
         store.change_queue_limits("bad name!", concurrency=1)
     assert store.queue_limits("q").describe() == "concurrency 3"
+
+
+def test_a_claimer_frozen_inside_its_limited_claim_holds_the_queue_back_only_briefly(
+    store: Store, dsn: str
+) -> None:
+    _enqueue(store, 4)
+    store.set_queue_limits("q", concurrency=2)
+    # A claimer that took the queue's lock and claimed, then froze before COMMIT.
+    frozen = psycopg.connect(dsn, autocommit=True)
+    frozen.execute("BEGIN")
+    frozen.execute(_LIMITED_CLAIM_IDLE_TIMEOUT)
+    store.q.lock_queue_limits(frozen, queues=["q"])
+    assert (
+        len(
+            store.q.claim_limited_jobs(
+                frozen,
+                queues=["q"],
+                max_jobs=2,
+                owner="frozen",
+                ttl_seconds=30.0,
+                write_events=True,
+            )
+        )
+        == 2
+    )
+    started = time.monotonic()
+    jobs = store.claim(OWNER, ["q"], 5, TTL)  # waits for the lock, then the server ends it
+    waited = time.monotonic() - started
+    assert len(jobs) == 2  # the frozen claim was rolled back: its two slots are free
+    assert waited < LIMITED_CLAIM_IDLE_SECONDS + 5
+    assert all(j.lease_owner == OWNER for j in jobs)
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+        frozen.execute("COMMIT")
+    frozen.close()
