@@ -91,23 +91,32 @@ def explain_claim(
     limit: int = 10,
     *,
     generic: bool = False,
+    statement: str = CLAIM_JOBS,
+    setup: Sequence[str] = (),
 ) -> ClaimPlan:
-    """EXPLAIN (FORMAT JSON) the claim of ``limit`` jobs from ``queues`` (nothing is claimed)."""
+    """EXPLAIN (FORMAT JSON) the claim of ``limit`` jobs from ``queues`` (nothing is claimed).
+
+    ``statement`` is the claim to explain (the lock-free CLAIM_JOBS, or
+    CLAIM_LIMITED_JOBS after ``setup`` has named the locked queues), run in a
+    transaction that is rolled back, after the ``setup`` statements.
+    """
     params = (list(queues), limit, "bench-explain", 30.0, True)
-    if not generic:
-        with psycopg.RawCursor(conn) as cur:
-            cur.execute("EXPLAIN (FORMAT JSON) " + CLAIM_JOBS, params)
-            row = cur.fetchone()
-        assert row is not None
-        return ClaimPlan("custom", scans(row[0]), row[0])
-    name = "bench_claim_generic"
     with conn.transaction(force_rollback=True):
+        for line in setup:
+            conn.execute(line)
+        if not generic:
+            with psycopg.RawCursor(conn) as cur:
+                cur.execute("EXPLAIN (FORMAT JSON) " + statement, params)
+                row = cur.fetchone()
+            assert row is not None
+            return ClaimPlan("custom", scans(row[0]), row[0])
+        name = "bench_claim_generic"
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         conn.execute(
             sql.SQL("PREPARE {} (text[], bigint, text, float8, boolean) AS ").format(
                 sql.Identifier(name)
             )
-            + sql.SQL(CLAIM_JOBS)  # type: ignore[arg-type]
+            + sql.SQL(statement)
         )
         # EXECUTE takes no bind parameters: its arguments go in as literals.
         with psycopg.ClientCursor(conn) as ccur:

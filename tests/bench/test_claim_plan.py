@@ -17,6 +17,7 @@ import pytest
 
 from bench.plan import explain_claim, scans
 from jobrun.job.model import DEFAULT_BACKOFF
+from jobrun.postgres.sqlc.jobs import CLAIM_LIMITED_JOBS
 
 FINISHED = 200_000
 QUEUED = 20_000
@@ -113,3 +114,28 @@ def test_scans_walks_nested_plans() -> None:
         "Bitmap Index Scan",
         "Seq Scan",
     ]
+
+
+LIMITS = {
+    "concurrency": "concurrency = 50",
+    "per_key": "per_key = 1",
+    "rate": "rate_limit = 1000000, rate_period_seconds = 1",
+}
+
+
+@pytest.mark.parametrize("limit", sorted(LIMITS))
+def test_the_limited_claim_uses_the_claim_index_and_never_scans_jobs(
+    big: psycopg.Connection[Any], limit: str
+) -> None:
+    columns, values = zip(*(part.split(" = ") for part in LIMITS[limit].split(", ")), strict=True)
+    setup = [
+        f"INSERT INTO jobrun.queue_limits (queue, {', '.join(columns)}) "
+        f"VALUES ('default', {', '.join(values)})",
+        "SELECT set_config('jobrun.claim_locks', '{default}', true)",
+    ]
+    # The store runs the limited claim with its generic plan (plan_cache_mode).
+    plan = explain_claim(
+        big, ["default"], 10, generic=True, statement=CLAIM_LIMITED_JOBS, setup=setup
+    )
+    assert plan.seq_scans_on_jobs == 0, plan.summary()
+    assert plan.uses_claim_index, plan.summary()
