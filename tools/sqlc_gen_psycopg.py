@@ -15,7 +15,15 @@ the codegen ``out`` directory:
 - ``_schema.py``: ``QueriesBase``, the base of those classes, which holds the
   PostgreSQL schema the queries run in and rewrites their SQL for a schema
   other than the default (see RUNTIME below for what it rewrites);
-- ``__init__.py``: ``Queries``, inheriting every module's ``Queries``.
+- ``__init__.py``: ``Queries``, inheriting every module's ``Queries``;
+- ``aio/``: the asyncio variant, from the same source, the way psycopg
+  offers ``AsyncConnection`` beside ``Connection``: ``aio/jobs.py`` holds
+  ``AsyncQueries``, whose methods are the ``Queries`` methods as coroutines on
+  a ``psycopg.AsyncConnection`` (``psycopg.AsyncRawCursor``, awaited; a
+  :copyfrom through ``async with cur.copy(...)``). It imports the SQL
+  constants and the Row / Params dataclasses from ``jobs.py``: the SQL exists
+  once. ``aio/__init__.py``: ``AsyncQueries``, inheriting every one of them.
+  ``await AsyncQueries(schema=...).claim_jobs(aconn, owner=...)``.
 
 Everything it cannot map (a type, a command, an ``any`` column) is an error
 naming the query: the plugin exits 1 with all problems on stderr.
@@ -444,8 +452,8 @@ class Context:
                     f"{t.class_name!r}; rename one of them"
                 )
             seen[t.class_name] = f"table {key[0]}.{key[1]}"
-        # The query modules define Queries and import QueriesBase.
-        for name in ("Queries", "QueriesBase"):
+        # The query modules define Queries (AsyncQueries) and import QueriesBase.
+        for name in ("Queries", "AsyncQueries", "QueriesBase"):
             if name in seen:
                 raise PluginError(
                     f"{seen[name]} maps to the Python class {name!r}, a name of the "
@@ -732,6 +740,27 @@ def _same_columns(table: Table, raw_columns: list[dict[str, Any]], columns: list
 # --------------------------------------------------------------------------- emit
 
 
+def _natural(text: str) -> list[str | int]:
+    """``"x_10"`` -> ``["x_", 10, ""]``: digits compare as numbers."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text))]
+
+
+def member_key(name: str) -> tuple[int, list[str | int], list[str | int]]:
+    """The order of the names of one ``from x import ...``, as ruff's isort sorts them.
+
+    Constants (``CLAIM_JOBS``) first, then classes (``ClaimJobsRow``), then
+    the rest (``parse_enum_array``); in each group case-insensitively, in
+    natural order (``X_9`` before ``X_10``).
+    """
+    if len(name) > 1 and name.isupper():
+        kind = 0
+    elif name[:1].isupper():
+        kind = 1
+    else:
+        kind = 2
+    return kind, _natural(name.lower()), _natural(name)
+
+
 class Module:
     """Lines of one generated module plus the imports they need."""
 
@@ -767,9 +796,10 @@ class Module:
         for m in sorted(self.imports):
             blocks[group(m)].append(f"import {m}")
         for m, names in sorted(self.from_imports.items()):
-            line = f"from {m} import {', '.join(sorted(names))}"
+            members = sorted(names, key=member_key)
+            line = f"from {m} import {', '.join(members)}"
             if len(line) > LINE_LENGTH:  # isort's parenthesized form, one name a line
-                line = "\n".join([f"from {m} import (", *[f"    {n}," for n in sorted(names)], ")"])
+                line = "\n".join([f"from {m} import (", *[f"    {n}," for n in members], ")"])
             blocks[group(m)].append(line)
         out = [*header, f'"""{docstring}"""']
         for block in blocks:
@@ -899,12 +929,14 @@ def layout(x: Node | str, indent: str, prefix: str = "", suffix: str = "") -> li
     return lines
 
 
-def signature(name: str, params: list[str], returns: str, indent: str = "") -> list[str]:
-    one = f"{indent}def {name}({', '.join(params)}) -> {returns}:"
+def signature(
+    name: str, params: list[str], returns: str, indent: str = "", defn: str = "def"
+) -> list[str]:
+    one = f"{indent}{defn} {name}({', '.join(params)}) -> {returns}:"
     if len(one) <= LINE_LENGTH:
         return [one]
     return [
-        f"{indent}def {name}(",
+        f"{indent}{defn} {name}(",
         *[f"{indent}    {p}," for p in params],
         f"{indent}) -> {returns}:",
     ]
@@ -933,8 +965,40 @@ def optional(annotation: str) -> str:
     return f"{annotation} | None"
 
 
-CURSOR = "with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:"
-CONN = "conn: psycopg.Connection[Any]"
+@dataclass(frozen=True)
+class Flavor:
+    """What tells the sync methods from their asyncio twins (psycopg's two APIs)."""
+
+    cls: str  # the class the methods go into
+    conn: str  # the connection parameter
+    cursor: str  # the cursor, as a context manager
+    defn: str  # "def" or "async def"
+    with_: str  # "with" or "async with"
+    aw: str  # "" or "await "
+
+    @property
+    def cursor_line(self) -> str:
+        return f"{self.with_} {self.cursor} as cur:"
+
+
+SYNC = Flavor(
+    cls="Queries",
+    conn="conn: psycopg.Connection[Any]",
+    cursor="psycopg.RawCursor(conn, row_factory=tuple_row)",
+    defn="def",
+    with_="with",
+    aw="",
+)
+ASYNC = Flavor(
+    cls="AsyncQueries",
+    conn="conn: psycopg.AsyncConnection[Any]",
+    cursor="psycopg.AsyncRawCursor(conn, row_factory=tuple_row)",
+    defn="async def",
+    with_="async with",
+    aw="await ",
+)
+CURSOR = SYNC.cursor_line
+CONN = SYNC.conn
 
 # Indents inside a method of the Queries class: the def, then its body levels.
 _DEF = " " * 4
@@ -945,17 +1009,37 @@ _B4 = " " * 20
 
 
 def emit_query(
-    mod: Module, methods: list[str], q: Query, enum_import: set[str], model_import: set[str]
+    mod: Module,
+    methods: list[str],
+    q: Query,
+    enum_import: set[str],
+    model_import: set[str],
+    flavor: Flavor = SYNC,
+    shared: set[str] | None = None,
 ) -> None:
-    """The constant and dataclasses of ``q`` into ``mod``, its method into ``methods``."""
+    """The constant and dataclasses of ``q`` into ``mod``, its method into ``methods``.
+
+    The ASYNC flavor defines nothing but the method: it names the constant
+    and the Row / Params dataclasses of the sync module, collected in
+    ``shared`` for the async module to import.
+    """
+    is_async = flavor is ASYNC
+    if is_async and shared is None:
+        raise ValueError("the async flavor needs the set of shared names")
     const = snake(q.name).upper()
     func = snake(q.name)
     cap = q.name[:1].upper() + q.name[1:]
-    mod.need("typing", "Final")
+    aw = flavor.aw
+    cursor_line = flavor.cursor_line
+    if not is_async:
+        mod.need("typing", "Final")
     mod.need("typing", "Any")
     mod.need("psycopg")
     mod.need("psycopg.rows", "tuple_row")
-    mod.add("", "", *assignment(const, py_string(q.text)))
+    if shared is None:
+        mod.add("", "", *assignment(const, py_string(q.text)))
+    elif q.cmd != ":copyfrom":  # a COPY runs its own statement, {const}_COPY
+        shared.add(const)
     sql = f"self.sql({const})"
 
     # The result: a bare value, a shared model or a per-query Row dataclass.
@@ -969,7 +1053,10 @@ def emit_query(
         model_import.add(row_class)
     elif q.columns:
         row_class = f"{cap}Row"
-        emit_dataclass(mod, row_class, q.columns, None)
+        if shared is not None:
+            shared.add(row_class)
+        else:
+            emit_dataclass(mod, row_class, q.columns, None)
     for f in q.columns:
         if f.type.enum:
             enum_import.add(f.type.enum)
@@ -989,44 +1076,50 @@ def emit_query(
         )
 
     def all_rows() -> Node:
-        return Node("[", [build("r"), "for r in cur.fetchall()"], "]", comma=False)
+        return Node("[", [build("r"), f"for r in {aw}cur.fetchall()"], "]", comma=False)
 
     def add(*lines: str) -> None:
         methods.extend(lines)
+
+    def sig(params: list[str], returns: str) -> list[str]:
+        return signature(func, params, returns, _DEF, flavor.defn)
 
     doc = docstring_lines(q.comments, _B1)
 
     if q.cmd in (":copyfrom", ":batchexec", ":batchone", ":batchmany"):
         params_class = f"{cap}Params"
-        fields = [Field(p.name, p.type) for p in q.params]
-        emit_dataclass(mod, params_class, fields, f"One row of Queries.{func}().")
-        for p in q.params:
-            if p.type.enum:
-                enum_import.add(p.type.enum)
+        if shared is not None:
+            shared.add(params_class)
+        else:
+            fields = [Field(p.name, p.type) for p in q.params]
+            emit_dataclass(mod, params_class, fields, f"One row of Queries.{func}().")
+            for p in q.params:
+                if p.type.enum:
+                    enum_import.add(p.type.enum)
         if q.cmd == ":copyfrom":
-            emit_copy(mod, methods, q, const, func, params_class, doc)
+            emit_copy(mod, methods, q, const, func, params_class, doc, flavor, shared)
             return
         mod.need("collections.abc", "Sequence")
         args = tuple_node([param_expr(p.type, f"p.{p.name}", mod) for p in q.params])
         gen = Node("(", [args, "for p in rows"], ")", comma=False)
-        conn_rows = ["self", CONN, f"rows: Sequence[{params_class}]"]
+        conn_rows = ["self", flavor.conn, f"rows: Sequence[{params_class}]"]
         if q.cmd == ":batchexec":
-            add("", *signature(func, conn_rows, "None", _DEF), *doc, f"{_B1}{CURSOR}")
-            add(*layout(call("cur.executemany", [sql, gen]), _B2))
+            add("", *sig(conn_rows, "None"), *doc, f"{_B1}{cursor_line}")
+            add(*layout(call("cur.executemany", [sql, gen]), _B2, prefix=aw))
             return
         item = optional(row_type) if q.cmd == ":batchone" else f"list[{row_type}]"
-        add("", *signature(func, conn_rows, f"list[{item}]", _DEF), *doc)
+        add("", *sig(conn_rows, f"list[{item}]"), *doc)
         add(
             f"{_B1}result: list[{item}] = []",
             f"{_B1}if not rows:",
             f"{_B2}return result",
-            f"{_B1}{CURSOR}",
-            *layout(call("cur.executemany", [sql, gen, "returning=True"]), _B2),
+            f"{_B1}{cursor_line}",
+            *layout(call("cur.executemany", [sql, gen, "returning=True"]), _B2, prefix=aw),
             f"{_B2}while True:",
         )
         if q.cmd == ":batchone":
             add(
-                f"{_B3}r = cur.fetchone()",
+                f"{_B3}r = {aw}cur.fetchone()",
                 f"{_B3}if r is None:",
                 f"{_B4}result.append(None)",
                 f"{_B3}else:",
@@ -1041,7 +1134,7 @@ def emit_query(
         )
         return
 
-    sig_params = ["self", CONN]
+    sig_params = ["self", flavor.conn]
     if q.params:
         sig_params.append("*")
     for p in q.params:
@@ -1052,25 +1145,25 @@ def emit_query(
     execute_args: list[Node | str] = [sql]
     if q.params:
         execute_args.append(tuple_node([param_expr(p.type, p.name, mod) for p in q.params]))
-    execute = [f"{_B1}{CURSOR}", *layout(call("cur.execute", execute_args), _B2)]
+    execute = [f"{_B1}{cursor_line}", *layout(call("cur.execute", execute_args), _B2, prefix=aw)]
 
     if q.cmd == ":exec":
-        add("", *signature(func, sig_params, "None", _DEF), *doc, *execute)
+        add("", *sig(sig_params, "None"), *doc, *execute)
     elif q.cmd == ":execrows":
-        add("", *signature(func, sig_params, "int", _DEF), *doc, *execute)
+        add("", *sig(sig_params, "int"), *doc, *execute)
         add(f"{_B2}return cur.rowcount")
     elif q.cmd == ":one":
-        add("", *signature(func, sig_params, optional(row_type), _DEF), *doc, *execute)
+        add("", *sig(sig_params, optional(row_type)), *doc, *execute)
         if single is not None and single.type.is_void:
             return  # nothing to return but that the statement ran
-        add(f"{_B2}r = cur.fetchone()", f"{_B1}if r is None:", f"{_B2}return None")
+        add(f"{_B2}r = {aw}cur.fetchone()", f"{_B1}if r is None:", f"{_B2}return None")
         if single is not None and single.type.enum is None and row_type != "Any":
             # Through a typed local: returning the tuple's Any fails mypy --strict.
             add(f"{_B1}value: {row_type} = r[0]", f"{_B1}return value")
         else:
             add(*layout(build("r"), _B1, prefix="return "))
     elif q.cmd == ":many":
-        add("", *signature(func, sig_params, f"list[{row_type}]", _DEF), *doc, *execute)
+        add("", *sig(sig_params, f"list[{row_type}]"), *doc, *execute)
         add(*layout(all_rows(), _B2, prefix="return "))
 
 
@@ -1082,15 +1175,22 @@ def emit_copy(
     func: str,
     params_class: str,
     doc: list[str],
+    flavor: Flavor = SYNC,
+    shared: set[str] | None = None,
 ) -> None:
     mod.need("collections.abc", "Iterable")
     binary = all(p.type.binary_copy_ok for p in q.params)
-    fmt = " (FORMAT BINARY)" if binary else ""
-    copy_sql = f"COPY {q.copy_table} ({', '.join(q.copy_columns)}) FROM STDIN{fmt}"
-    types = tuple_node([json.dumps(p.type.set_types_name) for p in q.params])
-    mod.add("", "", *assignment(f"{const}_COPY", py_string(copy_sql)))
-    mod.add(*layout(types, "", prefix=f"{const}_COPY_TYPES: Final = "))
-    sig = signature(func, ["self", CONN, f"rows: Iterable[{params_class}]"], "int", _DEF)
+    if shared is not None:
+        shared.update((f"{const}_COPY", f"{const}_COPY_TYPES"))
+    else:
+        fmt = " (FORMAT BINARY)" if binary else ""
+        copy_sql = f"COPY {q.copy_table} ({', '.join(q.copy_columns)}) FROM STDIN{fmt}"
+        types = tuple_node([json.dumps(p.type.set_types_name) for p in q.params])
+        mod.add("", "", *assignment(f"{const}_COPY", py_string(copy_sql)))
+        mod.add(*layout(types, "", prefix=f"{const}_COPY_TYPES: Final = "))
+    sig = signature(
+        func, ["self", flavor.conn, f"rows: Iterable[{params_class}]"], "int", _DEF, flavor.defn
+    )
     methods.extend(["", *sig])
     if doc:
         methods.extend(doc)
@@ -1101,12 +1201,12 @@ def emit_copy(
     if not binary:
         methods.append(f"{_B1}# Text COPY: binary COPY of an enum array needs its type registered.")
     contexts = [
-        "psycopg.RawCursor(conn, row_factory=tuple_row) as cur",
+        f"{flavor.cursor} as cur",
         f"cur.copy(self.sql({const}_COPY)) as copy",
     ]
-    with_line = f"{_B1}with {', '.join(contexts)}:"
+    with_line = f"{_B1}{flavor.with_} {', '.join(contexts)}:"
     if len(with_line) > LINE_LENGTH:
-        with_lines = [f"{_B1}with (", *[f"{_B2}{c}," for c in contexts], f"{_B1}):"]
+        with_lines = [f"{_B1}{flavor.with_} (", *[f"{_B2}{c}," for c in contexts], f"{_B1}):"]
     else:
         with_lines = [with_line]
     # set_types() picks the dumpers, so values go in as they are, except that a
@@ -1128,7 +1228,7 @@ def emit_copy(
             *with_lines,
             f"{_B2}copy.set_types({const}_COPY_TYPES)",
             f"{_B2}for p in rows:",
-            *layout(call("copy.write_row", [values]), _B3),
+            *layout(call("copy.write_row", [values]), _B3, prefix=flavor.aw),
             f"{_B3}count += 1",
             f"{_B1}return count",
         ]
@@ -1403,6 +1503,11 @@ def module_name(filename: str) -> str:
     name = identifier(base, "queries")
     if name in ("models", "__init__"):
         raise PluginError(f"query file {filename!r} would overwrite the generated {name}.py")
+    if name == ASYNC_PACKAGE:
+        raise PluginError(
+            f"query file {filename!r} would clash with the generated package {name}/ "
+            "(the asyncio queries); rename it"
+        )
     return name
 
 
@@ -1455,6 +1560,9 @@ def generate(request: dict[str, Any]) -> dict[str, str]:
             files[f"{name}.py"] = emit_query_module(
                 request, ctx, package, filename, by_file[filename]
             )
+            files[f"{ASYNC_PACKAGE}/{name}.py"] = emit_async_query_module(
+                request, ctx, package, name, filename, by_file[filename]
+            )
         except PluginError as exc:
             errors.append(str(exc))
     if errors:
@@ -1465,8 +1573,14 @@ def generate(request: dict[str, Any]) -> dict[str, str]:
         "\n".join(header(request, queries_src)) + "\n" + runtime_source(ctx.schema)
     )
     files["__init__.py"] = emit_init(request, package, queries_src, sorted(modules))
+    files[f"{ASYNC_PACKAGE}/__init__.py"] = emit_async_init(
+        request, package, queries_src, sorted(modules)
+    )
     return dict(sorted(files.items()))
 
+
+# The subpackage of the asyncio twins: aio/<module>.py and aio/__init__.py.
+ASYNC_PACKAGE = "aio"
 
 # What QueriesBase defines for the generated methods' use: no query may take these names.
 _BASE_ATTRIBUTES = ("schema", "sql")
@@ -1548,6 +1662,84 @@ def emit_query_module(
         *methods,
     )
     return mod.render(header(request, source), f"Queries of {source}.")
+
+
+def emit_async_query_module(
+    request: dict[str, Any],
+    ctx: Context,
+    package: str,
+    module: str,
+    filename: str,
+    queries: list[Query],
+) -> str:
+    """``aio/<module>.py``: the AsyncQueries class of one query file.
+
+    Its methods are the sync module's, awaited: the SQL constants and the
+    Row / Params dataclasses are imported from ``<package>.<module>``, never
+    written twice. emit_query_module has checked the names already.
+    """
+    mod = Module()
+    enum_import: set[str] = set()
+    model_import: set[str] = set()
+    shared: set[str] = set()
+    methods: list[str] = []
+    for q in queries:
+        emit_query(mod, methods, q, enum_import, model_import, ASYNC, shared)
+    for name in sorted(enum_import | model_import):
+        mod.need(f"{package}.models", name)
+    for name in sorted(shared):
+        mod.need(f"{package}.{module}", name)
+    mod.need(f"{package}._schema", "QueriesBase")
+    source = query_source(request, filename)
+    mod.add(
+        "",
+        "",
+        "class AsyncQueries(QueriesBase):",
+        *docstring_lines(
+            [
+                f"The queries of {source} for asyncio, run in the schema given.",
+                "",
+                f"Each method is the coroutine twin of {package}.{module}.Queries':",
+                "the same statement and result, on a psycopg.AsyncConnection.",
+            ],
+            "    ",
+        ),
+        "",
+        "    __slots__ = ()",
+        *methods,
+    )
+    return mod.render(header(request, source), f"Asyncio queries of {source}.")
+
+
+def emit_async_init(request: dict[str, Any], package: str, source: str, modules: list[str]) -> str:
+    """``aio/__init__.py``: AsyncQueries, inheriting every ``aio`` module's."""
+    init = Module()
+    for name in modules:
+        init.need(f"{package}.{ASYNC_PACKAGE}", name)
+    init.need(f"{package}._schema", "DEFAULT_SCHEMA")
+    bases = call("class AsyncQueries", [f"{name}.AsyncQueries" for name in modules])
+    init.add(
+        "",
+        "",
+        '__all__ = ["DEFAULT_SCHEMA", "AsyncQueries"]',
+        "",
+        "",
+        *layout(bases, "", suffix=":"),
+        f'    """Every query of {source} for asyncio, run in one PostgreSQL schema.',
+        "",
+        f"    The twin of {package}.Queries: the same SQL, parameters and rows,",
+        "    each method a coroutine on a ``psycopg.AsyncConnection`` (a :copyfrom",
+        "    writes through ``async with cur.copy(...)``). ``AsyncQueries()`` runs",
+        '    them in DEFAULT_SCHEMA, ``AsyncQueries(schema="myapp_jobs")`` in that',
+        "    schema, rewritten as _schema.py tells.",
+        '    """',
+        "",
+        "    __slots__ = ()",
+    )
+    return init.render(
+        header(request, source),
+        f"Typed psycopg 3 asyncio queries ({package}.{ASYNC_PACKAGE}), generated by sqlc.",
+    )
 
 
 def run(stdin: bytes) -> bytes:

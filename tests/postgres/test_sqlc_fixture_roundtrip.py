@@ -13,13 +13,19 @@ database made from the same DDL with the name replaced, so that the schema
 rewrite of _schema.py is proven end to end. The connections' search_path is
 empty: a statement naming a table or type without its schema fails.
 
+The asyncio twins (``aio.AsyncQueries``) run the same statements on a
+``psycopg.AsyncConnection``, each test driving its coroutine with
+asyncio.run: every command answers as its sync twin does.
+
 The database: an empty database of each test's own on the suite's server
 (tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import datetime as dt
 import decimal
 import importlib
@@ -29,7 +35,7 @@ import subprocess
 import sys
 import tracemalloc
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -61,14 +67,20 @@ def gen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     parent = tmp_path_factory.mktemp("sqlc_gen")
     (parent / PACKAGE).mkdir()
     for f in json.loads(proc.stdout)["files"]:
-        (parent / PACKAGE / f["name"]).write_bytes(base64.b64decode(f["contents"]))
+        target = parent / PACKAGE / f["name"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(base64.b64decode(f["contents"]))
     sys.path.insert(0, str(parent))
     try:
         modules: dict[str, ModuleType] = {
             name: importlib.import_module(f"{PACKAGE}.{name}")
             for name in ("models", "jobs", "all_types")
         }
-        yield SimpleNamespace(Queries=importlib.import_module(PACKAGE).Queries, **modules)
+        yield SimpleNamespace(
+            Queries=importlib.import_module(PACKAGE).Queries,
+            AsyncQueries=importlib.import_module(f"{PACKAGE}.aio").AsyncQueries,
+            **modules,
+        )
     finally:
         sys.path.remove(str(parent))
         for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
@@ -647,3 +659,228 @@ def test_a_schema_named_like_an_sql_keyword_works(
     )
     assert q.copy_jobs(conn, [params]) == 1
     assert conn.execute('SELECT count(*) FROM "user".jobs').fetchone() == (2,)
+
+
+# --------------------------------------------------------------------------- asyncio
+
+
+@pytest.fixture
+def aq(gen: SimpleNamespace, schema: str, q: Any) -> Any:
+    """The asyncio twins of ``q``, bound to the same schema (and checked the same way)."""
+    return gen.AsyncQueries() if schema == DEFAULT else gen.AsyncQueries(schema=schema)
+
+
+@pytest.fixture
+def on_async_conn(fixture_dsn: str) -> Callable[[Callable[[Any], Awaitable[Any]]], Any]:
+    """Run ``fn(aconn)`` on an autocommit AsyncConnection with an empty search_path."""
+
+    def run(fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        async def main() -> Any:
+            async with await psycopg.AsyncConnection.connect(
+                fixture_dsn, autocommit=True, options=NO_SEARCH_PATH
+            ) as aconn:
+                return await fn(aconn)
+
+        return asyncio.run(main())
+
+    return run
+
+
+def test_async_one_many_exec_and_execrows_answer_as_the_sync_queries(
+    gen: SimpleNamespace,
+    q: Any,
+    aq: Any,
+    conn: psycopg.Connection[Any],
+    on_async_conn: Callable[..., Any],
+) -> None:
+    state = gen.models.JobState
+
+    async def scenario(aconn: Any) -> None:
+        for values in (all_values(gen), null_values(gen)):
+            row = await aq.insert_all_types(aconn, **values)
+            assert isinstance(row, gen.models.AllType)
+            got = as_dict(row)
+            del got["id"], got["c_serial"]
+            assert got == expected_row(values)
+        assert await aq.list_all_types(aconn) == q.list_all_types(conn)
+        assert _timeless(await aq.expressions(aconn)) == _timeless(q.expressions(conn))
+        job = await aq.insert_job(
+            aconn,
+            id=uuid.uuid4(),
+            queue="a",
+            payload={"p": 1},
+            priority=3,
+            state=state.QUEUED,
+            detail=None,
+        )
+        assert await aq.get_job(aconn, id=job.id) == q.get_job(conn, id=job.id) == job
+        assert await aq.get_job(aconn, id=uuid.uuid4()) is None
+        assert await aq.count_jobs(aconn) == 1
+        assert await aq.get_state(aconn, id=job.id) is state.QUEUED
+        assert await aq.get_payload(aconn, id=job.id) == {"p": 1}
+        assert await aq.get_lease_owner(aconn, id=job.id) is None
+        assert await aq.max_priority(aconn, state=state.QUEUED) == 3
+        assert await aq.list_job_ids(aconn, queue="a") == [job.id]
+        assert [r.id for r in await aq.jobs_in_states(aconn, states=[state.QUEUED])] == [job.id]
+        claimed = await aq.claim_jobs(aconn, owner="w", queues=["a"], max_jobs=5)
+        assert [(type(r).__name__, r.state, r.lease_owner) for r in claimed] == [
+            ("ClaimJobsRow", state.LEASED, "w")
+        ]
+        assert await aq.set_state(aconn, new_state=state.DEAD, ids=[job.id, uuid.uuid4()]) == 1
+        await aq.set_detail(aconn, detail={"k": "v"}, id=job.id)
+        assert q.get_job(conn, id=job.id).detail == {"k": "v"}
+        assert await aq.notify_one(aconn, channel="fixture_channel", message="x") is None
+        await aq.delete_job(aconn, id=job.id)
+        assert await aq.count_jobs(aconn) == 0
+        row = await aq.add_numbers(aconn, param_1=2, param_2=3, class_="c", rows_=4)
+        assert (row.total, row.class_, row.rows) == (5, "c", 4)
+        entry = await aq.add_audit_entry(aconn, note="hello")
+        assert await aq.list_audit_entries(aconn) == [entry]
+
+    on_async_conn(scenario)
+
+
+def _timeless(row: Any) -> Any:
+    """A row of Expressions without what differs between two calls: now() and a random uuid."""
+    return dataclasses.replace(row, a_now=None, a_timestamp=None, a_date=None, a_uuid=None)
+
+
+def test_async_copyfrom_writes_every_type_in_binary_and_enum_arrays_in_text(
+    gen: SimpleNamespace,
+    q: Any,
+    aq: Any,
+    schema: str,
+    conn: psycopg.Connection[Any],
+    on_async_conn: Callable[..., Any],
+) -> None:
+    state = gen.models.JobState
+    jobs = [
+        gen.jobs.CopyJobsParams(
+            id=uuid.UUID(int=i + 1),
+            queue=f"q{i}",
+            payload=payload,
+            priority=i,
+            state=list(state)[i % len(state)],
+            detail=None if i % 2 else {"i": i},
+        )
+        for i, payload in enumerate([{"a": [1, None]}, [1, 2], "text", 0, None])
+    ]
+    copy_params = gen.all_types.CopyAllTypesParams
+    copy_fields = set(copy_params.__dataclass_fields__)
+    mood_params = gen.all_types.CopyMoodsParams
+    mood_fields = set(mood_params.__dataclass_fields__)
+
+    async def scenario(aconn: Any) -> None:
+        assert await aq.copy_jobs(aconn, iter(jobs)) == len(jobs)
+        values = all_values(gen)
+        assert (
+            await aq.copy_all_types(
+                aconn, [copy_params(**{k: v for k, v in values.items() if k in copy_fields})]
+            )
+            == 1
+        )
+        assert (
+            await aq.copy_moods(
+                aconn, [mood_params(**{k: v for k, v in values.items() if k in mood_fields})]
+            )
+            == 1
+        )
+
+    on_async_conn(scenario)
+    for params in jobs:
+        job = q.get_job(conn, id=params.id)
+        assert (job.queue, job.payload, job.priority, job.state, job.detail) == (
+            params.queue,
+            params.payload,
+            params.priority,
+            params.state,
+            params.detail,
+        )
+    types = conn.execute(f"SELECT jsonb_typeof(payload) FROM {schema}.jobs ORDER BY id").fetchall()
+    assert [t for (t,) in types] == ["object", "array", "string", "number", "null"]
+    copied, moods = q.list_all_types(conn)
+    assert {k: as_dict(copied)[k] for k in copy_fields} == {
+        k: v for k, v in expected_row(all_values(gen)).items() if k in copy_fields
+    }
+    assert moods.c_mood_array == all_values(gen)["c_mood_array"]
+
+
+def test_async_batches_send_one_statement_per_row_and_read_every_result(
+    gen: SimpleNamespace,
+    q: Any,
+    aq: Any,
+    conn: psycopg.Connection[Any],
+    on_async_conn: Callable[..., Any],
+) -> None:
+    state = gen.models.JobState
+    leased = _job(gen, q, conn, state=state.LEASED)
+    queued = _job(gen, q, conn)
+
+    async def scenario(aconn: Any) -> None:
+        events = [
+            gen.jobs.InsertEventParams(
+                job_id=leased.id, kind=f"k{i}", detail={"i": i} if i else None
+            )
+            for i in range(3)
+        ]
+        async with aconn.transaction():
+            await aq.insert_event(aconn, events)
+        await aq.insert_event(aconn, [])
+        got = await aq.events_for_job(aconn, [gen.jobs.EventsForJobParams(job_id=leased.id)])
+        assert [[(e.kind, e.detail) for e in es] for es in got] == [
+            [(e.kind, e.detail) for e in events]
+        ]
+        kinds = gen.jobs.EventKindsParams
+        assert await aq.event_kinds(
+            aconn, [kinds(job_id=leased.id), kinds(job_id=uuid.uuid4())]
+        ) == [["k0", "k1", "k2"], []]
+        ack = gen.jobs.AckJobParams
+        assert await aq.ack_job(
+            aconn, [ack(id=leased.id), ack(id=queued.id), ack(id=uuid.uuid4())]
+        ) == [gen.jobs.AckJobRow(id=leased.id, state=state.SUCCEEDED), None, None]
+        assert await aq.ack_job(aconn, []) == []
+        assert await aq.event_kinds(aconn, []) == []
+
+    on_async_conn(scenario)
+
+
+def test_async_queries_run_in_the_async_connections_transaction(
+    gen: SimpleNamespace,
+    q: Any,
+    aq: Any,
+    conn: psycopg.Connection[Any],
+    on_async_conn: Callable[..., Any],
+) -> None:
+    class Rollback(Exception):
+        pass
+
+    async def scenario(aconn: Any) -> None:
+        with pytest.raises(Rollback):
+            async with aconn.transaction():
+                await aq.insert_job(
+                    aconn,
+                    id=uuid.uuid4(),
+                    queue="gone",
+                    payload={},
+                    priority=0,
+                    state=gen.models.JobState.QUEUED,
+                    detail=None,
+                )
+                await aq.copy_jobs(
+                    aconn,
+                    [
+                        gen.jobs.CopyJobsParams(
+                            id=uuid.uuid4(),
+                            queue="gone",
+                            payload={},
+                            priority=0,
+                            state=gen.models.JobState.QUEUED,
+                            detail=None,
+                        )
+                    ],
+                )
+                assert await aq.count_jobs(aconn) == 2
+                raise Rollback
+
+    on_async_conn(scenario)
+    assert q.count_jobs(conn) == 0

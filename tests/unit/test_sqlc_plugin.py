@@ -6,6 +6,7 @@ the fixture project next to it (its schema and queries cover every type and
 command the plugin maps, all in the schema jobrun, the plugin option schema).
 The generated code is then inspected with ast and imported, and its schema
 rewrite (_schema.py) is run on the fixture's SQL and on odd SQL of its own.
+The asyncio twins (aio/) are checked against the sync methods they mirror.
 tests/postgres/test_sqlc_fixture_roundtrip.py runs it on PostgreSQL, in the
 default schema and in another.
 
@@ -20,6 +21,7 @@ import copy
 import enum
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -81,6 +83,7 @@ def write_package(files: dict[str, str], parent: Path, package: str = PACKAGE) -
     pkg = parent / package
     pkg.mkdir(parents=True)
     for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         (pkg / name).write_text(text, encoding="utf-8")
     return pkg
 
@@ -98,6 +101,23 @@ def methods(source: str) -> dict[str, ast.FunctionDef]:
     """The methods of the module's Queries class: one per query."""
     cls = classes(source)["Queries"]
     return {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+
+def async_methods(source: str) -> dict[str, ast.AsyncFunctionDef]:
+    """The coroutine methods of an aio module's AsyncQueries class: one per query."""
+    cls = classes(source)["AsyncQueries"]
+    assert not [n for n in cls.body if isinstance(n, ast.FunctionDef)]
+    return {n.name: n for n in cls.body if isinstance(n, ast.AsyncFunctionDef)}
+
+
+def imported_names(source: str, module: str) -> list[str]:
+    """The names ``source`` imports from ``module``, in their order."""
+    return [
+        alias.name
+        for n in ast.parse(source).body
+        if isinstance(n, ast.ImportFrom) and n.module == module
+        for alias in n.names
+    ]
 
 
 def classes(source: str) -> dict[str, ast.ClassDef]:
@@ -121,13 +141,13 @@ def fields(cls: ast.ClassDef) -> dict[str, str]:
     }
 
 
-def signature(fn: ast.FunctionDef) -> str:
+def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     """``(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None``."""
     returns = ast.unparse(fn.returns) if fn.returns else "None"
     return f"({ast.unparse(fn.args)}) -> {returns}"
 
 
-def body(fn: ast.FunctionDef) -> str:
+def body(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return "\n".join(ast.unparse(stmt) for stmt in fn.body)
 
 
@@ -161,7 +181,15 @@ def imported(generated: dict[str, str], tmp_path: Path) -> Iterator[dict[str, Mo
     try:
         modules = {
             name: importlib.import_module(f"{PACKAGE}.{name}")
-            for name in ("models", "jobs", "all_types", "_schema")
+            for name in (
+                "models",
+                "jobs",
+                "all_types",
+                "_schema",
+                "aio",
+                "aio.jobs",
+                "aio.all_types",
+            )
         }
         yield {"package": importlib.import_module(PACKAGE), **modules}
     finally:
@@ -204,6 +232,9 @@ def test_writes_one_module_per_query_file_plus_models_and_init(
     assert sorted(generated) == [
         "__init__.py",
         "_schema.py",
+        "aio/__init__.py",
+        "aio/all_types.py",
+        "aio/jobs.py",
         "all_types.py",
         "jobs.py",
         "models.py",
@@ -218,6 +249,9 @@ def test_every_file_starts_with_the_do_not_edit_header(generated: dict[str, str]
         "models.py": "schema/0001.types.sql, schema/0002.all_types.sql, schema/0003.audit.sql",
         "__init__.py": "query",
         "_schema.py": "query",
+        "aio/jobs.py": "query/jobs.sql",
+        "aio/all_types.py": "query/all_types.sql",
+        "aio/__init__.py": "query",
     }
     for name, text in generated.items():
         lines = text.splitlines()
@@ -723,7 +757,11 @@ def test_the_package_queries_class_inherits_every_modules_queries(
 def test_every_statement_runs_through_the_schema(generated: dict[str, str]) -> None:
     for module in ("jobs.py", "all_types.py"):
         consts = constants(generated[module])
-        for name, fn in methods(generated[module]).items():
+        both = [
+            *methods(generated[module]).items(),
+            *async_methods(generated[f"aio/{module}"]).items(),
+        ]
+        for name, fn in both:
             calls = [
                 n
                 for n in ast.walk(fn)
@@ -887,6 +925,149 @@ def test_copy_types_name_no_schema(generated: dict[str, str]) -> None:
         for name, value in constants(generated[module]).items():
             if name.endswith("_COPY_TYPES"):
                 assert {t.removesuffix("[]") for t in value} <= builtin, name
+
+
+# --------------------------------------------------------------------------- asyncio twins
+
+
+def _sync_twin(fn: ast.FunctionDef) -> str:
+    """The signature of a sync method as its async twin must read."""
+    return signature(fn).replace("psycopg.Connection[Any]", "psycopg.AsyncConnection[Any]")
+
+
+def test_every_query_has_an_async_twin_with_the_same_parameters_and_result(
+    generated: dict[str, str],
+) -> None:
+    for module in ("jobs", "all_types"):
+        sync = methods(generated[f"{module}.py"])
+        twins = async_methods(generated[f"aio/{module}.py"])
+        assert list(twins) == list(sync), module
+        for name, fn in sync.items():
+            assert signature(twins[name]) == _sync_twin(fn), name
+            assert ast.get_docstring(twins[name]) == ast.get_docstring(fn), name
+
+
+def test_async_methods_run_on_an_async_raw_cursor_and_await_the_database(
+    generated: dict[str, str],
+) -> None:
+    awaited = ("cur.execute", "cur.executemany", "cur.fetchone", "cur.fetchall", "copy.write_row")
+    for module in ("aio/jobs.py", "aio/all_types.py"):
+        for name, fn in async_methods(generated[module]).items():
+            text = body(fn)
+            assert "psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur" in text, name
+            assert "async with" in text and "psycopg.RawCursor" not in text, name
+            calls = [
+                n
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Call) and ast.unparse(n.func) in awaited
+            ]
+            assert calls, name
+            parents = {
+                id(child): node for node in ast.walk(fn) for child in ast.iter_child_nodes(node)
+            }
+            for c in calls:
+                assert isinstance(parents[id(c)], ast.Await), f"{name}: {ast.unparse(c)}"
+
+
+def test_async_modules_import_the_sql_and_rows_of_the_sync_module_and_define_none(
+    generated: dict[str, str], imported: dict[str, ModuleType]
+) -> None:
+    for module in ("jobs", "all_types"):
+        source = generated[f"aio/{module}.py"]
+        assert constants(source) == {}  # no SQL text of its own
+        assert list(classes(source)) == ["AsyncQueries"]  # no dataclass of its own
+        shared = imported_names(source, f"{PACKAGE}.{module}")
+        assert shared, module
+        sync_module, aio_module = imported[module], imported[f"aio.{module}"]
+        for name in shared:
+            assert getattr(aio_module, name) is getattr(sync_module, name), name
+    names = imported_names(generated["aio/jobs.py"], f"{PACKAGE}.jobs")
+    assert {"GET_JOB", "COPY_JOBS_COPY", "COPY_JOBS_COPY_TYPES", "ClaimJobsRow"} <= set(names)
+    assert "COPY_JOBS" not in names  # the INSERT of a :copyfrom never runs
+    assert {"InsertEventParams", "AckJobParams", "AckJobRow"} <= set(names)
+
+
+def test_async_copyfrom_writes_through_async_copy(generated: dict[str, str]) -> None:
+    fn = async_methods(generated["aio/jobs.py"])["copy_jobs"]
+    assert signature(fn) == (
+        "(self, conn: psycopg.AsyncConnection[Any], rows: Iterable[CopyJobsParams]) -> int"
+    )
+    text = body(fn)
+    assert "cur.copy(self.sql(COPY_JOBS_COPY)) as copy" in text
+    assert "copy.set_types(COPY_JOBS_COPY_TYPES)" in text
+    assert "await copy.write_row((p.id, p.queue, p.payload if isinstance(p.payload, Jsonb)" in text
+    moods = async_methods(generated["aio/all_types.py"])["copy_moods"]
+    assert "cur.copy(self.sql(COPY_MOODS_COPY)) as copy" in body(moods)
+
+
+def test_async_batches_read_every_result_set(generated: dict[str, str]) -> None:
+    fns = async_methods(generated["aio/jobs.py"])
+    ack = body(fns["ack_job"])
+    assert "await cur.executemany(self.sql(ACK_JOB), ((p.id,) for p in rows), returning=True)" in (
+        ack
+    )
+    assert "r = await cur.fetchone()" in ack and "if not cur.nextset():" in ack
+    assert "for r in await cur.fetchall()" in body(fns["event_kinds"])
+    assert "await cur.executemany(self.sql(INSERT_EVENT)" in body(fns["insert_event"])
+
+
+def test_the_package_async_queries_class_inherits_every_async_modules_class(
+    imported: dict[str, ModuleType],
+) -> None:
+    aio = imported["aio"]
+    queries = aio.AsyncQueries
+    assert queries.__bases__ == (
+        imported["aio.all_types"].AsyncQueries,
+        imported["aio.jobs"].AsyncQueries,
+    )
+    assert issubclass(queries, imported["_schema"].QueriesBase)
+    q = queries(schema="myapp_jobs")
+    assert repr(q) == "AsyncQueries(schema='myapp_jobs')"
+    assert q.sql(imported["jobs"].COUNT_JOBS) == 'SELECT count(*) FROM "myapp_jobs".jobs'
+    assert inspect.iscoroutinefunction(q.claim_jobs)
+    with pytest.raises(AttributeError):
+        q.anything = 1
+    assert aio.DEFAULT_SCHEMA == SCHEMA == queries().schema
+    # The sync package is unchanged by the async one: no async method in it.
+    assert not any(
+        inspect.iscoroutinefunction(fn) for fn in vars(imported["jobs"].Queries).values()
+    )
+
+
+@pytest.mark.parametrize("stem", ["aio", "models"])
+def test_a_query_file_named_like_a_generated_module_fails(stem: str) -> None:
+    request = load_request()
+    for q in request["queries"]:
+        if q["filename"] == "all_types.sql":
+            q["filename"] = f"{stem}.sql"
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert f"'{stem}.sql'" in err
+
+
+def test_a_model_named_async_queries_fails() -> None:
+    request = load_request()
+    _catalog_schema(request, SCHEMA)["enums"].append({"name": "async_queries", "vals": ["a"]})
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "'AsyncQueries'" in err and "a name of the generated query modules" in err
+
+
+@pytest.mark.parametrize(
+    ("names", "ordered"),
+    [
+        (
+            ["parse_enum_array", "Job", "ClaimJobsRow", "GET_JOB", "CLAIM_JOBS", "AB", "A"],
+            ["AB", "CLAIM_JOBS", "GET_JOB", "A", "ClaimJobsRow", "Job", "parse_enum_array"],
+        ),
+        (["X_10", "X_9", "Job10Row", "Job2Row"], ["X_9", "X_10", "Job2Row", "Job10Row"]),
+        (["Jsonb", "Json", "Final", "Any"], ["Any", "Final", "Json", "Jsonb"]),
+    ],
+)
+def test_imported_names_are_ordered_like_ruffs_isort(
+    plugin: ModuleType, names: list[str], ordered: list[str]
+) -> None:
+    assert sorted(names, key=plugin.member_key) == ordered
 
 
 # --------------------------------------------------------------------------- the schema option
@@ -1172,7 +1353,12 @@ sql:
     proc = _sqlc_generate(tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "out" / PACKAGE
-    assert {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()} == generated
+    written = {
+        p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
+        for p in out.rglob("*")
+        if p.is_file()
+    }
+    assert written == generated
 
 
 @needs_sqlc
@@ -1282,9 +1468,8 @@ def test_check_sqlc_schema_passes_on_this_repository() -> None:
 # --------------------------------------------------------------------------- check_generated
 
 
-@needs_sqlc
-def test_check_generated_detects_stale_missing_and_changed_files(tmp_path: Path) -> None:
-    root = tmp_path / "repo"
+def _check_generated_repo(root: Path) -> Path:
+    """A repository like this one at ``root``, made of the fixture's schema and queries."""
     (root / "tools").mkdir(parents=True)
     shutil.copy2(PLUGIN, root / "tools" / PLUGIN.name)
     shutil.copytree(FIXTURE / "schema", root / "db" / "migrations")
@@ -1313,16 +1498,22 @@ sql:
 """,
         encoding="utf-8",
     )
+    return root
 
-    def check() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, str(CHECK_GENERATED), "--root", str(root)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
 
-    proc = check()
+def _check_generated(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHECK_GENERATED), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@needs_sqlc
+def test_check_generated_detects_stale_missing_and_changed_files(tmp_path: Path) -> None:
+    root = _check_generated_repo(tmp_path / "repo")
+    proc = _check_generated(root)
     assert proc.returncode == 1
     assert "missing: jobrun/postgres/sqlc/jobs.py" in proc.stdout
 
@@ -1330,13 +1521,33 @@ sql:
     out = root / "jobrun" / "postgres" / "sqlc"
     (out / "__pycache__").mkdir()
     (out / "__pycache__" / "jobs.cpython-311.pyc").write_bytes(b"")  # ignored
-    proc = check()
+    proc = _check_generated(root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     (out / "old_queries.py").write_text("# stale\n", encoding="utf-8")
     jobs = out / "jobs.py"
     jobs.write_text(jobs.read_text(encoding="utf-8").replace("def ", "def x", 1), encoding="utf-8")
-    proc = check()
+    proc = _check_generated(root)
     assert proc.returncode == 1
     assert "stale:   jobrun/postgres/sqlc/old_queries.py" in proc.stdout
     assert "differs: jobrun/postgres/sqlc/jobs.py" in proc.stdout
+
+
+@needs_sqlc
+def test_check_generated_covers_the_async_package(tmp_path: Path) -> None:
+    root = _check_generated_repo(tmp_path / "repo")
+    assert _sqlc_generate(root).returncode == 0
+    aio = root / "jobrun" / "postgres" / "sqlc" / "aio"
+    (aio / "__pycache__").mkdir()
+    (aio / "__pycache__" / "jobs.cpython-311.pyc").write_bytes(b"")  # ignored
+    assert _check_generated(root).returncode == 0
+
+    (aio / "old.py").write_text("# stale\n", encoding="utf-8")
+    jobs = aio / "jobs.py"
+    jobs.write_text(jobs.read_text(encoding="utf-8").replace("await ", "", 1), encoding="utf-8")
+    (aio / "all_types.py").unlink()
+    proc = _check_generated(root)
+    assert proc.returncode == 1
+    assert "stale:   jobrun/postgres/sqlc/aio/old.py" in proc.stdout
+    assert "differs: jobrun/postgres/sqlc/aio/jobs.py" in proc.stdout
+    assert "missing: jobrun/postgres/sqlc/aio/all_types.py" in proc.stdout
