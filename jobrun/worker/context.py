@@ -33,6 +33,14 @@ class JobContext:
     succeeded. ``deadline`` is a ``time.monotonic()`` value (None: no timeout).
 
     :meth:`progress` reports how far the attempt got (see there).
+
+    In an ``async def`` handler the context is the same object, and its
+    cancellation reaches the handler the asyncio way: when ``cancelled`` is
+    set (by a cancel, a lost lease, the timeout or the shutdown), the job's
+    task is cancelled, so the handler gets ``asyncio.CancelledError`` at its
+    next ``await`` (clean up in ``finally``; ``cancel_reason`` says why).
+    ``is_cancelled`` and ``remaining()`` work there too; ``cancelled.wait()``
+    would block the event loop: never call it from a coroutine.
     """
 
     job: Job
@@ -45,6 +53,9 @@ class JobContext:
     _progress_sink: ProgressSink | None = dataclasses.field(default=None, repr=False)
     """Set by the worker (None: progress is only kept here, as in a test)."""
     _progress_interval: float = dataclasses.field(default=DEFAULT_PROGRESS_INTERVAL, repr=False)
+    _on_cancel: Callable[[], None] | None = dataclasses.field(default=None, repr=False)
+    """Called (once, from the cancelling thread) when the context is cancelled:
+    the worker cancels an async handler's task through it."""
     _progress: float | None = dataclasses.field(default=None, init=False)
     _progress_message: str | None = dataclasses.field(default=None, init=False)
     _progress_written_at: float | None = dataclasses.field(default=None, init=False, repr=False)
@@ -81,7 +92,11 @@ class JobContext:
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:
             self.cancel_reason = reason
+        first = not self.cancelled.is_set()
         self.cancelled.set()
+        on_cancel = self._on_cancel
+        if first and on_cancel is not None:
+            on_cancel()
 
     @property
     def is_cancelled(self) -> bool:
@@ -106,6 +121,12 @@ class JobContext:
         calling thread (one UPDATE of the job's own row, fenced by its
         lease). A write that finds the lease gone cancels this context; a
         database error is logged once per job and never fails the job.
+
+        From an ``async def`` handler the call never blocks the event loop:
+        the check and the throttle run at the call, and the write itself is
+        handed to one of the worker's ``jobrun-async-io`` threads (one write
+        at a time per job, the latest value winning); the worker waits for
+        it before it records the job's outcome.
         """
         fraction = validate.progress(value)
         text = None if message is None else validate.progress_message(message)
@@ -129,6 +150,13 @@ class JobContext:
             if not self._progress_held or sink is None or self._progress is None:
                 return
             self._write_progress(sink, self._progress, self._progress_message, time.monotonic())
+
+    def _hold_progress(self) -> None:
+        """The sink could not write the value it took: write the latest one again
+        later (the next report past the interval, or when the handler returns)."""
+        with self._progress_lock:
+            if self._progress is not None:
+                self._progress_held = True
 
     def _write_progress(
         self, sink: ProgressSink, fraction: float, text: str | None, now: float

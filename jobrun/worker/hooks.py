@@ -22,6 +22,14 @@ When each method runs, and on which thread:
     or returned ``jobrun.Snooze``: queued again, its attempt given back). On
     the handler thread for a failure or a snooze, on the completer thread
     for a batch of successes;
+For an ``async def`` handler, ``job_started`` and ``job_returned`` run on the
+worker's event-loop thread (``jobrun-async-loop``), inside the job's own
+asyncio task: each job has its own ``contextvars`` context, so what one
+attaches there (a tracing context) is that handler's alone, however many
+run at once. Its ``job_finished`` for a failure or a snooze runs on a
+``jobrun-async-io`` thread (for a success on the completer, as above).
+A hook must never block there: it would hold up every async job.
+
 ``store_call(call)``
     after each round trip of the worker's own Store calls (claim,
     complete, complete_tx, fail, heartbeat), with its duration, the number

@@ -25,11 +25,20 @@ A handler is ``callable(ctx, job)``. It may
 A callable is always taken for a commit callable, never for a result: that is
 what keeps the transactional path's one-line form (``return commit``).
 
-Handlers run on worker threads: an ``async def`` handler is refused when it
-is registered (it would only return a coroutine that nothing awaits), and a
-handler that returns an awaitable anyway (a sync wrapper around one) is dead
-at its first attempt with a message saying why, rather than failing every
-attempt the same way.
+A plain ``def`` handler runs on a worker thread. An ``async def`` handler (or
+a partial of one, or an object whose ``__call__`` is one) runs as a task on
+the worker's event loop (one ``jobrun-async-loop`` thread for all of them,
+see :mod:`jobrun.worker.worker`): everything above holds for it, the value
+it returns meaning the same; its task is cancelled (``CancelledError`` at
+its next ``await``) when its context is. An async generator function is
+refused when it is registered (there is no one value to take from it), and
+a plain handler that returns an awaitable (a sync wrapper around a
+coroutine) is dead at its first attempt with a message saying why, rather
+than failing every attempt the same way.
+
+Typed tasks (:meth:`Registry.task`, :mod:`jobrun.worker.tasks`) are
+handlers too: a function with typed parameters, enqueued with its own
+arguments, checked against its signature.
 """
 
 from __future__ import annotations
@@ -141,19 +150,28 @@ class Done:
             )
 
 
+def _unwrap(fn: object) -> object:
+    """What runs when ``fn`` is called: through partials, to an object's ``__call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not inspect.isroutine(fn) and not inspect.isclass(fn):
+        call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's, not the instance's
+        if call is not None:
+            return call
+    return fn
+
+
 def is_async(fn: object) -> bool:
     """True for an ``async def`` function (or async generator), a partial of
     one, or an object whose ``__call__`` is one: what a thread cannot run."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        return True
-    if not inspect.isroutine(fn) and not inspect.isclass(fn):
-        call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's, not the instance's
-        return call is not None and (
-            inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
-        )
-    return False
+    target = _unwrap(fn)
+    return inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target)
+
+
+def is_coroutine_handler(fn: object) -> bool:
+    """True for what the worker runs on its event loop: an ``async def``
+    function, a partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(_unwrap(fn))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -164,6 +182,8 @@ class Registration:
     max_snoozes: int | None = None
     """How many times a job of this type may snooze before a further Snooze
     is a failed attempt (None: no limit; see :class:`Snooze`)."""
+    is_async: bool = False
+    """An ``async def`` handler: run as a task on the worker's event loop."""
 
 
 class Registry:
@@ -212,14 +232,14 @@ class Registry:
         validate.job_type(job_type)
         if not callable(fn):
             raise ValidationError("handler", f"the handler for {job_type!r} is not callable")
-        if is_async(fn):
+        coroutine = is_coroutine_handler(fn)
+        if not coroutine and is_async(fn):
             name = getattr(fn, "__qualname__", None) or type(fn).__name__
             raise ValidationError(
                 "handler",
-                f"the handler for {job_type!r} ({name}) is an async def function: jobrun "
-                "runs handlers on worker threads, where it would only return a coroutine "
-                "that nothing awaits. Register a plain def (it may call asyncio.run(...) "
-                "for async code)",
+                f"the handler for {job_type!r} ({name}) is an async generator function: "
+                "a handler returns one value (or raises); register an async def (or a "
+                "plain def) that returns it",
             )
         if timeout is not None:
             validate.positive_duration("timeout", timeout)
@@ -234,7 +254,9 @@ class Registry:
             )
         if job_type in self._handlers:
             raise ValidationError("type", f"a handler for {job_type!r} is already registered")
-        self._handlers[job_type] = Registration(job_type, fn, timeout, max_snoozes)
+        self._handlers[job_type] = Registration(
+            job_type, fn, timeout, max_snoozes, is_async=coroutine
+        )
 
     def get(self, job_type: str) -> Registration | None:
         return self._handlers.get(job_type)
@@ -243,6 +265,11 @@ class Registry:
         if registration is not None and registration.timeout is not None:
             return registration.timeout
         return self.default_timeout
+
+    @property
+    def has_async(self) -> bool:
+        """True when an ``async def`` handler is registered (a worker then runs an event loop)."""
+        return any(r.is_async for r in self._handlers.values())
 
     @property
     def types(self) -> list[str]:

@@ -6,7 +6,14 @@ Threads (all named, so ``py-spy dump`` and logs say who is who)::
                         threads (and per-queue slots), then waits for a
                         notification or the poll interval
     jobrun-handler-N    run one job each: the handler, then fail it, or hand
-                        its result to the completer
+                        its result to the completer (``concurrency`` of them,
+                        started with the worker; with an async handler
+                        registered, started only as plain handlers need them)
+    jobrun-async-loop   the event loop of ``async def`` handlers (only when one
+                        is registered): each job one task on it
+    jobrun-async-io_N   what an async job's outcome writes (a failure, a
+                        snooze) and its progress writes, off the event loop
+                        (at most ``ASYNC_IO_THREADS``, started as needed)
     jobrun-completer    completes handler results in batches, flushed when a
                         batch fills or a few milliseconds pass: plain results
                         with complete_many, commit callables with
@@ -56,6 +63,47 @@ alone, and it travels with the job to the completer, which stores it with the
 success in the same transaction: ``complete_many(results=...)`` for plain
 successes, ``complete_many_tx(results=...)`` (and ``complete(result=...)``
 when a batch falls back to one by one) next to a commit callable.
+
+Async handlers: an ``async def`` handler (see :mod:`jobrun.worker.registry`)
+runs as one asyncio task on the worker's own event loop, on the
+``jobrun-async-loop`` thread, started when such a handler is registered
+(``asyncio.run_coroutine_threadsafe`` from the claimer), so a thousand jobs
+waiting on the network hold no thread each. Everything else is shared with
+plain handlers:
+
+- concurrency: ``concurrency`` bounds the jobs running at once of both
+  kinds together, and per-queue limits count both: the claim plan sees one
+  count of jobs claimed and not yet returned, whoever runs them. A worker
+  with only async handlers starts no handler thread at all (a job of an
+  unknown type, or a plain handler registered later, starts threads as it
+  needs them, up to ``concurrency``);
+- leases, heartbeats and the completer: the same running-jobs registry, the
+  same batches; a coroutine's return value means what a plain handler's
+  does (None, a JSON result, a commit callable, ``Done``, ``Snooze``), and a
+  commit callable stays a plain ``def``: it runs on the completer thread
+  inside Complete's transaction, as ever;
+- cancellation and timeouts: when the job's context is cancelled (a cancel
+  requested, a lost lease, its timeout, the end of the shutdown grace) its
+  task is cancelled: ``asyncio.CancelledError`` at its next ``await``. A
+  handler that lets it propagate (or returns anyway) is failed with
+  ``cancelled (reason)``, like a plain handler that returned after
+  cancellation; a cancel requested ends the job cancelled (cancel wins);
+- blocking work stays off the loop: an outcome that needs a database write
+  (a failure, a snooze) and ``ctx.progress`` writes run on the
+  ``jobrun-async-io`` threads, a job's held progress written before its
+  outcome; a success only joins the completer's queue;
+- hooks: ``job_started`` and ``job_returned`` run on the loop thread inside
+  the job's own task (its own ``contextvars`` context: a tracing span
+  attached there is the handler's alone); ``job_finished`` for a failure or
+  a snooze on a ``jobrun-async-io`` thread, for a success on the completer;
+- the stall watch: a coroutine that blocks the loop (``time.sleep``, a sync
+  database call) holds up every other async job; past ``stall_warning`` a
+  WARNING names ``jobrun-async-loop`` and the frames it is stuck in;
+- shutdown: as below, running coroutines may finish until the grace period
+  ends, then their tasks are cancelled and the interrupted jobs failed back
+  to the queue with their attempt kept; the loop stops last but one, before
+  the heartbeats. A coroutine that ignores cancellation is abandoned like a
+  thread (its lease expires).
 
 Unknown job types: a job whose type this worker has no handler for is not
 failed (which would burn its attempts into a dead job while a newer worker
@@ -124,9 +172,12 @@ with the next run time.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import heapq
 import inspect
 import itertools
@@ -141,7 +192,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
@@ -185,6 +236,9 @@ LIMITED_RECLAIM = 0.05
 its own to free before it claims again (another worker's freed slot, or a
 rate window moving on, sends no wake-up)."""
 MAX_CONCURRENCY = 1000
+ASYNC_IO_THREADS = 8
+"""Threads of a worker's async side (``jobrun-async-io``) for the blocking
+writes of async jobs (failures, snoozes, progress), started as needed."""
 _DB_RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0, 2.0)
 CLAIM_COALESCE = 0.002  # seconds a busy worker waits to claim several jobs at once
 LOST_CLAIM_DELIVERY = 30.0
@@ -322,6 +376,10 @@ class _Running:
     ctx: JobContext
     in_handler: bool = False
     """While its handler runs (plain writes by its thread: threads_busy reads them)."""
+    on_loop: bool = False
+    """An async handler's job: a task on the event loop, not a thread's."""
+    progress: _OffloadedProgress | None = None
+    """An async job's progress writer (its writes off the loop)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -488,8 +546,115 @@ def _where(ident: int | None, depth: int = 8) -> str:
     )
 
 
+class _OffloadedProgress:
+    """An async job's progress sink: the write runs on an io thread, never on the loop.
+
+    One write at a time per job, the latest value winning: a report made
+    while a write is in flight is written right after it. ``pending()`` is
+    what the worker waits for before it records the job's outcome.
+    """
+
+    def __init__(
+        self, ctx: JobContext, write: ProgressSink, executor: concurrent.futures.Executor
+    ) -> None:
+        self._ctx = ctx
+        self._write = write
+        self._executor = executor
+        self._lock = threading.Lock()
+        self._next: tuple[float, str | None] | None = None
+        self._future: concurrent.futures.Future[None] | None = None
+
+    def __call__(self, value: float, message: str | None) -> bool:
+        with self._lock:
+            self._next = (value, message)
+            if self._future is None:
+                try:
+                    self._future = self._executor.submit(self._drain)
+                except RuntimeError:  # the executor is shut down: the worker stopped
+                    self._next = None
+                    return True
+        return True  # handed over (a failed write holds the value again: _drain)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                item, self._next = self._next, None
+                if item is None:
+                    self._future = None
+                    return
+            if not self._write(*item):  # a database error: write it again later
+                self._ctx._hold_progress()
+
+    def pending(self) -> concurrent.futures.Future[None] | None:
+        with self._lock:
+            return self._future
+
+
+class _EventLoop:
+    """The worker's event loop for async handlers, on the ``jobrun-async-loop`` thread.
+
+    A ticker task marks the loop busy on every tick (the stall watch sees a
+    loop that stopped ticking: a coroutine blocking it). Blocking work of
+    async jobs goes to ``io`` (``jobrun-async-io`` threads).
+    """
+
+    def __init__(self, activity: _Activity, tick: float) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.io = concurrent.futures.ThreadPoolExecutor(
+            max_workers=ASYNC_IO_THREADS, thread_name_prefix="jobrun-async-io"
+        )
+        self.thread = threading.Thread(target=self._run, name="jobrun-async-loop", daemon=True)
+        self._activity = activity
+        self._tick = tick
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self, timeout: float | None) -> None:
+        """Stop the loop (tasks still pending are abandoned) and the io threads."""
+        with contextlib.suppress(RuntimeError):  # already closed
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        if timeout is not None and self.thread.is_alive():
+            self.thread.join(timeout)
+        self.io.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        ticker = self.loop.create_task(self._ticks(), name="jobrun-stall-ticker")
+        try:
+            self.loop.run_forever()
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(BaseException):
+                self.loop.run_until_complete(asyncio.wait([ticker], timeout=1.0))
+            self._activity.idle()
+            # Close it only when nothing is left on it: a task that ignored its
+            # cancellation is abandoned (its lease expires), not destroyed.
+            if not any(not t.done() for t in asyncio.all_tasks(self.loop)):
+                with contextlib.suppress(Exception):
+                    self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+                self.loop.close()
+
+    async def _ticks(self) -> None:
+        while True:
+            self._activity.busy(
+                "running async handlers (a coroutine that blocks it holds up every other one)"
+            )
+            await asyncio.sleep(self._tick)
+
+
+def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` from any thread (a context cancelled by the heartbeat, the timeouts...)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to cancel
+        loop.call_soon_threadsafe(task.cancel)
+
+
 class Worker:
-    """Runs jobs of ``config.queues`` with ``config.concurrency`` handler threads."""
+    """Runs jobs of ``config.queues``, ``config.concurrency`` at once: plain handlers
+    on threads, ``async def`` handlers as tasks on one event loop."""
 
     def __init__(
         self,
@@ -525,7 +690,10 @@ class Worker:
         self._unflushed: dict[uuid.UUID, Job] = {}
         self._inflight = 0  # claimed and not yet returned by its handler
         self._inflight_by_queue: dict[str, int] = dict.fromkeys(self.config.queues, 0)
+        self._on_threads = 0  # of those, the jobs dispatched to handler threads
         self._work: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._loop: _EventLoop | None = None  # started when an async job needs it
+        self._loop_lock = threading.Lock()
         # Handler successes waiting for their batch.
         self._done: queue.SimpleQueue[_Finished | None] = queue.SimpleQueue()
         self._slot_freed = threading.Event()
@@ -565,6 +733,7 @@ class Worker:
         self._claimer_activity = self._stalls.track("jobrun-claimer")
         self._completer_activity = self._stalls.track("jobrun-completer")
         self._heartbeat_activity = self._stalls.track("jobrun-heartbeat")
+        self._loop_activity = self._stalls.track("jobrun-async-loop")
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -581,9 +750,14 @@ class Worker:
             if callable(probe):
                 self._stalls.track_probe("jobrun-listener", probe)
         self._start_timeouts()
-        for n in range(self.config.concurrency):
-            t = threading.Thread(target=self._handler_loop, name=f"jobrun-handler-{n}", daemon=True)
-            self._handlers.append(t)
+        if self.registry.has_async:
+            self._ensure_loop()  # handler threads start as plain jobs need them
+        else:
+            for n in range(self.config.concurrency):
+                t = threading.Thread(
+                    target=self._handler_loop, name=f"jobrun-handler-{n}", daemon=True
+                )
+                self._handlers.append(t)
         self._threads = [
             threading.Thread(target=self._claim_loop, name="jobrun-claimer", daemon=True),
             threading.Thread(target=self._complete_loop, name="jobrun-completer", daemon=True),
@@ -593,6 +767,25 @@ class Worker:
             t.start()
         self._stalls.start()
 
+    def _ensure_loop(self) -> _EventLoop:
+        """The event loop of async handlers, started on first need."""
+        loop = self._loop
+        if loop is not None:
+            return loop
+        with self._loop_lock:
+            if self._loop is None:
+                tick = min(max(self._stalls.bound / 4, 0.01), 1.0)
+                started = _EventLoop(self._loop_activity, tick)
+                started.start()
+                self._loop = started
+            return self._loop
+
+    def _stop_loop(self, timeout: float | None) -> None:
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop(timeout)
+
     def _log_banner(self) -> None:
         """The start banner: what this worker is, on one record (fields for JSON too)."""
         version = logs.version()
@@ -601,6 +794,9 @@ class Worker:
             for name, limit in self.config.queues.items()
         )
         types = self.registry.types
+        async_types = {
+            name for name in types if (r := self.registry.get(name)) is not None and r.is_async
+        }
         lines = [f"jobrun {version} worker {self.owner} starting"]
         if self.database is not None:
             lines.append(f"  database:    {self.database}")
@@ -611,7 +807,7 @@ class Worker:
         lines.append(f"  concurrency: {self.config.concurrency}")
         if types:
             lines.append(f"  job types ({len(types)}):")
-            lines += [f"    . {name}" for name in types]
+            lines += [f"    . {name}{' (async)' * (name in async_types)}" for name in types]
         else:
             lines.append("  job types:   none (every job claimed is released back to its queue)")
         log.info(
@@ -677,6 +873,7 @@ class Worker:
             self._work.put(None)
         self._done.put(None)
         self._threads[1].join(30)  # the completer flushes what it holds
+        self._stop_loop(5.0)  # coroutines that ignored cancellation are abandoned
         self._heartbeat_stop.set()
         self._threads[2].join(10)
         self._timeouts.stop()
@@ -778,37 +975,40 @@ class Worker:
     def drain(self, *, max_jobs: int | None = None) -> int:
         """Run runnable jobs one by one in the calling thread until none is left.
 
-        No worker threads: the handler runs here, and its completion (batch
-        or commit callable) or failure is written before the next claim. For
-        tests and :func:`jobrun.testing.run_jobs`; a retry scheduled for
-        later is left queued. Returns how many jobs ran.
+        No worker threads: the handler runs here (an async handler on the
+        worker's event loop, the calling thread waiting for it), and its
+        completion (batch or commit callable) or failure is written before
+        the next claim. For tests and :func:`jobrun.testing.run_jobs`; a
+        retry scheduled for later is left queued. Returns how many jobs ran.
         """
         self._start_timeouts()
         ran = 0
-        while max_jobs is None or ran < max_jobs:
-            jobs = self._claim_call(self._queue_names, 1)
-            if not jobs:
-                break
-            self._dispatch(jobs)
-            job = self._work.get()
-            assert job is not None
-            with self._lock:
-                running = self._running[_claim(job)]
-            try:
-                self._run_one(running)
-            finally:
-                with self._lock:
-                    self._running.pop(_claim(job), None)
-                    self._inflight -= 1
-                    self._inflight_by_queue[job.queue] -= 1
-            pending: list[_Finished] = []
-            while not self._done.empty():
-                item = self._done.get_nowait()
-                if item is not None:
-                    pending.append(item)
-            if pending:
-                self._flush(pending)
-            ran += 1
+        try:
+            while max_jobs is None or ran < max_jobs:
+                jobs = self._claim_call(self._queue_names, 1)
+                if not jobs:
+                    break
+                [job] = jobs
+                running, registration = self._register(job)
+                if registration is not None and registration.is_async:
+                    loop = self._ensure_loop()
+                    loop.submit(self._run_async(running, registration, loop.io)).result()
+                else:
+                    try:
+                        self._run_one(running)
+                    finally:
+                        self._release(job)
+                pending: list[_Finished] = []
+                while not self._done.empty():
+                    item = self._done.get_nowait()
+                    if item is not None:
+                        pending.append(item)
+                if pending:
+                    self._flush(pending)
+                ran += 1
+        finally:
+            if not self._started:  # a loop started here ends here
+                self._stop_loop(5.0)
         return ran
 
     # -- claiming ------------------------------------------------------------------
@@ -1020,22 +1220,65 @@ class Worker:
             self._stopping.wait(timeout)
 
     def _dispatch(self, jobs: list[Job]) -> None:
-        interval = self.config.progress_interval.total_seconds()
         for job in jobs:
-            ctx = JobContext(
-                job=job, cancelled=threading.Event(), deadline=None, _progress_interval=interval
-            )
-            ctx._progress_sink = self._progress_sink(ctx)
-            registration = self.registry.get(job.type)
-            timeout = self.registry.timeout_for(registration)
-            if timeout is not None:
-                ctx.deadline = time.monotonic() + timeout.total_seconds()
-            with self._lock:
-                self._running[_claim(job)] = _Running(job, ctx)
-                self._inflight += 1
-                self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
-            self._timeouts.add(ctx)
-            self._work.put(job)
+            running, registration = self._register(job)
+            if registration is not None and registration.is_async:
+                loop = self._ensure_loop()
+                future = loop.submit(self._run_async(running, registration, loop.io))
+                future.add_done_callback(functools.partial(self._async_ended, job))
+            else:
+                self._to_thread(job)
+
+    def _register(self, job: Job) -> tuple[_Running, Registration | None]:
+        """Track a claimed job as running (its context, its timeout, the counts)."""
+        interval = self.config.progress_interval.total_seconds()
+        ctx = JobContext(
+            job=job, cancelled=threading.Event(), deadline=None, _progress_interval=interval
+        )
+        registration = self.registry.get(job.type)
+        running = _Running(job, ctx)
+        write = self._progress_sink(ctx)
+        if registration is not None and registration.is_async:
+            running.on_loop = True
+            running.progress = _OffloadedProgress(ctx, write, self._ensure_loop().io)
+            ctx._progress_sink = running.progress
+        else:
+            ctx._progress_sink = write
+        timeout = self.registry.timeout_for(registration)
+        if timeout is not None:
+            ctx.deadline = time.monotonic() + timeout.total_seconds()
+        with self._lock:
+            self._running[_claim(job)] = running
+            self._inflight += 1
+            self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
+        self._timeouts.add(ctx)
+        return running, registration
+
+    def _to_thread(self, job: Job) -> None:
+        """Hand a plain job to the handler threads, starting one if none is free
+        (a worker with async handlers starts them as needed, up to concurrency)."""
+        thread: threading.Thread | None = None
+        with self._lock:
+            self._on_threads += 1
+            n = len(self._handlers)
+            if self._on_threads > n and n < self.config.concurrency and self._started:
+                thread = threading.Thread(
+                    target=self._handler_loop, name=f"jobrun-handler-{n}", daemon=True
+                )
+                self._handlers.append(thread)
+        if thread is not None:
+            thread.start()
+        self._work.put(job)
+
+    def _release(self, job: Job, *, on_thread: bool = False) -> None:
+        """The job's run is over (its outcome recorded or handed on): free its slot."""
+        with self._lock:
+            self._running.pop(_claim(job), None)
+            self._inflight -= 1
+            self._inflight_by_queue[job.queue] -= 1
+            if on_thread:
+                self._on_threads -= 1
+        self._slot_freed.set()
 
     # -- running -----------------------------------------------------------------
 
@@ -1051,16 +1294,19 @@ class Worker:
             try:
                 self._run_one(running)
             except BaseException as exc:
-                extra = {**job_fields(job), "owner": self.owner, "outcome": "unrecorded"}
-                log.exception("unexpected error running the job; its lease expires", extra=extra)
-                self._abandon([job])
-                self._finished("lease_lost", job, error=exc)  # lost to this worker
+                self._unrecorded(job, exc)
             finally:
-                with self._lock:
-                    self._running.pop(_claim(job), None)
-                    self._inflight -= 1
-                    self._inflight_by_queue[job.queue] -= 1
-                self._slot_freed.set()
+                self._release(job, on_thread=True)
+
+    def _unrecorded(self, job: Job, exc: BaseException) -> None:
+        extra = {**job_fields(job), "owner": self.owner, "outcome": "unrecorded"}
+        log.error(
+            "unexpected error running the job; its lease expires",
+            exc_info=exc,
+            extra=extra,
+        )
+        self._abandon([job])
+        self._finished("lease_lost", job, error=exc)  # lost to this worker
 
     def _run_one(self, running: _Running) -> None:
         job, ctx = running.job, running.ctx
@@ -1073,6 +1319,8 @@ class Worker:
             hooks.job_started(job, ctx)
         running.in_handler = True
         started = time.monotonic()
+        value: Any = None
+        error: BaseException | None = None
         try:
             try:
                 value = registration.handler(ctx, job)
@@ -1081,14 +1329,95 @@ class Worker:
                 ctx.flush_progress()  # a value kept by the throttle, before the outcome
                 if hooks is not None and hooks.returned:
                     hooks.job_returned(job, sys.exc_info()[1])
-        except Snooze as snooze:
-            self._snooze(job, registration, snooze, started)
-            return
-        except PermanentFailure as exc:
-            self._fail(job, _describe(exc), permanent=True, exc=exc, started=started)
-            return
         except Exception as exc:
-            self._fail(job, _describe(exc, with_traceback=True), exc=exc, started=started)
+            error = exc
+        self._settle(running, registration, started, value, error)
+
+    async def _run_async(
+        self, running: _Running, registration: Registration, io: concurrent.futures.Executor
+    ) -> None:
+        """An async job, on the event loop: its handler as a task of its own (what
+        the context's cancellation cancels), then its outcome, off the loop (on ``io``)."""
+        job, ctx = running.job, running.ctx
+        try:
+            loop = asyncio.get_running_loop()
+            started = time.monotonic()
+            value: Any = None
+            error: BaseException | None = None
+            task = loop.create_task(self._invoke(running, registration), name=f"jobrun {job.id}")
+            ctx._on_cancel = functools.partial(_cancel_soon, loop, task)
+            if ctx.is_cancelled:  # cancelled before its task existed
+                task.cancel()
+            try:
+                value = await task
+            except asyncio.CancelledError as exc:  # its context's cancel, or its own
+                error = exc
+            except Exception as exc:
+                error = exc
+            ctx.flush_progress()  # a value kept by the throttle, before the outcome
+            written = running.progress.pending() if running.progress is not None else None
+            if written is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(written)
+            if error is None and value is None and not ctx.is_cancelled:
+                # The common case needs no write of its own: it joins the batch here.
+                self._settle(running, registration, started, value, error)
+            else:
+                await loop.run_in_executor(
+                    io,
+                    self._settle,
+                    running,
+                    registration,
+                    started,
+                    value,
+                    error,
+                )
+        except BaseException as exc:
+            self._unrecorded(job, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._release(job)
+
+    async def _invoke(self, running: _Running, registration: Registration) -> Any:
+        """The handler's own task: the hooks run inside it (its own context)."""
+        job, ctx = running.job, running.ctx
+        hooks = self._hooks
+        if hooks is not None and hooks.started:
+            hooks.job_started(job, ctx)
+        running.in_handler = True
+        try:
+            return await registration.handler(ctx, job)
+        finally:
+            running.in_handler = False
+            if hooks is not None and hooks.returned:
+                hooks.job_returned(job, sys.exc_info()[1])
+
+    def _async_ended(self, job: Job, future: concurrent.futures.Future[None]) -> None:
+        """A job's coroutine ended without finishing its bookkeeping (the loop stopped)."""
+        if future.cancelled():
+            self._note(logging.WARNING, job, "its coroutine was dropped; its lease expires")
+
+    def _settle(
+        self,
+        running: _Running,
+        registration: Registration,
+        started: float,
+        value: Any,
+        error: BaseException | None,
+    ) -> None:
+        """Record what the handler did: raised ``error`` or returned ``value``
+        (for plain and async handlers alike; see :mod:`jobrun.worker.registry`)."""
+        job, ctx = running.job, running.ctx
+        if error is not None:
+            if isinstance(error, Snooze):
+                self._snooze(job, registration, error, started)
+            elif isinstance(error, PermanentFailure):
+                self._fail(job, _describe(error), permanent=True, exc=error, started=started)
+            elif isinstance(error, asyncio.CancelledError) and ctx.is_cancelled:
+                self._fail(job, f"cancelled ({ctx.cancel_reason})", exc=error, started=started)
+            else:
+                self._fail(job, _describe(error, with_traceback=True), exc=error, started=started)
             return
         commit: Commit | None = None
         result: Any = None
@@ -1103,10 +1432,15 @@ class Worker:
             commit = value
         elif inspect.isawaitable(value):
             _close(value)
+            advice = (
+                "an async handler's value is what it returns: await this one inside it"
+                if registration.is_async
+                else "jobrun awaits only handlers registered as async def functions: "
+                "register an async def (or await it inside this one)"
+            )
             self._fail(
                 job,
-                f"the handler returned a {type(value).__name__} (an async def handler?): "
-                "jobrun runs handlers on threads and never awaits; register a plain def",
+                f"the handler returned a {type(value).__name__}, which nothing awaits; {advice}",
                 permanent=True,  # it would fail every attempt the same way
                 started=started,
             )
@@ -1385,7 +1719,7 @@ class Worker:
 
     # -- progress ------------------------------------------------------------------
 
-    def _progress_sink(self, ctx: JobContext) -> ProgressSink | None:
+    def _progress_sink(self, ctx: JobContext) -> ProgressSink:
         """How ``ctx.progress`` writes: on the handler's thread, fenced by the
         claim; a lost lease cancels the context, a database error is logged
         once per job (and never fails it)."""
@@ -1766,15 +2100,21 @@ class Worker:
 
     @property
     def concurrency(self) -> int:
-        """Handler threads of this worker."""
+        """Jobs this worker runs at once: on handler threads and on its event loop together."""
         return self.config.concurrency
 
     @property
     def threads_busy(self) -> int:
         """Handler threads running a handler right now (counted when asked: the
-        handlers pay no lock for it)."""
+        handlers pay no lock for it). Async handlers are :attr:`coroutines_busy`."""
         with self._lock:
-            return sum(1 for r in self._running.values() if r.in_handler)
+            return sum(1 for r in self._running.values() if r.in_handler and not r.on_loop)
+
+    @property
+    def coroutines_busy(self) -> int:
+        """Async handlers running on the event loop right now."""
+        with self._lock:
+            return sum(1 for r in self._running.values() if r.in_handler and r.on_loop)
 
     @property
     def dead_threads(self) -> list[str]:
@@ -1784,7 +2124,9 @@ class Worker:
         """
         if not self._started or self._stopping.is_set():
             return []
-        return [t.name for t in (*self._handlers, *self._threads) if not t.is_alive()]
+        loop = self._loop
+        extra = () if loop is None else (loop.thread,)
+        return [t.name for t in (*self._handlers, *self._threads, *extra) if not t.is_alive()]
 
     def _count(self, outcome: str, n: int = 1) -> None:
         with self._lock:

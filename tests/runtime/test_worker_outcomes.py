@@ -7,7 +7,6 @@ worker`` process is tests/acceptance/test_worker_console.py).
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -139,24 +138,7 @@ async def _async_handler(ctx: JobContext, job: Job) -> None:
     return None
 
 
-class _AsyncCallable:
-    async def __call__(self, ctx: JobContext, job: Job) -> None:
-        return None
-
-
-@pytest.mark.parametrize(
-    "handler",
-    [_async_handler, functools.partial(_async_handler), _AsyncCallable()],
-    ids=["async-def", "partial-of-async-def", "object-with-async-call"],
-)
-def test_an_async_def_handler_is_refused_at_registration_with_a_clear_message(
-    handler: Any,
-) -> None:
-    registry = Registry()
-    with pytest.raises(ValidationError, match="async def") as caught:
-        registry.register("t", handler)
-    assert caught.value.field == "handler"
-    assert "t" not in registry
+# Registering async def handlers: tests/runtime/test_async_handlers.py.
 
 
 def test_a_handler_that_returns_a_coroutine_anyway_is_dead_at_its_first_attempt(
