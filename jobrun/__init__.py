@@ -13,6 +13,8 @@ at start when the two disagree. ``jobrun.testing.run_jobs`` runs queued jobs
 inside a test.
 """
 
+import typing as _typing
+
 # jobrun.testing imported here makes ``import jobrun; jobrun.testing.run_jobs``
 # work; it needs nothing the facade does not import anyway.
 from jobrun import testing as testing
@@ -53,6 +55,7 @@ from jobrun.postgres.migrate import migrate, migration_sql
 from jobrun.runtime import Runtime
 from jobrun.scheduler import SchedulerConfig, SchedulerService
 from jobrun.worker import (
+    ContextTask,
     Done,
     JobContext,
     JobOutcome,
@@ -60,6 +63,7 @@ from jobrun.worker import (
     Registry,
     Snooze,
     StoreCall,
+    Task,
     Worker,
     WorkerConfig,
     WorkerHooks,
@@ -69,10 +73,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AlreadyExists",
+    "AsyncClient",
     "Backoff",
     "BatchResult",
     "Client",
     "CommitRefused",
+    "ContextTask",
     "DatabaseError",
     "Done",
     "EffectKey",
@@ -104,6 +110,7 @@ __all__ = [
     "Snooze",
     "State",
     "StoreCall",
+    "Task",
     "TransientError",
     "ValidationError",
     "WaitTimeout",
@@ -114,3 +121,17 @@ __all__ = [
     "migrate",
     "migration_sql",
 ]
+
+# AsyncClient is loaded on first use: ``import jobrun`` stays free of the
+# asyncio layer. (Type checkers see the import; the __getattr__ is hidden from
+# them, so that a misspelt ``jobrun.X`` is still an error.)
+if _typing.TYPE_CHECKING:
+    from jobrun.aio import AsyncClient as AsyncClient
+else:
+
+    def __getattr__(name: str) -> object:
+        if name == "AsyncClient":
+            from jobrun.aio import AsyncClient  # noqa: PLC0415
+
+            return AsyncClient
+        raise AttributeError(f"module 'jobrun' has no attribute {name!r}")
