@@ -32,9 +32,10 @@ The client wires the PostgreSQL adapter in; it never runs SQL itself.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import datetime as dt
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -161,6 +162,11 @@ class Client:
     ) -> Job:
         """Enqueue one job; with ``conn``, inside that connection's transaction.
 
+        ``conn`` is a psycopg Connection, or a SQLAlchemy Session or
+        Connection, or a Django connection: the job then exists exactly when
+        that session, connection or ``atomic()`` block commits (see
+        :func:`jobrun.contrib.caller_connection`).
+
         With an ``idempotency_key`` already used in the queue, an identical
         job returns the stored one (its id differs from ``id``), a different
         one raises IdempotencyConflict. ``concurrency_key`` (a tenant, an
@@ -181,14 +187,16 @@ class Client:
             id=id or new_job_id(),
             concurrency_key=concurrency_key,
         )
-        return self.store.enqueue(job, conn=conn)
+        return self.enqueue_job(job, conn=conn)
 
     def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
-        return self.store.enqueue(job, conn=conn)
+        with _caller_connection(conn) as caller:
+            return self.store.enqueue(job, conn=caller)
 
     def enqueue_batch(self, jobs: Iterable[NewJob], *, conn: Any = None) -> BatchResult:
         """Enqueue many jobs at once (COPY), all or nothing; streams any iterable."""
-        return self.store.enqueue_batch(jobs, conn=conn)
+        with _caller_connection(conn) as caller:
+            return self.store.enqueue_batch(jobs, conn=caller)
 
     # -- inspect and administer ------------------------------------------------------
 
@@ -344,6 +352,22 @@ class Client:
 
     def resume_schedule(self, schedule_id: str) -> Schedule:
         return self.store.resume_schedule(schedule_id)
+
+
+@contextlib.contextmanager
+def _caller_connection(conn: Any) -> Iterator[Any]:
+    """The psycopg Connection under the caller's ``conn`` (None: none), lent for one call.
+
+    An ORM's session or connection is resolved by :mod:`jobrun.contrib`,
+    imported only when a ``conn`` is given (it imports no ORM itself).
+    """
+    if conn is None:
+        yield None
+        return
+    from jobrun.contrib import caller_connection  # noqa: PLC0415 - only for a caller's conn
+
+    with caller_connection(conn) as caller:
+        yield caller
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:
