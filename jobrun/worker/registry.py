@@ -53,8 +53,16 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from jobrun.job import validate
 from jobrun.job.errors import ValidationError
-from jobrun.job.model import Job
+from jobrun.job.model import (
+    DEFAULT_BACKOFF,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PRIORITY,
+    DEFAULT_QUEUE,
+    Backoff,
+    Job,
+)
 from jobrun.job.ports import CommitCallable
+from jobrun.worker.tasks import TaskDecorator, task_options
 
 if TYPE_CHECKING:
     from jobrun.worker.context import JobContext
@@ -213,6 +221,34 @@ class Registry:
             return fn
 
         return register
+
+    def task(
+        self,
+        job_type: str,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        timeout: dt.timedelta | None = None,
+        max_snoozes: int | None = None,
+    ) -> TaskDecorator:
+        """Decorator: a typed task (see :mod:`jobrun.worker.tasks`).
+
+        ``@registry.task("email.send", queue="emails")`` on ``def send_email(to:
+        str, subject: str) -> None`` registers a handler for ``email.send`` that
+        calls it with the job's arguments, and gives a :class:`~jobrun.worker.tasks.Task`:
+        ``send_email.enqueue(client, "ada@example.com", subject="hi")``, checked
+        against the signature by mypy and at the call. ``queue``, ``priority``,
+        ``max_attempts`` and ``backoff`` are the defaults of the jobs it enqueues
+        (``.options(...)`` overrides them for one enqueue); ``timeout`` and
+        ``max_snoozes`` are the handler's, as in :meth:`register`.
+        """
+        options = task_options(
+            queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff
+        )
+        validate.job_type(job_type)
+        return TaskDecorator(self, job_type, options, timeout=timeout, max_snoozes=max_snoozes)
 
     def register(
         self,
