@@ -294,33 +294,41 @@ def test_a_payload_that_no_longer_fits_the_signature_fails_the_attempt_saying_wh
     assert "unexpected argument(s) 'cc'" in (stored.last_error or "")
 
 
-def test_aenqueue_enqueues_through_an_async_client(store: Store, registry: Registry) -> None:
-    @registry.task("t")
-    def task(n: int) -> None: ...
-
-    class AsyncClientOverThisStore:
-        """An async client's enqueue_job over the real store (its own tests: tests/aio)."""
-
-        async def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
-            return store.enqueue(job, conn=conn)
-
-    job = asyncio.run(task.options(priority=4).aenqueue(AsyncClientOverThisStore(), 9))
-    stored = store.get(job.id)
-    assert (stored.payload, stored.priority) == ({"n": 9}, 4)
-
-
-def test_enqueue_refuses_an_async_client_and_says_to_await_aenqueue(
-    registry: Registry,
+def test_aenqueue_enqueues_through_the_async_client_and_in_its_transaction(
+    dsn: str, store: Store, registry: Registry, conn: psycopg.Connection[Any]
 ) -> None:
     @registry.task("t")
     def task(n: int) -> None: ...
 
-    class AsyncOnly:
-        async def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
-            raise AssertionError("never awaited")
+    async def main() -> Job:
+        async with await jobrun.AsyncClient.connect(dsn) as aclient:
+            job = await task.options(priority=4).aenqueue(aclient, 9)
+            async with (
+                await psycopg.AsyncConnection.connect(dsn) as mine,
+                mine.transaction(force_rollback=True),
+            ):
+                await task.options(conn=mine).aenqueue(aclient, 10)
+            return job
 
-    with pytest.raises(ValidationError, match=r"await task\.aenqueue"):
-        task.enqueue(AsyncOnly(), 1)  # type: ignore[arg-type]
+    job = asyncio.run(main())
+    stored = store.get(job.id)
+    assert (stored.payload, stored.priority) == ({"n": 9}, 4)
+    assert jobs_in(conn) == 1  # the one in the rolled-back transaction is gone with it
+
+
+def test_enqueue_refuses_an_async_client_and_says_to_await_aenqueue(
+    dsn: str, registry: Registry, conn: psycopg.Connection[Any]
+) -> None:
+    @registry.task("t")
+    def task(n: int) -> None: ...
+
+    async def main() -> None:
+        async with await jobrun.AsyncClient.connect(dsn) as aclient:
+            with pytest.raises(ValidationError, match=r"await task\.aenqueue"):
+                task.enqueue(aclient, 1)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert jobs_in(conn) == 0
 
 
 def test_the_handler_api_stays_beside_typed_tasks(

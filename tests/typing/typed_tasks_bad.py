@@ -31,16 +31,11 @@ async def fetch(url: str) -> int:
     return 0
 
 
-class AsyncEnqueuer:
-    async def enqueue_job(self, job: jobrun.NewJob, *, conn: Any = None) -> jobrun.Job:
-        raise NotImplementedError
-
-
 def wrong(
     client: jobrun.Client,
     conn: psycopg.Connection[Any],
     ctx: jobrun.JobContext,
-    aclient: AsyncEnqueuer,
+    aclient: jobrun.AsyncClient,
 ) -> None:
     send_email.enqueue(client, 1, "hi")  # E: arg-type
     send_email.enqueue(client, "ada@example.com")  # E: call-arg
@@ -65,5 +60,7 @@ def wrong(
     count: int = fetch("https://example.com")  # noqa: F841  # E: assignment
 
 
-async def wrong_async(client: jobrun.Client) -> None:
+async def wrong_async(client: jobrun.Client, aclient: jobrun.AsyncClient) -> None:
     await send_email.aenqueue(client, "ada@example.com", "hi")  # E: arg-type
+    await send_email.aenqueue(aclient, "ada@example.com", subject=1)  # E: arg-type
+    send_email.aenqueue(aclient, "ada@example.com", "hi")  # E: unused-coroutine

@@ -52,11 +52,6 @@ def plain(ctx: jobrun.JobContext, job: jobrun.Job) -> None:
     return None
 
 
-class AsyncEnqueuer:
-    async def enqueue_job(self, job: jobrun.NewJob, *, conn: Any = None) -> jobrun.Job:
-        raise NotImplementedError
-
-
 def enqueue_everything(
     client: jobrun.Client, store: Store, conn: psycopg.Connection[Any], ctx: jobrun.JobContext
 ) -> None:
@@ -101,6 +96,7 @@ def enqueue_everything(
     client.enqueue_batch([send_email.new_job("a@b.c", "x"), fetch.new_job("u")])
 
 
-async def enqueue_async(aclient: AsyncEnqueuer) -> None:
+async def enqueue_async(aclient: jobrun.AsyncClient, aconn: psycopg.AsyncConnection[Any]) -> None:
     assert_type(await send_email.aenqueue(aclient, "ada@example.com", "hi"), jobrun.Job)
     assert_type(await encode.options(priority=1).aenqueue(aclient, 7), jobrun.Job)
+    assert_type(await fetch.options(conn=aconn).aenqueue(aclient, "u", retries=1), jobrun.Job)
