@@ -20,11 +20,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 import jobrun
 import jobrun.testing
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Backoff, EventKind, Job, NewJob, State
+from jobrun.observe.tracing import Tracing
 from jobrun.postgres.store import Store
 from jobrun.worker import Done, JobContext, PermanentFailure, Registry, Snooze, Worker
 from jobrun.worker.hooks import JobOutcome, WorkerHooks
@@ -512,6 +517,48 @@ def test_hooks_see_an_async_job_start_return_and_finish_in_its_own_task(
     assert sorted(n or "" for n in names) == ["job0", "job1", "job2"]
     assert [name for kind, name in seen if kind == "started"] == ["jobrun-async-loop"] * 3
     assert sorted(name for kind, name in seen if kind == "returned") == ["job0", "job1", "job2"]
+
+
+def test_tracing_gives_each_concurrent_async_job_its_own_span_with_its_handlers_spans_inside(
+    store: Store, registry: Registry, make_worker: Callable[..., Worker]
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests.async")
+    together = asyncio.Event()
+    arrived: list[str] = []
+
+    @registry.handler("t")
+    async def handler(ctx: JobContext, job: Job) -> None:
+        with tracer.start_as_current_span(f"work {job.payload['n']}"):
+            arrived.append(job.payload["n"])
+            if len(arrived) == 4:
+                together.set()
+            await asyncio.wait_for(together.wait(), 30)  # all four interleave on the loop
+
+    jobs = [enqueue(store, payload={"n": str(n)}) for n in range(4)]
+    make_worker(concurrency=4, hooks=[Tracing(tracer_provider=provider)])
+    wait_for(lambda: all(state_of(store, j) is State.SUCCEEDED for j in jobs))
+
+    def spans() -> list[Any]:
+        done = list(exporter.get_finished_spans())
+        consumers = [s for s in done if s.kind is SpanKind.CONSUMER]
+        work = [s for s in done if s.name.startswith("work ")]
+        return done if len(consumers) == 4 and len(work) == 4 else []
+
+    done = wait_for(spans, 30)
+    by_job = {
+        dict(s.attributes or {})["messaging.message.id"]: s
+        for s in done
+        if s.kind is SpanKind.CONSUMER
+    }
+    for job in jobs:
+        consumer = by_job[str(job.id)]
+        [work] = [s for s in done if s.name == f"work {job.payload['n']}"]
+        assert work.parent is not None
+        assert work.parent.span_id == consumer.context.span_id  # its own job's, not another's
+    provider.shutdown()
 
 
 def test_a_coroutine_blocking_the_event_loop_is_named_by_the_stall_watch(
