@@ -22,19 +22,13 @@ Django ``connection`` /            the current ``atomic()`` block's, or
 ``connections[alias]``             autocommit (the job commits at once)
 =================================  ==========================================
 
-One subtlety makes this more than reading an attribute. psycopg opens a
-server transaction at the first statement, and both ORMs rely on that:
-``transaction.atomic()`` and a SQLAlchemy session "begin" without sending
-anything. A job enqueued before anything else in the transaction would find
-the connection idle, and jobrun's store, which opens and commits a
-transaction of its own on an idle connection, would commit the job at once,
-whatever the ORM does later. So when the ORM is in a transaction that has not
-reached the server yet, the resolver first asks the ORM to open it, through
-the ORM's own API (a savepoint begun and released: ``transaction.savepoint()``
-in Django, ``begin_nested()`` in SQLAlchemy), and only then lends the
-connection. jobrun itself still runs no SQL outside ``jobrun.postgres``.
+A job enqueued first in a transaction that has not reached the server yet
+(``transaction.atomic()`` and a SQLAlchemy session "begin" without sending
+anything: psycopg sends BEGIN with the first statement) joins that
+transaction: the store treats a connection not in autocommit mode as already
+in its caller's transaction (:meth:`jobrun.postgres.store.Store._in_caller_tx`).
 
-The second: Django configures its psycopg connections to load ``jsonb`` as
+One subtlety remains: Django configures its psycopg connections to load ``jsonb`` as
 text (its JSONField decodes it itself) and, without ``USE_TZ``, timestamps
 without a time zone. jobrun reads its own rows back on the lent connection,
 so for the duration of the call the resolver pins psycopg's standard loaders

@@ -97,18 +97,14 @@ def connection_for_enqueue(obj: object) -> Iterator[psycopg.Connection[Any]]:
     """The psycopg connection under ``obj``, inside ``obj``'s transaction on the server.
 
     A Connection not yet in a transaction is begun, as SQLAlchemy 2.x does at
-    any first use (commit it with ``connection.commit()``). When the
-    transaction has not reached the server yet (nothing sent since it began),
-    a savepoint is begun and released through SQLAlchemy first, which opens
-    it there: otherwise jobrun's store would commit the job on its own.
+    any first use (commit it with ``connection.commit()``). A transaction
+    that has not reached the server yet is joined by the store itself (a
+    connection not in autocommit mode is its caller's transaction).
     """
     sa_conn = _sqlalchemy_connection(obj)
     if not sa_conn.in_transaction():
         sa_conn.begin()
-    raw = psycopg_connection(sa_conn)
-    if not raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE:
-        sa_conn.begin_nested().commit()
-    yield raw
+    yield psycopg_connection(sa_conn)
 
 
 # -- commit callables: a session on Complete's connection -----------------------------

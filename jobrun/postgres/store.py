@@ -371,17 +371,28 @@ class Store(SchedulesMixin):
     ) -> T:
         """Run ``fn`` on the caller's connection.
 
-        Inside the caller's open transaction it runs in a savepoint (a failure
-        does not abort the caller's transaction), and everything it wrote,
-        notifications included, exists only if the caller commits. On a
-        connection with no transaction open, it opens and commits its own.
+        Inside the caller's transaction it runs in a savepoint (a failure does
+        not abort the caller's transaction), and everything it wrote,
+        notifications included, exists only if the caller commits. A
+        connection not in autocommit mode is in the caller's transaction from
+        its first statement on, even before the server has seen one (psycopg,
+        and the ORMs on top of it, send BEGIN with the first statement): the
+        enqueue opens that transaction, the caller's, and leaves it to the
+        caller to commit. Only an autocommit connection gets a transaction of
+        its own, committed before this returns.
         """
         if not isinstance(conn, psycopg.Connection):
             raise ValidationError("conn", "must be a psycopg.Connection")
-        if conn.info.transaction_status == TransactionStatus.INERROR:
+        status = conn.info.transaction_status
+        if status == TransactionStatus.INERROR:
             raise ValidationError("conn", "the caller's transaction is already aborted")
-        with translate_errors(), conn.transaction():
-            return fn(conn)
+        with translate_errors():
+            if status == TransactionStatus.IDLE and not conn.autocommit:
+                # psycopg sends the caller's BEGIN before this first statement;
+                # the savepoint below then nests inside it.
+                conn.execute("SELECT 1")
+            with conn.transaction():
+                return fn(conn)
 
     def _bound(self, timeout: float | object | None) -> float | None:
         if timeout is _CALL:

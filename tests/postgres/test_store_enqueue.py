@@ -126,6 +126,24 @@ def test_transactional_enqueue_conflict_does_not_abort_the_callers_transaction(
         caller.commit()
 
 
+def test_a_first_enqueue_on_a_connection_not_in_autocommit_joins_the_callers_transaction(
+    store: Store, dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    # psycopg's default: the caller's transaction begins with its first
+    # statement, which here is the enqueue itself.
+    with psycopg.connect(dsn) as caller:
+        store.enqueue(new_job(), conn=caller)
+        store.enqueue_batch([new_job(), new_job()], conn=caller)
+        caller.rollback()
+    assert counts(conn) == (0, 0, 0)
+    with psycopg.connect(dsn) as caller:
+        job = store.enqueue(new_job(), conn=caller)
+        with psycopg.connect(dsn) as other:
+            assert other.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (0,)
+        caller.commit()
+    assert store.get(job.id).state is State.QUEUED
+
+
 def test_enqueue_on_a_connection_without_a_transaction_commits_its_own(
     store: Store, dsn: str
 ) -> None:

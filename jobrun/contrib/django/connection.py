@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from jobrun.job.errors import ValidationError
 
@@ -51,20 +50,10 @@ def psycopg_connection(connection: Any) -> psycopg.Connection[Any]:
 
 @contextlib.contextmanager
 def connection_for_enqueue(connection: Any) -> Iterator[psycopg.Connection[Any]]:
-    """The psycopg connection under ``connection``, inside its transaction on the server.
-
-    In a transaction that has not reached the server yet (the first thing in
-    an ``atomic()`` block), a savepoint is begun and released through
-    Django's ``transaction.savepoint()`` first, which opens it there:
-    otherwise jobrun's store would commit the job on its own.
-    """
-    from django.db import transaction  # type: ignore[import-untyped,unused-ignore]  # noqa: PLC0415 - no stubs; Django is imported already (this is its connection)
-
+    """The psycopg connection under ``connection``, in its ``atomic()`` block's
+    transaction (the store joins one that has not reached the server yet: a
+    connection not in autocommit mode is its caller's transaction)."""
     raw = psycopg_connection(connection)
     if not connection.get_autocommit():
         connection.validate_no_broken_transaction()
-        if raw.info.transaction_status == TransactionStatus.IDLE:
-            transaction.savepoint_commit(
-                transaction.savepoint(using=connection.alias), using=connection.alias
-            )
     yield raw
