@@ -382,6 +382,14 @@ class _Running:
     """An async job's progress writer (its writes off the loop)."""
 
 
+class _FlushNow:
+    """Put on the completer's queue: flush the batch collected so far at once
+    (the claimer waits on a limit that those leases hold)."""
+
+
+_FLUSH_NOW = _FlushNow()
+
+
 @dataclasses.dataclass(eq=False, slots=True)
 class _Finished:
     """A handler's success on its way to the completer."""
@@ -695,7 +703,7 @@ class Worker:
         self._loop: _EventLoop | None = None  # started when an async job needs it
         self._loop_lock = threading.Lock()
         # Handler successes waiting for their batch.
-        self._done: queue.SimpleQueue[_Finished | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[_Finished | _FlushNow | None] = queue.SimpleQueue()
         self._slot_freed = threading.Event()
         self._stopping = threading.Event()  # stop claiming
         self._hard_stop = threading.Event()  # give up on everything
@@ -1001,7 +1009,7 @@ class Worker:
                 pending: list[_Finished] = []
                 while not self._done.empty():
                     item = self._done.get_nowait()
-                    if item is not None:
+                    if isinstance(item, _Finished):
                         pending.append(item)
                 if pending:
                     self._flush(pending)
@@ -1121,7 +1129,24 @@ class Worker:
 
     def _held_back_by_limits(self, queues: list[str]) -> float | None:
         """After a short claim: None when no queue limit held back ready jobs of
-        ``queues``, else the seconds until a claim may get some (0: unknown)."""
+        ``queues``, else the seconds until a claim may get some (0: unknown).
+
+        A worker that itself holds leases of a limited queue among them (jobs
+        running, or finished and waiting for the completer) frees slots when
+        they end: it asks the completer to flush at once and claims again then,
+        without asking the database (the limit is likely what it ran into;
+        if the queue is empty instead, the next short claim asks).
+        """
+        if not self.store.queues_limited(queues):
+            return None
+        with self._lock:
+            unflushed = any(job.queue in queues for job in self._unflushed.values())
+            running = any(self._inflight_by_queue.get(name, 0) for name in queues)
+        if unflushed:
+            self._done.put(_FLUSH_NOW)
+            return 0.0
+        if running:
+            return 0.0
         self._claimer_activity.busy(f"asking whether a limit holds back {queues}")
         try:
             return self.store.limits_hold_back(queues)
@@ -1794,11 +1819,14 @@ class Worker:
         while not closing:
             activity.idle()
             first = self._done.get()
+            if first is _FLUSH_NOW:
+                continue  # nothing collected: nothing to flush
             activity.busy("collecting a batch")
             if first is None:
                 closing = True
                 batch: list[_Finished] = []
             else:
+                assert isinstance(first, _Finished)
                 batch = [first]
             deadline = time.monotonic() + flush_after
             while len(batch) < size:
@@ -1810,6 +1838,8 @@ class Worker:
                 if item is None:
                     closing = True
                     continue
+                if isinstance(item, _FlushNow):
+                    break  # the claimer waits on the slots this batch holds
                 batch.append(item)
             if batch:
                 self._flush(batch)
