@@ -18,10 +18,12 @@ arguments, defaults, settings and errors (ValidationError before any SQL;
 NotFound, IdempotencyConflict, AlreadyExists, TransientError, OutcomeUnknown
 from the same translation), every method a coroutine on an
 ``AsyncConnectionPool``. ``conn=`` takes the caller's
-``psycopg.AsyncConnection``: inside its open transaction the enqueue runs in
-a savepoint (a failure leaves the caller's transaction usable) and the job,
-its event and its wake-up exist only if the caller commits; on a connection
-with no transaction open it commits its own. Handlers still run in a worker
+``psycopg.AsyncConnection``: the enqueue runs in a savepoint of the caller's
+transaction (a failure leaves it usable) and the job, its event and its
+wake-up exist only if the caller commits. A connection not in autocommit
+mode is in the caller's transaction from its first statement on, the
+enqueue's own included; only an autocommit connection gets a transaction
+of its own, committed before the call returns. Handlers still run in a worker
 (``jobrun worker``); a job enqueued here is claimed like any other.
 
 :meth:`AsyncClient.connect` reads :meth:`jobrun.Settings.from_env` unless

@@ -15,8 +15,10 @@ Store; only the waiting is ``await``:
 - the transaction boundaries are Store's: a lone statement on the autocommit
   pool is its own transaction, enqueue_batch/cancel/retry one transaction
   each (a deadlock retried once), and on the caller's connection a savepoint
-  inside the caller's open transaction (so a failure does not abort it, and
-  the job exists only if the caller commits) or a transaction of its own;
+  inside the caller's transaction (so a failure does not abort it, and the
+  job exists only if the caller commits), which a connection not in
+  autocommit mode is in from its first statement on; an autocommit
+  connection gets a transaction of its own;
 - every call on a pooled connection is bounded by ``call_timeout`` through
   the same watchdog as Store's (:mod:`jobrun.postgres.deadline`): a call past
   its deadline has its socket shut, fails as a connection fault, and the
@@ -302,18 +304,27 @@ class AsyncStore:
     ) -> T:
         """Run ``fn`` on the caller's async connection (see Store._in_caller_tx).
 
-        Inside the caller's open transaction it runs in a savepoint (a failure
-        does not abort the caller's transaction), and everything it wrote,
-        notifications included, exists only if the caller commits. On a
-        connection with no transaction open, it opens and commits its own.
+        Inside the caller's transaction it runs in a savepoint (a failure does
+        not abort the caller's transaction), and everything it wrote,
+        notifications included, exists only if the caller commits. A
+        connection not in autocommit mode is in the caller's transaction from
+        its first statement on (psycopg sends BEGIN with it): the enqueue
+        opens that transaction, the caller's, and leaves it to the caller to
+        commit. Only an autocommit connection gets a transaction of its own,
+        committed before this returns.
         """
         if not isinstance(conn, psycopg.AsyncConnection):
             raise ValidationError(
                 "conn", f"must be a psycopg.AsyncConnection, not {type(conn).__name__}"
             )
-        if conn.info.transaction_status == TransactionStatus.INERROR:
+        status = conn.info.transaction_status
+        if status == TransactionStatus.INERROR:
             raise ValidationError("conn", "the caller's transaction is already aborted")
         with translate_errors():
+            if status == TransactionStatus.IDLE and not conn.autocommit:
+                # psycopg sends the caller's BEGIN before this first statement;
+                # the savepoint below then nests inside it.
+                await conn.execute("SELECT 1")
             async with conn.transaction():
                 return await fn(conn)
 

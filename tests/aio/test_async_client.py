@@ -280,15 +280,30 @@ def test_an_enqueue_in_the_callers_transaction_rolled_back_leaves_nothing(
                         [new_job(), new_job(idempotency_key="k")], conn=caller
                     )
                     raise Rollback
-            # The transaction psycopg opens implicitly with a first statement.
-            await caller.execute("SELECT 1")
+            # No transaction block: the one psycopg opens with a first statement,
+            # here the enqueue's own, is the caller's.
             await aclient.enqueue("t", conn=caller)
+            await aclient.enqueue_batch([new_job(), new_job()], conn=caller)
             await caller.rollback()
 
     with listen(dsn) as listener:
         aio(scenario())
         assert pending(listener) == []
     assert counts(conn) == (0, 0, 0)
+
+
+def test_a_first_enqueue_on_a_connection_not_in_autocommit_joins_the_callers_transaction(
+    aio: Aio, aclient: AsyncClient, dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    async def scenario() -> jobrun.Job:
+        async with await psycopg.AsyncConnection.connect(dsn) as caller:
+            job = await aclient.enqueue("t", conn=caller)
+            assert counts(conn) == (0, 0, 0)  # the caller's, not committed yet
+            await caller.commit()
+            return job
+
+    job = aio(scenario())
+    assert aio(aclient.get(job.id)).state is State.QUEUED
 
 
 def test_a_conflict_on_the_callers_connection_leaves_its_transaction_usable(
