@@ -405,9 +405,6 @@ WITH gone AS (
 )
 SELECT count(*)::int8 AS removed FROM gone WHERE (SELECT count(*) FROM wake) >= 0;
 
--- name: GetQueueLimits :one
-SELECT * FROM jobrun.queue_limits AS l WHERE l.queue = sqlc.arg(queue);
-
 -- name: ListQueueLimits :many
 -- Every queue's limits, with what they hold now: leased jobs and the jobs
 -- started in the current rate window.

@@ -439,9 +439,6 @@ WITH gone AS (
 SELECT count(*)::int8 AS removed FROM gone WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
-GET_QUEUE_LIMITS: Final = "SELECT queue, concurrency, per_key, rate_limit, rate_period_seconds, updated_at FROM jobrun.queue_limits AS l WHERE l.queue = $1"
-
-
 LIST_QUEUE_LIMITS: Final = """\
 SELECT l.queue, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds, l.updated_at,
        (SELECT count(*) FROM jobrun.jobs AS j WHERE j.state = 'leased' AND j.queue = l.queue)::int8 AS leased,
@@ -1625,21 +1622,6 @@ class Queries(QueriesBase):
             return None
         value: int = r[0]
         return value
-
-    def get_queue_limits(self, conn: psycopg.Connection[Any], *, queue: str) -> QueueLimit | None:
-        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(GET_QUEUE_LIMITS), (queue,))
-            r = cur.fetchone()
-        if r is None:
-            return None
-        return QueueLimit(
-            queue=r[0],
-            concurrency=r[1],
-            per_key=r[2],
-            rate_limit=r[3],
-            rate_period_seconds=r[4],
-            updated_at=r[5],
-        )
 
     def list_queue_limits(self, conn: psycopg.Connection[Any]) -> list[ListQueueLimitsRow]:
         """Every queue's limits, with what they hold now: leased jobs and the jobs

@@ -36,7 +36,6 @@ from jobrun.postgres.sqlc.jobs import (
     GET_JOB_BY_KEY,
     GET_JOBS_BY_IDS,
     GET_JOBS_BY_KEYS,
-    GET_QUEUE_LIMITS,
     HEARTBEAT_JOBS,
     INSERT_KEYED_JOBS,
     LIMITED_QUEUES,
@@ -808,26 +807,6 @@ class AsyncQueries(QueriesBase):
             return None
         value: int = r[0]
         return value
-
-    async def get_queue_limits(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        *,
-        queue: str,
-    ) -> QueueLimit | None:
-        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(GET_QUEUE_LIMITS), (queue,))
-            r = await cur.fetchone()
-        if r is None:
-            return None
-        return QueueLimit(
-            queue=r[0],
-            concurrency=r[1],
-            per_key=r[2],
-            rate_limit=r[3],
-            rate_period_seconds=r[4],
-            updated_at=r[5],
-        )
 
     async def list_queue_limits(
         self,
