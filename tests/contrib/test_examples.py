@@ -70,9 +70,38 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.slow
+def _create_example_tables(admin_dsn: str) -> None:
+    """The example's own tables, made by the owner of the database: a runtime
+    role (JOBRUN_TEST_RUNTIME_ROLE) may not create tables, and the example's
+    create_all then finds them there."""
+    import importlib.util  # noqa: PLC0415 - the example is a script, not a package
+
+    import sqlalchemy  # noqa: PLC0415 - an optional extra
+
+    spec = importlib.util.spec_from_file_location("sqlalchemy_app", EXAMPLES / "sqlalchemy_app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # SQLAlchemy resolves the annotations through it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    engine = sqlalchemy.create_engine(
+        "postgresql+psycopg://", creator=lambda: psycopg.connect(admin_dsn)
+    )
+    try:
+        module.Base.metadata.create_all(engine)
+    finally:
+        engine.dispose()
+
+
 def test_the_sqlalchemy_example_commits_an_order_with_its_job_and_records_it_once(
-    dsn: str, conn: psycopg.Connection[Any], background: Callable[..., subprocess.Popen[str]]
+    dsn: str,
+    admin_dsn: str,
+    conn: psycopg.Connection[Any],
+    background: Callable[..., subprocess.Popen[str]],
 ) -> None:
+    _create_example_tables(admin_dsn)
     env = environment(dsn)
     worker = background(
         [str(VENV_BIN / "jobrun"), "worker", "--app", "sqlalchemy_app:registry"],
