@@ -48,8 +48,22 @@ JOBRUN_TABLES = (
     "schedules",
     "queue_pauses",
     "schema_version",
+    "queue_limits",
+    "queue_starts",
 )
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""
+
+
+def test_the_runtime_roles_grants_cover_every_table_jobrun_has(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A migration that adds a table must add it here too, or the role tests
+    below would pass without it and a real least-privilege role would fail."""
+    rows = conn.execute(
+        "SELECT table_name FROM information_schema.tables"
+        " WHERE table_schema = 'jobrun' AND table_name NOT LIKE '\\_yoyo%'"
+    ).fetchall()
+    assert {r[0] for r in rows} == set(JOBRUN_TABLES)
 
 
 def _with(dsn: str, **params: Any) -> str:
