@@ -50,6 +50,7 @@ JOBRUN_TABLES = (
     "schema_version",
     "queue_limits",
     "queue_starts",
+    "leader",
 )
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""
 
