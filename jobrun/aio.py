@@ -113,7 +113,11 @@ class AsyncClient:
 
             url = await asyncio.to_thread(resolve_database_url, settings)
         pool = await open_async_pool(
-            url, concurrency=pool_size, min_size=1, application_name=application_name
+            url,
+            concurrency=pool_size,
+            min_size=1,
+            application_name=application_name,
+            pooler=settings.pooler,
         )
         try:
             store = make_async_store(pool, settings)

@@ -341,6 +341,28 @@ def _global_options() -> _Parser:
         help=_setting_help("PostgreSQL URL", "database_url", "the embedded PostgreSQL"),
     )
     g.add_argument(
+        "--pooler",
+        choices=("auto", "none", "session", "transaction"),
+        type=str.lower,
+        default=argparse.SUPPRESS,
+        help=_setting_help(
+            "what the database URL goes through: a PgBouncer-style pooler in session or "
+            "transaction mode, none, or auto (detect; a pooler found counts as transaction)",
+            "pooler",
+        ),
+    )
+    g.add_argument(
+        "--direct-url",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help=_setting_help(
+            "a URL to PostgreSQL itself, not the pooler, for LISTEN, the leader's lock and "
+            "migrations",
+            "direct_url",
+            "none",
+        ),
+    )
+    g.add_argument(
         "--schema",
         metavar="NAME",
         default=argparse.SUPPRESS,
@@ -821,6 +843,8 @@ def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
     settings = Settings.from_env(
         os.environ,
         database_url=getattr(args, "database_url", None),
+        pooler=getattr(args, "pooler", None),
+        direct_url=getattr(args, "direct_url", None),
         job_events=getattr(args, "job_events", None),
         notify_channel=getattr(args, "notify_channel", None),
         schema=getattr(args, "schema", None),
@@ -1146,7 +1170,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         sys.stdout.write(migration_sql(settings.schema))
         return EXIT_OK
     url = database_url(settings)
-    applied = migrate(url, schema=settings.schema)
+    pooler = settings.pooler
+    if settings.direct_url:
+        # DDL and the migration lock need a session: never through a transaction pooler.
+        url, pooler = dsn.normalize(settings.direct_url), "none"
+    applied = migrate(url, schema=settings.schema, pooler=pooler)
     if args.json:
         _print_json({"applied": applied})
     elif applied:

@@ -81,6 +81,7 @@ def make_store(pool: ConnectionPool[Any], settings: Settings) -> Store:
         notify_channel=settings.notify_channel,
         call_timeout=settings.call_timeout,
         schema=settings.schema,
+        direct_url=settings.direct_url,
     )
 
 
@@ -117,7 +118,13 @@ class Client:
             from jobrun.runtime import resolve_database_url  # noqa: PLC0415 - the fallback only
 
             url = resolve_database_url(settings)
-        pool = open_pool(url, concurrency=pool_size, min_size=1, application_name=application_name)
+        pool = open_pool(
+            url,
+            concurrency=pool_size,
+            min_size=1,
+            application_name=application_name,
+            pooler=settings.pooler,
+        )
         try:
             store = make_store(pool, settings)
             if check_schema:

@@ -10,6 +10,8 @@ schema, the event mode or the notification channel without noticing.
 environment                    flag                    default
 =============================  ======================  =========================
 DATABASE_URL                   --database-url          none (see below)
+JOBRUN_POOLER                  --pooler                auto (auto|none|session|transaction)
+JOBRUN_DIRECT_URL              --direct-url            none (LISTEN, the leader, migrations)
 JOBRUN_SCHEMA                  --schema                jobrun
 WORKER_CONCURRENCY             --concurrency           10
 JOB_EVENTS (all|terminal)      --job-events            all
@@ -51,6 +53,16 @@ intervals; see :mod:`jobrun.observe.health`). ``JOBRUN_TRACING=otel``
 traces enqueues and attempts with OpenTelemetry (``pip install
 'jobrun[otel]'``).
 
+Behind a connection pooler (PgBouncer): ``JOBRUN_POOLER`` says what
+``DATABASE_URL`` goes through (:mod:`jobrun.postgres.pool`; ``auto``
+detects a pooler at start and then assumes transaction pooling), and
+``JOBRUN_DIRECT_URL`` is a connection string that reaches PostgreSQL
+itself, for the work that needs a session of its own: the worker's LISTEN
+for wake-ups, the scheduler's leader lock, ``jobrun migrate`` and
+``Store.wait``. Behind a transaction pooler without it, workers poll every
+``JOBRUN_POLL_INTERVAL`` and the leader is elected by a lease row with a
+fencing term (:mod:`jobrun.postgres.leader`).
+
 Durations are ``250ms``, ``30s``, ``5m``, ``2h``, ``7d`` or plain seconds.
 Invalid settings raise ValidationError naming the variable, at start.
 ``DATABASE_URL`` takes every form :mod:`jobrun.postgres.dsn` accepts; the
@@ -72,6 +84,7 @@ from jobrun.job.errors import ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
+from jobrun.postgres.pool import DEFAULT_POOLER, POOLER_FIELD, pooler_mode
 from jobrun.postgres.schema import DEFAULT_SCHEMA, schema_name
 from jobrun.scheduler.service import SchedulerConfig
 from jobrun.worker.worker import (
@@ -147,6 +160,10 @@ class Settings:
     """
 
     database_url: str | None = None
+    pooler: str = DEFAULT_POOLER
+    """What ``database_url`` goes through: auto, none, session or transaction."""
+    direct_url: str | None = None
+    """A connection string to PostgreSQL itself, for work that needs a session."""
     schema: str = DEFAULT_SCHEMA
     concurrency: int = DEFAULT_CONCURRENCY
     job_events: EventMode = EventMode.ALL
@@ -173,7 +190,7 @@ class Settings:
         fields = []
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name == "database_url" and isinstance(value, str):
+            if field.name in ("database_url", "direct_url") and isinstance(value, str):
                 value = dsn.redacted(value)
             fields.append(f"{field.name}={value!r}")
         return f"{type(self).__qualname__}({', '.join(fields)})"
@@ -183,6 +200,14 @@ class Settings:
             object.__setattr__(self, "job_events", EventMode(self.job_events))
         except ValueError:
             raise ValidationError("JOB_EVENTS", "must be 'all' or 'terminal'") from None
+        object.__setattr__(self, "pooler", pooler_mode(self.pooler, POOLER_FIELD))
+        if self.direct_url is not None:
+            if not isinstance(self.direct_url, str) or not self.direct_url.strip():
+                raise ValidationError("JOBRUN_DIRECT_URL", "must be a connection string")
+            try:
+                dsn.parse(self.direct_url)
+            except ValidationError as exc:
+                raise ValidationError("JOBRUN_DIRECT_URL", exc.message) from None
         validate_channel(self.notify_channel, "JOBRUN_NOTIFY_CHANNEL")
         schema_name(self.schema, "JOBRUN_SCHEMA")
         for name, var in (
@@ -219,6 +244,14 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
+    def session_url(self, database_url: str, pooler: str) -> str | None:
+        """Where work that needs a server session of its own connects (LISTEN, the
+        leader's lock): the direct URL when there is one, else ``database_url``
+        unless that goes through a transaction pooler (``pooler``, resolved)."""
+        if self.direct_url:
+            return self.direct_url
+        return None if pooler == "transaction" else database_url
+
     def worker_config(self) -> WorkerConfig:
         return WorkerConfig(
             queues=self.queues,
@@ -237,6 +270,8 @@ class Settings:
 
 _ENV: dict[str, tuple[str, Any]] = {
     "DATABASE_URL": ("database_url", lambda text, name: text.strip()),
+    "JOBRUN_POOLER": ("pooler", lambda text, name: text.strip().lower()),
+    "JOBRUN_DIRECT_URL": ("direct_url", lambda text, name: text.strip()),
     "JOBRUN_SCHEMA": ("schema", lambda text, name: text.strip()),
     "WORKER_CONCURRENCY": ("concurrency", _int),
     "JOB_EVENTS": ("job_events", lambda text, name: text.strip().lower()),

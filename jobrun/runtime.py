@@ -24,6 +24,13 @@ One process holds, each on connections of its own role::
     jobrun-leader    the scheduler's advisory-lock connection
     jobrun-reaper    the scheduler's small pool (never starved by handlers)
 
+Behind a transaction pooler (``JOBRUN_POOLER``, detected by ``auto``), the
+two pools go through it and the session work moves: with
+``JOBRUN_DIRECT_URL`` the listener and the leader's lock connect there;
+without it the worker polls (every poll interval) and the leader is the
+lease row of :mod:`jobrun.postgres.leader`, fenced by its term, on the
+scheduler's pool. One INFO line says which.
+
 Observability is switched on by the settings (:mod:`jobrun.observe.wiring`):
 ``metrics_port`` (Prometheus ``/metrics``, ``pip install 'jobrun[metrics]'``),
 ``health_port`` (``/healthz`` and ``/readyz``, also served on the metrics
@@ -63,9 +70,10 @@ from jobrun.config import Settings
 from jobrun.job.errors import ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.embedded import EMBEDDED_DATABASE, ensure_embedded
+from jobrun.postgres.leader import LeaseLocker
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.notify import Notifier, NullDispatcher
-from jobrun.postgres.pool import describe, open_pool
+from jobrun.postgres.pool import describe, open_pool, pooler_of
 from jobrun.postgres.schema import DEFAULT_SCHEMA
 from jobrun.postgres.store import Store
 from jobrun.scheduler.service import SchedulerService
@@ -181,15 +189,25 @@ class Runtime:
             if worker:
                 assert registry is not None
                 pool = open_pool(
-                    url, concurrency=settings.concurrency, application_name="jobrun-worker"
+                    url,
+                    concurrency=settings.concurrency,
+                    application_name="jobrun-worker",
+                    pooler=settings.pooler,
                 )
                 self._pools.append(pool)
                 stores.append(make_store(pool, settings))
                 if check_schema:
                     stores[0].check_schema()
-                if settings.notifications:
-                    self.notifier = Notifier(url, channel=settings.notify_channel)
+                listen_url = settings.session_url(url, pooler_of(pool))
+                if settings.notifications and listen_url is not None:
+                    self.notifier = Notifier(listen_url, channel=settings.notify_channel)
                 else:
+                    if settings.notifications:
+                        log.info(
+                            "jobrun: no LISTEN through a transaction pooler: workers poll every "
+                            "%gs (set JOBRUN_DIRECT_URL to a direct connection for wake-ups)",
+                            settings.poll_interval.total_seconds(),
+                        )
                     self.notifier = NullDispatcher()
                 self.worker = Worker(
                     stores[0],
@@ -202,17 +220,29 @@ class Runtime:
             sstore: Store | None = None
             if scheduler:
                 spool = open_pool(
-                    url, concurrency=1, min_size=1, max_size=3, application_name="jobrun-reaper"
+                    url,
+                    concurrency=1,
+                    min_size=1,
+                    max_size=3,
+                    application_name="jobrun-reaper",
+                    pooler=settings.pooler,
                 )
                 self._pools.append(spool)
                 sstore = make_store(spool, settings)
                 if check_schema and not stores:
                     sstore.check_schema()
-                self.scheduler = SchedulerService(
-                    sstore,
-                    AdvisoryLocker(url, leader_lock_name(settings.schema)),
-                    settings.scheduler_config(),
-                )
+                lock_url = settings.session_url(url, pooler_of(spool))
+                locker: AdvisoryLocker | LeaseLocker
+                if lock_url is not None:
+                    locker = AdvisoryLocker(lock_url, leader_lock_name(settings.schema))
+                else:
+                    locker = LeaseLocker(sstore, leader_lock_name(settings.schema))
+                    log.info(
+                        "jobrun: through a transaction pooler the leader is elected by a lease "
+                        "row (%s) with a fencing term (set JOBRUN_DIRECT_URL for the session lock)",
+                        locker.name,
+                    )
+                self.scheduler = SchedulerService(sstore, locker, settings.scheduler_config())
             if self.observe is not None:
                 self.observe.attach(
                     worker=self.worker,

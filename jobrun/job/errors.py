@@ -20,8 +20,12 @@ carries its context as attributes rather than only in the message::
         │                      retry later, nothing was decided
         ├── OutcomeUnknown     the connection died during COMMIT: the change may or may not
         │                      have landed; retry with the same idempotency key
+        ├── PoolerError        a transaction pooler (PgBouncer) moved the session's prepared
+        │                      statements away: set JOBRUN_POOLER=transaction; nothing committed
         └── InheritedPool      a pool the caller built was inherited through fork(): open
                                one after the fork; retrying in this process never helps
+    LeaderLost                 the leader's term ended before a leader action could commit:
+                               nothing of it was done (the action was fenced by the term)
 
 ``ValidationError`` is also a ``ValueError`` so that callers who treat bad
 arguments generically still catch it.
@@ -127,6 +131,47 @@ class OutcomeUnknown(DatabaseError):
     deduplicated by its idempotency key and the effect ledger never runs a
     commit callable twice.
     """
+
+
+class PoolerError(DatabaseError):
+    """A transaction pooler between jobrun and PostgreSQL broke a session feature.
+
+    Raised for the errors PgBouncer in transaction mode (and its kin) causes
+    when a connection uses server-side prepared statements: the statement
+    was prepared on one server session and the next transaction ran on
+    another (``InvalidSqlStatementName``, ``DuplicatePreparedStatement``, a
+    ``bind message supplies ... parameters`` protocol error). The server
+    rejected the statement, so nothing of it committed; retrying on the same
+    connections fails the same way. The fix is the setting: ``pooler`` names
+    it (``JOBRUN_POOLER``), ``sqlstate`` is the server's code.
+    """
+
+    def __init__(self, detail: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(
+            f"{detail}: the connection goes through a transaction pooler (PgBouncer in "
+            "transaction pooling mode?), which runs each transaction on another server session, "
+            "so psycopg's prepared statements go missing. Nothing was committed. Set "
+            "JOBRUN_POOLER=transaction (Settings(pooler='transaction'), --pooler transaction, "
+            "open_pool(..., pooler='transaction')), or connect with prepare_threshold=None"
+        )
+        self.detail = detail
+        self.sqlstate = sqlstate
+        self.pooler = "JOBRUN_POOLER"
+
+
+class LeaderLost(JobrunError):
+    """The leader's term is over (its lease expired or was taken over): the action was refused.
+
+    Leader actions are fenced by the term they were started in: the
+    transaction checks and share-locks the term's lease row first, so an
+    action of an old term can never commit beside the next term's.
+    ``term`` is the term that ended.
+    """
+
+    def __init__(self, name: str, term: int) -> None:
+        super().__init__(f"leadership {name!r}: term {term} is over; the action was not done")
+        self.name = name
+        self.term = term
 
 
 class InheritedPool(DatabaseError):

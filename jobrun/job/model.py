@@ -616,3 +616,21 @@ class CompleteManyResult:
     """The caller no longer held the lease; nothing was changed for these."""
     failed: Mapping[uuid.UUID, BaseException] = dataclasses.field(default_factory=dict)
     """Their commit callable (or their Complete) raised; the job is still leased."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderTerm:
+    """One leadership of an election: the fence every leader action carries.
+
+    Terms of one election only grow (the database numbers them), so a term
+    names one leadership exactly; a Store fenced by it
+    (``Store.fenced(term)``) refuses, with ``LeaderLost``, any action once
+    the term is over (see jobrun.postgres.leader).
+    """
+
+    name: str
+    """The election (one per jobrun schema)."""
+    holder: str
+    """Who holds it: the candidate's own id (host, pid and a random part)."""
+    term: int
+    """The term's number, 1 for the first leader of the election."""

@@ -20,6 +20,7 @@ from jobrun.job.model import (
     CompleteManyResult,
     Event,
     Job,
+    LeaderTerm,
     NewJob,
     QueueDepth,
     QueueLimits,
@@ -45,6 +46,11 @@ class Store(Schedules, Protocol):
     """Durable job storage. Every mutating method is exactly one transaction."""
 
     def now(self) -> dt.datetime: ...
+
+    def fenced(self, term: LeaderTerm) -> Store:
+        """This store with every transaction fenced by ``term``: each checks the
+        term first and raises ``LeaderLost`` (nothing done) once it is over."""
+        ...
 
     def enqueue(self, job: NewJob, *, conn: Any = None) -> Job: ...
 
@@ -214,6 +220,11 @@ class Locker(Protocol):
 
     def release(self) -> None:
         """Give the lock up; safe to call twice and after the connection died."""
+        ...
+
+    def term(self) -> LeaderTerm | None:
+        """The running term's fence while held, for ``Store.fenced``; None when
+        the lock has no term to fence by (a session lock) or is not held."""
         ...
 
     def close(self) -> None:

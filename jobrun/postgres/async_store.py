@@ -82,9 +82,13 @@ from jobrun.postgres.plans import (
 )
 from jobrun.postgres.pool import (
     DEFAULT_POOL_TIMEOUT,
+    DEFAULT_POOLER,
     RESERVED_CONNECTIONS,
+    connection_kwargs,
     conninfo_with,
     describe,
+    pooler_mode,
+    resolve_pooler,
 )
 from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, schema_name
 from jobrun.postgres.sqlc import jobs as q
@@ -119,13 +123,15 @@ _CALL = object()  # "the store's call_timeout"
 # -- the pool ------------------------------------------------------------------------
 
 
-async def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> None:
-    """Connect once and run ``SELECT 1``; a clear, password-free TransientError if that fails."""
+async def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
+    """Connect once; a clear, password-free TransientError if that fails. Whether a
+    pooler answers (see :func:`jobrun.postgres.pool.ping`)."""
     full = conninfo_with(conninfo, application_name=application_name)
     try:
-        async with await psycopg.AsyncConnection.connect(full) as conn:
-            await conn.execute("SELECT 1")
-        return
+        async with await psycopg.AsyncConnection.connect(full, prepare_threshold=None) as conn:
+            cur = await conn.execute("SELECT pg_backend_pid()")
+            row = await cur.fetchone()
+            return row is not None and row[0] != conn.info.backend_pid
     except psycopg.OperationalError as exc:
         text = str(exc).strip()
         reason = dsn_text.redact_for(
@@ -139,6 +145,10 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
+async def _configure_pooled(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Behind a transaction pooler: no session state (see jobrun.postgres.pool)."""
+
+
 async def open_async_pool(
     conninfo: str,
     *,
@@ -147,20 +157,24 @@ async def open_async_pool(
     max_size: int | None = None,
     timeout: float = DEFAULT_POOL_TIMEOUT,
     application_name: str = "jobrun-pool",
+    pooler: str = DEFAULT_POOLER,
 ) -> AsyncPool:
     """An open ``AsyncConnectionPool``, after a ping: :func:`jobrun.postgres.pool.open_pool`'s
     settings (autocommit, UTC sessions, connect timeout and TCP keepalives, sized for
-    ``concurrency`` plus the reserve, ``timeout`` to wait for a connection) for asyncio."""
+    ``concurrency`` plus the reserve, ``timeout`` to wait for a connection, the
+    ``pooler`` mode) for asyncio."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValidationError("concurrency", "must be a positive int")
+    mode = pooler_mode(pooler, "pooler")
     full = conninfo_with(conninfo, application_name=application_name)
-    await ping(conninfo, application_name=application_name)
+    pooled = await ping(conninfo, application_name=application_name)
+    mode = resolve_pooler(conninfo, mode, pooled=pooled)
     if max_size is None:
         max_size = concurrency + RESERVED_CONNECTIONS
     pool: AsyncPool = AsyncConnectionPool(
         full,
-        kwargs={"autocommit": True},
-        configure=_configure,
+        kwargs={"autocommit": True, **connection_kwargs(mode)},
+        configure=_configure_pooled if mode == "transaction" else _configure,
         min_size=min(min_size if min_size is not None else 4, max_size),
         max_size=max_size,
         timeout=timeout,
@@ -168,6 +182,7 @@ async def open_async_pool(
         open=False,
         reconnect_timeout=300.0,
     )
+    pool.jobrun_pooler = mode  # type: ignore[attr-defined]
     await pool.open(wait=True, timeout=max(timeout, 5.0))
     return pool
 

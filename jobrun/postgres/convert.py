@@ -8,6 +8,12 @@ to a jobrun caller::
     too many connections                           -> TransientError (retry later)
     session lost while COMMIT was in flight (or
     during a lone autocommit statement)            -> OutcomeUnknown
+    a prepared statement missing, duplicated or
+    mismatched on the server session (a
+    transaction pooler moved the client)           -> PoolerError (names JOBRUN_POOLER)
+    a statement the server answered with an ERROR
+    (class 08 included: the session lives on), or
+    one an earlier error aborted in a pipeline     -> DatabaseError, never OutcomeUnknown
     query canceled (statement_timeout)             -> DatabaseError
     deadlock, serialization failure                -> retried once by the store,
                                                       then DatabaseError
@@ -26,7 +32,7 @@ import psycopg
 import psycopg.errors
 from psycopg_pool import PoolTimeout
 
-from jobrun.job.errors import DatabaseError, OutcomeUnknown, TransientError
+from jobrun.job.errors import DatabaseError, OutcomeUnknown, PoolerError, TransientError
 from jobrun.job.model import Backoff, Event, EventKind, Job, Schedule, State
 from jobrun.job.validate import redact
 from jobrun.postgres.sqlc import models
@@ -191,6 +197,43 @@ _SESSION_LOST = (
 RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
+_PREPARED = (
+    psycopg.errors.InvalidSqlStatementName,  # 26000: prepared statement "_pg3_0" does not exist
+    psycopg.errors.DuplicatePreparedStatement,  # 42P05: prepared statement "_pg3_0" already exists
+)
+
+
+def _pooler_failure(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` is a transaction pooler's trace: prepared statements gone astray.
+
+    A prepared statement is per server session; behind PgBouncer in
+    transaction mode the next transaction may run on another session, where
+    it is missing, exists under the same name with other parameters
+    (``bind message supplies 5 parameters, but prepared statement "_pg3_1"
+    requires 14``: SQLSTATE 08P01, a protocol violation the server answers
+    with an ERROR and survives) or is already taken.
+    """
+    if isinstance(exc, _PREPARED):
+        return True
+    return isinstance(exc, psycopg.errors.ProtocolViolation) and "prepared statement" in str(exc)
+
+
+def _server_rejected(exc: psycopg.Error) -> bool:
+    """Whether a connection-class error is the server's ERROR answer to a live session.
+
+    SQLSTATE class 08 usually means the connection is gone, but a server (or
+    a pooler speaking for it) also answers a malformed message with an
+    ERROR of that class (08P01 protocol violation) and carries on. Such a
+    statement did nothing (an ERROR during COMMIT rolls back): its outcome
+    is known. Only a FATAL or PANIC ends the session, and only that, or no
+    answer at all, can leave a COMMIT's outcome unknown.
+    """
+    if isinstance(exc, psycopg.errors.PipelineAborted):
+        return True  # an earlier statement of the pipeline failed; this one never ran
+    severity = exc.diag.severity_nonlocalized or exc.diag.severity
+    return (exc.sqlstate or "").startswith("08") and severity == "ERROR"
+
+
 def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, RETRYABLE)
 
@@ -213,7 +256,13 @@ def translate_errors(*, committing: list[bool] | None = None) -> Iterator[None]:
         raise DatabaseError(f"statement canceled: {_first_line(exc)}") from exc
     except RETRYABLE as exc:
         raise DatabaseError(_first_line(exc)) from exc
+    except _PREPARED as exc:
+        raise PoolerError(_first_line(exc), sqlstate=exc.sqlstate) from exc
     except psycopg.OperationalError as exc:
+        if _pooler_failure(exc):
+            raise PoolerError(_first_line(exc), sqlstate=exc.sqlstate) from exc
+        if _server_rejected(exc) and not isinstance(exc, _SESSION_LOST):
+            raise DatabaseError(f"the server refused the statement: {_first_line(exc)}") from exc
         # _SESSION_LOST, class 08, or no SQLSTATE at all (the socket closed).
         if isinstance(exc, _SESSION_LOST) or not exc.sqlstate or exc.sqlstate.startswith("08"):
             if committing and committing[0]:

@@ -228,6 +228,12 @@ class AdvisoryLocker:
                 self._close_conn()  # we did not hold it after all: start from a clean session
             log.info("leadership released (lock %s)", self.key)
 
+    def term(self) -> None:
+        """None: a session lock has no term to fence actions by (its session is
+        the fence; see the module docs). :class:`jobrun.postgres.leader.LeaseLocker`
+        has one."""
+        return None
+
     # -- extras -------------------------------------------------------------------
 
     def close(self) -> None:

@@ -49,8 +49,9 @@ from yoyo import read_migrations
 from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
 from yoyo.connections import DatabaseURI
 
+from jobrun.job.errors import ValidationError
 from jobrun.postgres import dsn
-from jobrun.postgres.pool import conninfo_with
+from jobrun.postgres.pool import conninfo_with, pooler_mode
 from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, in_schema, schema_name
 
 log = logging.getLogger(__name__)
@@ -190,13 +191,37 @@ def _open(conninfo: str, schema: str) -> _Backend:
     raise psycopg.OperationalError(f"cannot connect to migrate {dsn.describe(conninfo)}: {reason}")
 
 
-def migrate(conninfo: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
+def migrate(conninfo: str, *, schema: str = DEFAULT_SCHEMA, pooler: str = "auto") -> list[str]:
     """Apply every pending migration; return the ids applied (empty when up to date).
 
     Idempotent and safe to run from many processes at once. A database laid
     out by jobrun 0.1 (in ``public``) is adopted first (see the module docstring).
+
+    Migrating needs a session of its own (the migration lock is a session
+    lock, yoyo sets a ``search_path``): ``conninfo`` through a transaction
+    pooler is refused with a ValidationError naming ``JOBRUN_DIRECT_URL``
+    before anything is written. ``pooler`` is :mod:`jobrun.postgres.pool`'s
+    setting: ``auto`` detects a pooler and refuses it, ``session`` and
+    ``none`` trust the caller.
     """
+    mode = pooler_mode(pooler, "pooler")
     backend = _open(conninfo, schema)
+    try:
+        if mode in ("auto", "transaction"):
+            conn = backend.connection
+            row = conn.execute("SELECT pg_backend_pid()", prepare=False).fetchone()
+            if mode == "transaction" or (row is not None and row[0] != conn.info.backend_pid):
+                raise ValidationError(
+                    "JOBRUN_DIRECT_URL",
+                    f"{dsn.describe(conninfo)} goes through a connection pooler: migrations need "
+                    "a session of their own (a session lock, a search_path), which a transaction "
+                    "pooler does not keep. Migrate through a direct connection to PostgreSQL "
+                    "(JOBRUN_DIRECT_URL / --direct-url), or say JOBRUN_POOLER=session if the "
+                    "pooler keeps sessions",
+                )
+    except BaseException:
+        backend.connection.close()
+        raise
     try:
         with migrations_dir(schema) as path:
             migrations = read_migrations(str(path))

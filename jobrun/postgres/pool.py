@@ -14,10 +14,46 @@ and TCP keepalives, so a half-open network cannot hang a thread forever.
 Error messages never carry the password: :mod:`jobrun.postgres.dsn` parses
 and normalises every connection string and removes its secrets from the
 driver messages that might echo one.
+
+Poolers (``JOBRUN_POOLER``)
+---------------------------
+A connection string may point at a connection pooler (PgBouncer, pgcat,
+Odyssey, Supavisor) rather than at PostgreSQL. What that changes is the
+pooler's mode, one of :data:`POOLERS`:
+
+==============  ==============================================================
+``auto``        the default: detect a pooler at the ping (below); one found is
+                treated as ``transaction`` (what works behind either mode),
+                and an INFO line says so and how to be explicit
+``none``        PostgreSQL itself (or a proxy that keeps sessions whole)
+``session``     a pooler in session mode: a client keeps one server session
+                for as long as it is connected, so everything works as direct
+``transaction`` a pooler in transaction mode: each transaction may run on
+                another server session. No server-side prepared statements
+                (psycopg's ``prepare_threshold=None``: a statement psycopg
+                prepared on one session is missing on, or collides with,
+                the next); no session state (the pool's connections set no
+                ``SET`` of their own; every jobrun setting is ``SET LOCAL``
+                or ``set_config(..., true)``, inside its transaction); and
+                no work that needs a session (LISTEN, the leader's session
+                lock): that takes the direct connection (``JOBRUN_DIRECT_URL``)
+                when one is given, else falls back to polling and to the
+                lease-row leader (:mod:`jobrun.postgres.leader`)
+==============  ==============================================================
+
+Detection costs nothing extra: the ping compares the backend pid the
+connection was given at startup (BackendKeyData) with ``pg_backend_pid()``.
+PostgreSQL sends its own pid; a pooler sends a key of its own (it has to
+answer cancel requests itself), so the two differ exactly when a pooler is
+in between. It cannot tell session from transaction pooling, hence the
+safe guess. Where no setting was given and no detection ran (a pool built
+by the application), a prepared-statement error from the pooler is still
+translated into :class:`~jobrun.job.errors.PoolerError`, naming the setting.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
@@ -27,6 +63,13 @@ from psycopg_pool import ConnectionPool
 from jobrun.job.errors import TransientError, ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.forksafe import ForkSafePool
+
+log = logging.getLogger("jobrun")
+
+POOLER_FIELD = "JOBRUN_POOLER"
+POOLERS = ("auto", "none", "session", "transaction")
+"""The values of ``JOBRUN_POOLER`` (see the module docs)."""
+DEFAULT_POOLER = "auto"
 
 RESERVED_CONNECTIONS = 8
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -65,13 +108,27 @@ def describe(conninfo: str) -> str:
     return dsn.describe(conninfo)
 
 
-def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> None:
-    """Connect once and run ``SELECT 1``; a clear, password-free error if that fails."""
+def pooler_mode(value: object, field: str = POOLER_FIELD) -> str:
+    """``value`` as one of :data:`POOLERS` (case and blanks ignored), or ValidationError."""
+    mode = value.strip().lower() if isinstance(value, str) else value
+    if mode not in POOLERS:
+        raise ValidationError(field, f"{value!r}: must be one of {', '.join(POOLERS)}")
+    assert isinstance(mode, str)
+    return mode
+
+
+def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
+    """Connect once and run one statement; a clear, password-free error if that fails.
+
+    Returns whether the connection goes through a pooler: the backend pid
+    the server reports differs from the one the connection was given at
+    startup (see the module docs).
+    """
     full = conninfo_with(conninfo, application_name=application_name)
     try:
-        with psycopg.connect(full) as conn:
-            conn.execute("SELECT 1")
-        return
+        with psycopg.connect(full, prepare_threshold=None) as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            return row is not None and row[0] != conn.info.backend_pid
     except psycopg.OperationalError as exc:
         text = str(exc).strip()
         reason = dsn.redact_for(conninfo, text.splitlines()[-1] if text else type(exc).__name__)
@@ -79,9 +136,66 @@ def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> None:
     raise TransientError(f"cannot connect to PostgreSQL at {describe(conninfo)}: {reason}")
 
 
+def resolve_pooler(conninfo: str, pooler: str, *, pooled: bool) -> str:
+    """The pooler mode to run ``conninfo`` with: ``pooler``, with ``auto`` decided.
+
+    ``pooled`` is what the ping found. ``auto`` becomes ``transaction`` when
+    a pooler answered (the safe guess, said in one INFO line), else
+    ``none``; ``none`` when a pooler answered is kept, with a WARNING naming
+    the setting, since only the operator knows the pooler's mode.
+    """
+    mode = pooler_mode(pooler)
+    where = describe(conninfo)
+    if mode == "auto":
+        if not pooled:
+            return "none"
+        log.info(
+            "jobrun: %s answers through a connection pooler (PgBouncer or similar: the backend "
+            "pid differs from the one the connection was given); running as behind a transaction "
+            "pooler: no prepared statements, no session state, LISTEN and the leader's lock only "
+            "on JOBRUN_DIRECT_URL. Set %s=transaction or %s=session to say so",
+            where,
+            POOLER_FIELD,
+            POOLER_FIELD,
+        )
+        return "transaction"
+    if mode == "none" and pooled:
+        log.warning(
+            "jobrun: %s=none, but %s answers through a connection pooler (PgBouncer or "
+            "similar); if it pools transactions, set %s=transaction",
+            POOLER_FIELD,
+            where,
+            POOLER_FIELD,
+        )
+    return mode
+
+
+def pooler_of(pool: Any) -> str:
+    """The resolved pooler mode of a pool from :func:`open_pool` (``none`` for any other)."""
+    mode = getattr(pool, "jobrun_pooler", None)
+    if mode in ("none", "session", "transaction"):
+        return str(mode)
+    kwargs = getattr(pool, "kwargs", None) or {}
+    return "transaction" if kwargs.get("prepare_threshold", 5) is None else "none"
+
+
+def connection_kwargs(pooler: str) -> dict[str, Any]:
+    """psycopg connection arguments for a (resolved) pooler mode."""
+    if pooler == "transaction":
+        # A statement prepared on one server session is missing on the next.
+        return {"prepare_threshold": None}
+    return {}
+
+
 def _configure(conn: psycopg.Connection[Any]) -> None:
     # Timestamps come back in UTC whatever the server's or role's TimeZone.
     conn.execute("SET TIME ZONE 'UTC'")
+
+
+def _configure_pooled(conn: psycopg.Connection[Any]) -> None:
+    """Behind a transaction pooler: no session state (a SET would stay on one
+    server session and be missing on the next). Every timestamp jobrun reads
+    is normalised to UTC in Python (jobrun.postgres.convert.utc) instead."""
 
 
 def open_pool(
@@ -92,8 +206,13 @@ def open_pool(
     max_size: int | None = None,
     timeout: float = DEFAULT_POOL_TIMEOUT,
     application_name: str = "jobrun-pool",
+    pooler: str = DEFAULT_POOLER,
 ) -> ConnectionPool[psycopg.Connection[Any]]:
     """Open a pool sized for ``concurrency`` handler threads, after a ping.
+
+    ``pooler`` says whether ``conninfo`` goes through a connection pooler
+    (``auto``, ``none``, ``session``, ``transaction``; see the module docs);
+    the mode decided is the pool's ``jobrun_pooler`` (:func:`pooler_of`).
 
     ``max_size`` overrides ``concurrency + 8`` (tests and single-purpose
     tools only: a worker needs the reserve). ``timeout`` bounds how long a
@@ -106,16 +225,18 @@ def open_pool(
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValidationError("concurrency", "must be a positive int")
+    mode = pooler_mode(pooler, "pooler")
     full = conninfo_with(conninfo, application_name=application_name)
-    ping(conninfo, application_name=application_name)
+    pooled = ping(conninfo, application_name=application_name)
+    mode = resolve_pooler(conninfo, mode, pooled=pooled)
     if max_size is None:
         max_size = concurrency + RESERVED_CONNECTIONS
     # Autocommit: a lone statement is its own transaction (one round trip);
     # Store._with_tx opens explicit transactions where it needs more.
     pool = ForkSafePool(
         full,
-        kwargs={"autocommit": True},
-        configure=_configure,
+        kwargs={"autocommit": True, **connection_kwargs(mode)},
+        configure=_configure_pooled if mode == "transaction" else _configure,
         min_size=min(min_size if min_size is not None else 4, max_size),
         max_size=max_size,
         timeout=timeout,
@@ -123,5 +244,6 @@ def open_pool(
         open=False,
         reconnect_timeout=300.0,
     )
+    pool.jobrun_pooler = mode  # type: ignore[attr-defined]
     pool.open(wait=True, timeout=max(timeout, 5.0))
     return pool

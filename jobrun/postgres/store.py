@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import copy
 import dataclasses
 import datetime as dt
 import itertools
@@ -113,6 +114,7 @@ from jobrun.job.errors import (
     DatabaseError,
     IdempotencyConflict,
     InvalidState,
+    LeaderLost,
     LeaseLost,
     NotFound,
     OutcomeUnknown,
@@ -130,6 +132,7 @@ from jobrun.job.model import (
     EventKind,
     Job,
     Keep,
+    LeaderTerm,
     NewJob,
     QueueDepth,
     QueueLimits,
@@ -218,8 +221,13 @@ class Store(SchedulesMixin):
         notify_channel: str = DEFAULT_NOTIFY_CHANNEL,
         call_timeout: dt.timedelta | None = DEFAULT_CALL_TIMEOUT,
         schema: str = DEFAULT_SCHEMA,
+        direct_url: str | None = None,
     ) -> None:
         self.schema = schema_name(schema)
+        self.direct_url = direct_url
+        """A connection string to PostgreSQL itself (JOBRUN_DIRECT_URL), for
+        :meth:`wait`'s LISTEN when the pool goes through a transaction pooler."""
+        self._fence: LeaderTerm | None = None
         self.q = Queries(schema=self.schema)
         try:
             self.event_mode = EventMode(event_mode)
@@ -240,6 +248,32 @@ class Store(SchedulesMixin):
         self._limited: dict[tuple[str, ...], tuple[float, bool]] = {}
 
     # -- transactions ---------------------------------------------------------
+
+    def fenced(self, term: LeaderTerm) -> Store:
+        """This store (same pool and settings) with every transaction fenced by ``term``.
+
+        Each mutating call's transaction first locks the term's lease row
+        FOR SHARE (FenceLeader), while holder and term match and the lease
+        has not expired by the database clock, and raises LeaderLost, having
+        done nothing, when the term is over. A takeover updates that row, so
+        it waits for every fenced transaction in flight: an old term's
+        action commits before the next term begins, or not at all (see
+        jobrun.postgres.leader). Reads are not fenced.
+        """
+        if not isinstance(term, LeaderTerm):
+            raise ValidationError("term", "must be a LeaderTerm")
+        clone = copy.copy(self)
+        clone._fence = term
+        return clone
+
+    def _check_fence(self, conn: psycopg.Connection[Any]) -> None:
+        """The fence (see :meth:`fenced`): the first statement of a fenced transaction."""
+        fence = self._fence
+        if fence is None:
+            return
+        got = self.q.fence_leader(conn, name=fence.name, holder=fence.holder, term=fence.term)
+        if got is None:
+            raise LeaderLost(fence.name, fence.term)
 
     @contextlib.contextmanager
     def _connection(self, timeout: float | None) -> Iterator[psycopg.Connection[Any]]:
@@ -287,6 +321,7 @@ class Store(SchedulesMixin):
                     self._connection(self._bound(timeout)) as conn,
                 ):
                     with conn.transaction():
+                        self._check_fence(conn)
                         result = fn(conn)
                         committing[0] = True
                     return result
@@ -319,6 +354,10 @@ class Store(SchedulesMixin):
                     self._connection(self._bound(timeout)) as conn,
                 ):
                     try:
+                        if self._fence is not None:
+                            # fn's own BEGIN would then be a no-op warning: fenced
+                            # explicit transactions are the leader's, never Complete's.
+                            raise ValidationError("fenced", "a fenced store cannot complete jobs")
                         result = fn(conn, committing)
                         status = conn.info.transaction_status
                         if status == TransactionStatus.INERROR:
@@ -345,7 +384,10 @@ class Store(SchedulesMixin):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _on_pool(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run a single statement (its own transaction: the pool is autocommit)."""
+        """Run a single statement (its own transaction: the pool is autocommit).
+
+        Fenced (:meth:`fenced`), the statement runs in a transaction after the fence.
+        """
         for attempt in (1, 2):
             committing = [True]  # a lone statement commits as it returns
             try:
@@ -353,6 +395,10 @@ class Store(SchedulesMixin):
                     translate_errors(committing=committing),
                     self._connection(self.call_timeout) as conn,
                 ):
+                    if self._fence is not None:
+                        with conn.transaction():
+                            self._check_fence(conn)
+                            return fn(conn)
                     return fn(conn)
             except DatabaseError as exc:
                 if attempt == 1 and is_retryable(exc.__cause__ or exc):

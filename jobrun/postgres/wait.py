@@ -9,6 +9,11 @@ that ends it, so the notification cannot be missed and cannot come early.
 A job that had already finished is answered at once. The job is re-read
 every ``poll_interval`` as well: a notification is a hint (the notification
 queue may be full, a connection may drop), the row is the truth.
+
+Behind a transaction pooler a LISTEN would be left on whichever server
+session ran it: the waiter connects to the Store's ``direct_url`` when it
+has one, and otherwise does without notifications, re-reading the job
+every ``poll_interval`` (at most 1 s apart).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from jobrun.job import validate
 from jobrun.job.errors import ValidationError, WaitTimeout
 from jobrun.job.model import Job
 from jobrun.postgres.convert import translate_errors
-from jobrun.postgres.pool import conninfo_with
+from jobrun.postgres.pool import conninfo_with, pooler_of
 
 if TYPE_CHECKING:
     from jobrun.postgres.store import Store
@@ -50,8 +55,11 @@ def wait_finished(
     validate.positive_duration("poll_interval", dt.timedelta(seconds=poll_interval))
     deadline = None if timeout is None else time.monotonic() + timeout
     pooled = store.pool.conninfo
+    target = store.direct_url
+    if target is None and pooler_of(store.pool) == "transaction":
+        return _poll_finished(store, job_id, deadline, timeout, min(poll_interval, 1.0))
     conninfo = conninfo_with(
-        pooled() if callable(pooled) else pooled, application_name="jobrun-waiter"
+        target or (pooled() if callable(pooled) else pooled), application_name="jobrun-waiter"
     )
     with translate_errors(), psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.finish_channel)))
@@ -65,6 +73,20 @@ def wait_finished(
             _wait_for(conn, wanted, slice_)
             job = store.get(job_id)
         return job
+
+
+def _poll_finished(
+    store: Store, job_id: uuid.UUID, deadline: float | None, timeout: float | None, every: float
+) -> Job:
+    """:func:`wait_finished` without notifications: the row, every ``every`` seconds."""
+    job = store.watch(job_id)
+    while not job.state.terminal:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise WaitTimeout(job, float(timeout or 0))
+        time.sleep(every if left is None else min(every, left))
+        job = store.get(job_id)
+    return job
 
 
 def _wait_for(conn: psycopg.Connection[Any], payload: str, seconds: float) -> None:

@@ -12,7 +12,11 @@ Every instance runs the same loop; only the one holding the Locker acts::
 The leader checks that it still holds the lock before every action, so a
 leader whose connection died acts at most once more, and even then the
 durable guards (the occurrence's idempotency key, the reaper's re-checked
-lease) make that action harmless. Every many-row call works in bounded
+lease) make that action harmless. A Locker with a term (the lease-row
+leader, :mod:`jobrun.postgres.leader`) fences every action as well: the
+leader acts through ``store.fenced(term)``, whose transactions refuse to
+run (``LeaderLost``) once the term is over, so no action of an old term
+can commit beside the next one. Every many-row call works in bounded
 batches and is repeated until less than a batch comes back.
 
 Time arguments are the database clock (``store.now()``).
@@ -27,7 +31,7 @@ import threading
 import time
 
 from jobrun.job import validate
-from jobrun.job.errors import JobrunError, ValidationError
+from jobrun.job.errors import JobrunError, LeaderLost, ValidationError
 from jobrun.job.ports import Locker, Store
 
 log = logging.getLogger("jobrun.scheduler")
@@ -83,6 +87,8 @@ class SchedulerService:
     def __init__(self, store: Store, locker: Locker, config: SchedulerConfig | None = None) -> None:
         self.store = store
         self.locker = locker
+        self._acting = store
+        """The store leader actions go through: fenced by the term, when the locker has one."""
         self.config = config or SchedulerConfig()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -147,7 +153,9 @@ class SchedulerService:
             if not self.locker.try_acquire():
                 return report
             self._leader = True
-            log.info("scheduler: elected leader")
+            term = self.locker.term()
+            self._acting = self.store if term is None else self.store.fenced(term)
+            log.info("scheduler: elected leader" + ("" if term is None else f" (term {term.term})"))
         if not self._still_leader():
             return report
         report.leader = True
@@ -162,6 +170,8 @@ class SchedulerService:
             if now_mono - self._last_retention >= retention_interval and self._still_leader():
                 report.purged, report.pruned = self._retention()
                 self._last_retention = now_mono
+        except LeaderLost as exc:
+            self._step_down(str(exc))
         except JobrunError as exc:
             log.warning("scheduler: %s (will retry next tick)", exc)
         for field in ("materialized", "reaped", "purged", "pruned"):
@@ -170,15 +180,18 @@ class SchedulerService:
 
     def _materialize(self) -> int:
         count = 0
+        store = self._acting
         for _ in range(MAX_ROUNDS):
-            now = self.store.now()
-            due = self.store.due_schedules(now, self.config.batch)
+            now = store.now()
+            due = store.due_schedules(now, self.config.batch)
             for schedule in due:
                 if not self._still_leader():
                     return count
                 try:
-                    if self.store.materialize(schedule, now) is not None:
+                    if store.materialize(schedule, now) is not None:
                         count += 1
+                except LeaderLost:
+                    raise
                 except JobrunError as exc:
                     log.warning("scheduler: schedule %s not materialised: %s", schedule.id, exc)
             if len(due) < self.config.batch:
@@ -188,7 +201,7 @@ class SchedulerService:
     def _reap(self) -> int:
         total = 0
         for _ in range(MAX_ROUNDS):
-            result = self.store.reap_expired(self.store.now(), self.config.batch)
+            result = self._acting.reap_expired(self._acting.now(), self.config.batch)
             total += result.total
             if result.total:
                 log.info(
@@ -206,13 +219,13 @@ class SchedulerService:
         purged = pruned = 0
         if self.config.finished_retention is not None:
             for _ in range(MAX_ROUNDS):
-                n = self.store.purge(self.config.finished_retention, self.config.batch)
+                n = self._acting.purge(self.config.finished_retention, self.config.batch)
                 purged += n
                 if n < self.config.batch or not self._still_leader():
                     break
         if self.config.events_retention is not None:
             for _ in range(MAX_ROUNDS):
-                n = self.store.prune_events(self.config.events_retention, self.config.batch)
+                n = self._acting.prune_events(self.config.events_retention, self.config.batch)
                 pruned += n
                 if n < self.config.batch or not self._still_leader():
                     break
