@@ -64,6 +64,7 @@ class Enqueuer:
         self.rate = rate
         self.payload = payload
         self.acked: list[NewJob] = []
+        self.acked_at: list[float] = []  # time.monotonic() of each acknowledgement
         self.unknown: list[NewJob] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -84,6 +85,7 @@ class Enqueuer:
                 try:
                     self.store.enqueue(job)
                     self.acked.append(job)
+                    self.acked_at.append(time.monotonic())
                     break
                 except OutcomeUnknown:
                     self.unknown.append(job)  # retried with the same key below
