@@ -24,6 +24,11 @@ the compare-and-set only keep the losers cheap.
 
 Misfires: after downtime spanning several periods only the latest due
 occurrence is enqueued (coalesced, never a burst), keyed by that occurrence.
+A tick that is merely late (an every-second cron whose leader ticked a few
+milliseconds after the next second, a statement that waited behind a
+pooler) is not downtime: occurrences late by less than
+:data:`MISFIRE_GRACE` are enqueued too, in the same transaction, so a
+drifting tick never skips one.
 Pausing keeps the schedule's row; resuming continues from the first
 occurrence after now (occurrences missed while paused are not run).
 Occurrences and next runs are computed from the database clock (the ``now``
@@ -53,6 +58,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+MISFIRE_GRACE = dt.timedelta(seconds=1.5)
+"""How late an occurrence may be and still run (beyond: coalesced into the latest)."""
 
 _NONCE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -206,27 +214,37 @@ class SchedulesMixin:
         if occurrence is None:
             return None
         following = cron.next_after(now)
-        job = NewJob(
-            type=schedule.type,
-            payload=schedule.payload,
-            queue=schedule.queue,
-            priority=schedule.priority,
-            max_attempts=schedule.max_attempts,
-            backoff=schedule.backoff,
-            run_at=occurrence,
-            idempotency_key=schedule.occurrence_key(occurrence),
-        )
+        occurrences: list[dt.datetime] = []
+        late = schedule.next_run_at
+        while late < occurrence and now - late < MISFIRE_GRACE and len(occurrences) < 10:
+            occurrences.append(late)  # a late tick, not downtime: still run
+            late = cron.next_after(late)
+        occurrences.append(occurrence)
+        jobs = [
+            NewJob(
+                type=schedule.type,
+                payload=schedule.payload,
+                queue=schedule.queue,
+                priority=schedule.priority,
+                max_attempts=schedule.max_attempts,
+                backoff=schedule.backoff,
+                run_at=when,
+                idempotency_key=schedule.occurrence_key(when),
+            )
+            for when in occurrences
+        ]
 
         def run(c: psycopg.Connection[Any]) -> Job:
-            try:
-                enqueued = self._enqueue_on(c, job)
-            except IdempotencyConflict as exc:
-                # The occurrence was enqueued before the template changed:
-                # it is materialised all the same.
-                stored = self.q.get_job(c, id=exc.existing_id) if exc.existing_id else None
-                if stored is None:
-                    raise
-                enqueued = job_from_row(stored)
+            for job in jobs:
+                try:
+                    enqueued = self._enqueue_on(c, job)
+                except IdempotencyConflict as exc:
+                    # The occurrence was enqueued before the template changed:
+                    # it is materialised all the same.
+                    stored = self.q.get_job(c, id=exc.existing_id) if exc.existing_id else None
+                    if stored is None:
+                        raise
+                    enqueued = job_from_row(stored)
             moved = self.q.advance_schedule(
                 c, next_run_at=following, id=schedule.id, previous=schedule.next_run_at
             )

@@ -480,7 +480,9 @@ class Store(SchedulesMixin):
         """The database's clock: the only "now" any decision may use."""
         value = self._on_pool_read(self.q.db_now)
         assert value is not None
-        return value
+        # In UTC even on a session whose TimeZone jobrun did not set (behind
+        # a transaction pooler the pool sets no session state).
+        return utc(value)
 
     # -- enqueue ----------------------------------------------------------------
 

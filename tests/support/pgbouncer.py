@@ -122,18 +122,21 @@ class PgBouncer:
             for path in (self.dir, *self.dir.iterdir()):
                 os.chown(path, user.pw_uid, user.pw_gid)
         os.chmod(self.dir, 0o700)
-        self._proc = subprocess.Popen(
-            [self.binary, str(ini)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            cwd=str(self.dir),
-            user=user.pw_uid if user else None,
-            group=user.pw_gid if user else None,
-        )
+        # The log goes to the logfile; stderr (start-up errors) to a file too:
+        # a pipe nobody reads fills up and blocks PgBouncer for good.
+        with open(self.dir / "stderr.log", "wb") as stderr:
+            self._proc = subprocess.Popen(
+                [self.binary, "--quiet", str(ini)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                cwd=str(self.dir),
+                user=user.pw_uid if user else None,
+                group=user.pw_gid if user else None,
+            )
         deadline = time.monotonic() + timeout
         while True:
             if self._proc.poll() is not None:
-                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                err = (self.dir / "stderr.log").read_text(errors="replace")
                 self._proc = None
                 raise RuntimeError(f"pgbouncer exited at start: {err.strip()}\n{self.log()}")
             with (
@@ -156,8 +159,6 @@ class PgBouncer:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-        if proc.stderr is not None:
-            proc.stderr.close()
 
     def destroy(self) -> None:
         self.stop()

@@ -1,0 +1,7 @@
+"""tests/postgres/test_store_limits.py again through PgBouncer (transaction mode).
+
+The tests are imported, not copied: the dsn fixture of this directory
+points them at the transaction-mode PgBouncer (see conftest.py).
+"""
+
+from tests.postgres.test_store_limits import *  # noqa: F403
