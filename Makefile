@@ -56,6 +56,11 @@ test: $(STAMP) ## the whole test suite against a real PostgreSQL it starts itsel
 test-faults: $(STAMP) ## the fault-injection suite (real processes, kills, proxy, restarts)
 	$(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
+.PHONY: test-pgbouncer
+test-pgbouncer: $(STAMP) ## jobrun through a real PgBouncer (in make test too); the 10,000-job oracle for 2 minutes
+	JOBRUN_PGBOUNCER_ORACLE_JOBS=10000 JOBRUN_PGBOUNCER_ORACLE_SECONDS=120 \
+		$(PY) -m pytest tests/pgbouncer $(PYTEST_ARGS)
+
 .PHONY: clean
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist build
