@@ -269,6 +269,20 @@ def translate_errors(*, committing: list[bool] | None = None) -> Iterator[None]:
                 raise OutcomeUnknown(f"connection lost during COMMIT: {_first_line(exc)}") from exc
             raise TransientError(_first_line(exc)) from exc
         raise TransientError(_first_line(exc)) from exc
+    except psycopg.InternalError as exc:
+        if not _protocol_lost(exc):
+            raise
+        # The server session under a pooler died mid-pipeline: the pooler
+        # answered for it, and what reached the server is not known.
+        if committing and committing[0]:
+            raise OutcomeUnknown(f"connection lost during COMMIT: {_first_line(exc)}") from exc
+        raise TransientError(_first_line(exc)) from exc
+
+
+def _protocol_lost(exc: psycopg.InternalError) -> bool:
+    """psycopg's own protocol confusion (no SQLSTATE): more results than
+    statements, as when a pooler's server session dies inside a pipeline."""
+    return not exc.sqlstate and str(exc).startswith("received ")
 
 
 def _first_line(exc: BaseException) -> str:

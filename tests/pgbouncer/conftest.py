@@ -98,17 +98,6 @@ the rest of the re-run executes through PgBouncer. They run directly in
 tests/postgres.
 """
 
-KNOWN_GAPS = {
-    "test_via_pgbouncer_errors.py": (
-        "test_a_connection_killed_inside_complete_is_transient_and_nothing_commits",
-        "test_a_connection_lost_during_commit_is_outcome_unknown",
-    ),
-}
-"""Open (issue 16): a server session killed under PgBouncer during Complete's
-pipelined COMMIT surfaces as psycopg's ``InternalError: received 2 results
-from command 'COMMIT'`` instead of OutcomeUnknown / TransientError. Strict
-xfail: the day it is translated, these fail and must move back."""
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     keep, dropped = [], []
@@ -118,12 +107,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if name in SESSION_ONLY.get(module, ()):
             dropped.append(item)
             continue
-        if name in KNOWN_GAPS.get(module, ()):
-            item.add_marker(
-                pytest.mark.xfail(
-                    strict=True, reason="open: a killed session under PgBouncer at COMMIT"
-                )
-            )
         keep.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)

@@ -70,7 +70,11 @@ def test_a_connection_killed_inside_complete_is_transient_and_nothing_commits(
 
     def commit(c: psycopg.Connection[Any]) -> None:
         c.execute("INSERT INTO side VALUES (1)")
-        conn.execute("SELECT pg_terminate_backend(%s)", [c.info.backend_pid])
+        # The server's pid, asked of the server: behind a pooler the one the
+        # connection was given at login is the pooler's.
+        pid = c.execute("SELECT pg_backend_pid()").fetchone()
+        assert pid is not None
+        conn.execute("SELECT pg_terminate_backend(%s)", [pid[0]])
         c.execute("SELECT 1")
 
     with pytest.raises(TransientError):
