@@ -51,7 +51,7 @@ from yoyo.connections import DatabaseURI
 
 from jobrun.job.errors import ValidationError
 from jobrun.postgres import dsn
-from jobrun.postgres.pool import conninfo_with, pooler_mode
+from jobrun.postgres.pool import conninfo_with, ping, pooler_mode
 from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, in_schema, schema_name
 
 log = logging.getLogger(__name__)
@@ -205,23 +205,19 @@ def migrate(conninfo: str, *, schema: str = DEFAULT_SCHEMA, pooler: str = "auto"
     ``none`` trust the caller.
     """
     mode = pooler_mode(pooler, "pooler")
+    # Asked on a connection of its own, before the backend's creates the schema.
+    if mode == "transaction" or (
+        mode == "auto" and ping(conninfo, application_name="jobrun-migrate")
+    ):
+        raise ValidationError(
+            "JOBRUN_DIRECT_URL",
+            f"{dsn.describe(conninfo)} goes through a connection pooler: migrations need "
+            "a session of their own (a session lock, a search_path), which a transaction "
+            "pooler does not keep. Migrate through a direct connection to PostgreSQL "
+            "(JOBRUN_DIRECT_URL / --direct-url), or say JOBRUN_POOLER=session if the "
+            "pooler keeps sessions",
+        )
     backend = _open(conninfo, schema)
-    try:
-        if mode in ("auto", "transaction"):
-            conn = backend.connection
-            row = conn.execute("SELECT pg_backend_pid()", prepare=False).fetchone()
-            if mode == "transaction" or (row is not None and row[0] != conn.info.backend_pid):
-                raise ValidationError(
-                    "JOBRUN_DIRECT_URL",
-                    f"{dsn.describe(conninfo)} goes through a connection pooler: migrations need "
-                    "a session of their own (a session lock, a search_path), which a transaction "
-                    "pooler does not keep. Migrate through a direct connection to PostgreSQL "
-                    "(JOBRUN_DIRECT_URL / --direct-url), or say JOBRUN_POOLER=session if the "
-                    "pooler keeps sessions",
-                )
-    except BaseException:
-        backend.connection.close()
-        raise
     try:
         with migrations_dir(schema) as path:
             migrations = read_migrations(str(path))

@@ -168,6 +168,12 @@ def test_migrate_through_a_transaction_pooler_is_refused_naming_the_direct_url(
     with pytest.raises(ValidationError, match="JOBRUN_DIRECT_URL"):
         migrate(pgbouncer.dsn(admin_dsn))
     assert migrate(admin_dsn) == []  # directly: up to date
+    # Refused before anything is written: a schema not there yet stays absent.
+    with pytest.raises(ValidationError, match="JOBRUN_DIRECT_URL"):
+        migrate(pgbouncer.dsn(admin_dsn), schema="never_made")
+    with psycopg.connect(admin_dsn) as c:
+        found = c.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'never_made'").fetchone()
+    assert found is None
 
 
 # -- a worker and the scheduler ---------------------------------------------------------
