@@ -22,7 +22,7 @@ What the oracle sees:
 
 Either way the pools, both listeners and the leadership come back on the
 promoted server without a restart, and a read-only command (``jobrun list``,
-``get``, ``depth``) can be pointed at the standby.
+``get``, ``events``, ``depth``) can be pointed at the standby.
 """
 
 from __future__ import annotations
@@ -231,6 +231,9 @@ def test_read_only_commands_can_be_pointed_at_a_hot_standby(oracle: Oracle) -> N
         got = _cli(standby_url, "get", str(job.id))
         assert got.returncode == 0, got.stderr
         assert "report.build" in got.stdout
+        events = _cli(standby_url, "events", str(job.id))
+        assert events.returncode == 0, events.stderr
+        assert "enqueued" in events.stdout
         depth = _cli(standby_url, "depth")
         assert depth.returncode == 0, depth.stderr
         assert "reports" in depth.stdout
