@@ -145,10 +145,6 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
-async def _configure_pooled(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Behind a transaction pooler: no session state (see jobrun.postgres.pool)."""
-
-
 async def open_async_pool(
     conninfo: str,
     *,
@@ -174,7 +170,8 @@ async def open_async_pool(
     pool: AsyncPool = AsyncConnectionPool(
         full,
         kwargs={"autocommit": True, **connection_kwargs(mode)},
-        configure=_configure_pooled if mode == "transaction" else _configure,
+        # Behind a transaction pooler no session state (see jobrun.postgres.pool).
+        configure=None if mode == "transaction" else _configure,
         min_size=min(min_size if min_size is not None else 4, max_size),
         max_size=max_size,
         timeout=timeout,

@@ -192,12 +192,6 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SET TIME ZONE 'UTC'")
 
 
-def _configure_pooled(conn: psycopg.Connection[Any]) -> None:
-    """Behind a transaction pooler: no session state (a SET would stay on one
-    server session and be missing on the next). Every timestamp jobrun reads
-    is normalised to UTC in Python (jobrun.postgres.convert.utc) instead."""
-
-
 def open_pool(
     conninfo: str,
     *,
@@ -236,7 +230,10 @@ def open_pool(
     pool = ForkSafePool(
         full,
         kwargs={"autocommit": True, **connection_kwargs(mode)},
-        configure=_configure_pooled if mode == "transaction" else _configure,
+        # Behind a transaction pooler no session state: a SET would stay on
+        # one server session and be missing on the next. Every timestamp
+        # jobrun reads is made UTC in Python there (jobrun.postgres.convert.utc).
+        configure=None if mode == "transaction" else _configure,
         min_size=min(min_size if min_size is not None else 4, max_size),
         max_size=max_size,
         timeout=timeout,

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import itertools
 import os
@@ -24,6 +25,7 @@ from psycopg_pool import ConnectionPool
 import jobrun
 from jobrun.job.errors import OutcomeUnknown, PoolerError, ValidationError
 from jobrun.job.model import NewJob, ScheduleSpec, State
+from jobrun.postgres.async_store import AsyncStore, open_async_pool
 from jobrun.postgres.leader import LeaseLocker
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.migrate import migrate
@@ -67,6 +69,32 @@ def test_a_pooler_is_detected_and_its_connections_prepare_nothing(
         assert "prepare_threshold" not in direct.kwargs
     finally:
         direct.close()
+
+
+def test_the_asyncio_client_through_pgbouncer_detects_it_and_enqueues_and_reads_back(
+    dsn: str,
+) -> None:
+    """AsyncStore's pool takes the same setting: no prepared statements, no
+    session SET, and its timestamps still come back in UTC."""
+
+    async def scenario() -> tuple[str, Any, Any]:
+        pool = await open_async_pool(dsn, concurrency=2)
+        try:
+            store = AsyncStore(pool)
+            jobs = [await store.enqueue(NewJob(type="t", payload={"n": n})) for n in range(8)]
+            got = [await store.get(job.id) for job in jobs]
+            async with pool.connection() as c:
+                cur = await c.execute("SELECT count(*) FROM pg_prepared_statements")
+                prepared = await cur.fetchone()
+            assert [g.payload for g in got] == [{"n": n} for n in range(8)]
+            return str(getattr(pool, "jobrun_pooler", None)), prepared, got[0].created_at
+        finally:
+            await pool.close()
+
+    mode, prepared, created = asyncio.run(scenario())
+    assert mode == "transaction"
+    assert prepared == (0,)
+    assert created.utcoffset() == dt.timedelta(0)
 
 
 def test_a_session_pooler_is_detected_too_and_can_be_named(
