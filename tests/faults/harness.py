@@ -11,7 +11,8 @@
 - :class:`InProcess`: the real :class:`jobrun.runtime.Runtime` wiring (worker
   pool, listener, leader, reaper pool) in the test process, for scenarios
   that look at threads;
-- :class:`NetNamespace`: a worker in a network namespace behind a veth pair
+- :class:`NetNamespace` (from :mod:`tests.support.netns`, shared with the
+  scale test's hosts): a worker in a network namespace behind a veth pair
   whose cable a test can pull (every packet silently dropped: a kernel-level
   half-open network, which the user-space proxy cannot fake);
 - the TCP proxy lives in :mod:`tests.support.proxy` (H-proxy); PostgreSQL
@@ -38,6 +39,7 @@ from jobrun.config import Settings
 from jobrun.job.model import Backoff
 from jobrun.runtime import Runtime
 from tests.faults.app import LOG_ENV, registry
+from tests.support.netns import NetNamespace  # noqa: F401 (re-exported for the fault suite)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -195,75 +197,6 @@ class InProcess:
         if not self._stopped:
             self._stopped = True
             self.runtime.stop()
-
-
-class NetNamespace:
-    """A network namespace joined to this one by a veth pair: a cable a test can pull.
-
-    A process started in it (``Workers.start(netns=ns.name)``) reaches this
-    namespace at :attr:`host` only, through the veth pair. :meth:`down`
-    silently drops every packet both ways, as a dead network does (no RST, no
-    FIN, no ACK, no keepalive answer): the kernel-level half-open that a
-    user-space proxy cannot fake. Needs CAP_NET_ADMIN (root).
-    """
-
-    _count = 0
-
-    def __init__(self) -> None:
-        NetNamespace._count += 1
-        n = (os.getpid() % 200) * 50 + NetNamespace._count % 50
-        self.name = f"jrf{os.getpid()}-{NetNamespace._count}"
-        self.outer = f"jrf{n}a"
-        self.inner = f"jrf{n}b"
-        third, fourth = divmod(n * 4, 256)
-        self.host = f"10.231.{third}.{fourth + 1}"
-        self.peer = f"10.231.{third}.{fourth + 2}"
-        self._run("ip", "netns", "add", self.name)
-        try:
-            self._run("ip", "link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
-            self._run("ip", "link", "set", self.inner, "netns", self.name)
-            self._run("ip", "addr", "add", f"{self.host}/30", "dev", self.outer)
-            self._run("ip", "link", "set", self.outer, "up")
-            inside = ["ip", "netns", "exec", self.name]
-            self._run(*inside, "ip", "addr", "add", f"{self.peer}/30", "dev", self.inner)
-            self._run(*inside, "ip", "link", "set", self.inner, "up")
-            self._run(*inside, "ip", "link", "set", "lo", "up")
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _run(*args: str) -> None:
-        subprocess.run(args, check=True, capture_output=True, timeout=30)
-
-    @staticmethod
-    def available() -> str | None:
-        """None when namespaces can be made here, else why not."""
-        if os.geteuid() != 0:
-            return "network namespaces need root"
-        try:
-            probe = NetNamespace()
-        except (OSError, subprocess.CalledProcessError) as exc:
-            return f"cannot create a network namespace: {exc}"
-        probe.close()
-        return None
-
-    def down(self) -> None:
-        """Pull the cable: packets are dropped silently, both ways."""
-        self._run("ip", "link", "set", self.outer, "down")
-
-    def up(self) -> None:
-        self._run("ip", "link", "set", self.outer, "up")
-
-    def close(self) -> None:
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            subprocess.run(
-                ["ip", "link", "del", self.outer], check=False, capture_output=True, timeout=30
-            )
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            subprocess.run(
-                ["ip", "netns", "del", self.name], check=False, capture_output=True, timeout=30
-            )
 
 
 # -- the database side -----------------------------------------------------------------
