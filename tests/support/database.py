@@ -208,6 +208,21 @@ def test_server() -> Iterator[TestServer]:
             dsn = pg.get_connection_url()
             yield TestServer(dsn, _version(dsn), None)
         return
+    with local_server() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def local_server(
+    settings: dict[str, str] | None = None, hba: tuple[str, ...] = ()
+) -> Iterator[TestServer]:
+    """A local cluster of its own (``JOBRUN_TEST_PG_BINDIR`` or the embedded wheel).
+
+    ``settings`` replace :data:`TEST_SETTINGS` (a later ``listen_addresses``
+    wins over the cluster's loopback one); ``hba`` lines go first in
+    ``pg_hba.conf``, for clients that are not on loopback (the scale test's
+    network-namespace hosts).
+    """
     bindir = (
         Path(os.environ["JOBRUN_TEST_PG_BINDIR"])
         if os.environ.get("JOBRUN_TEST_PG_BINDIR")
@@ -216,9 +231,16 @@ def test_server() -> Iterator[TestServer]:
     root = Path(tempfile.mkdtemp(prefix="jobrun-test-pg-"))
     os.chmod(root, 0o755)
     cluster = LocalCluster(
-        datadir=root / "data", port=free_port(), bindir=bindir, settings=TEST_SETTINGS
+        datadir=root / "data",
+        port=free_port(),
+        bindir=bindir,
+        settings=TEST_SETTINGS if settings is None else settings,
     )
     try:
+        cluster.init()
+        if hba:
+            path = cluster.datadir / "pg_hba.conf"
+            cluster._write_as_server(path, "\n".join([*hba, path.read_text()]))
         cluster.start()
         yield TestServer(cluster.dsn(), _version(cluster.dsn()), cluster)
     finally:

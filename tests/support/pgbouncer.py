@@ -60,6 +60,7 @@ class PgBouncer:
         users: dict[str, str] | None = None,
         pool_size: int = 20,
         binary: str | None = None,
+        listen_addr: str = "127.0.0.1",
     ) -> None:
         if pool_mode not in ("transaction", "session", "statement"):
             raise ValueError(pool_mode)
@@ -69,6 +70,8 @@ class PgBouncer:
         self.pool_mode = pool_mode
         self.users = dict(users or {})
         self.pool_size = pool_size
+        self.listen_addr = listen_addr
+        """PgBouncer's ``listen_addr``: loopback, or a comma list (the scale test's hosts)."""
         self.binary = binary or pgbouncer_binary()
         if self.binary is None:
             raise FileNotFoundError("pgbouncer is not installed (apt-get install pgbouncer)")
@@ -89,7 +92,7 @@ class PgBouncer:
                 "[databases]",
                 f"* = host={self.server_host} port={self.server_port}",
                 "[pgbouncer]",
-                "listen_addr = 127.0.0.1",
+                f"listen_addr = {self.listen_addr}",
                 f"listen_port = {self.port}",
                 "unix_socket_dir =",
                 "auth_type = trust",
@@ -172,11 +175,17 @@ class PgBouncer:
 
     # -- connecting -------------------------------------------------------------
 
-    def dsn(self, server_dsn: str) -> str:
-        """``server_dsn`` (same user, password and database) through this PgBouncer."""
+    @property
+    def pid(self) -> int | None:
+        """The pgbouncer process (for its CPU time), while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def dsn(self, server_dsn: str, host: str = "127.0.0.1") -> str:
+        """``server_dsn`` (same user, password and database) through this PgBouncer,
+        at ``host`` (one of its listen addresses)."""
         params = psycopg.conninfo.conninfo_to_dict(server_dsn)
         params.pop("passfile", None)
-        params.update(host="127.0.0.1", port=str(self.port))
+        params.update(host=host, port=str(self.port))
         return psycopg.conninfo.make_conninfo("", **params)
 
     def admin(self, command: str) -> list[tuple[object, ...]]:
