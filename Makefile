@@ -61,6 +61,12 @@ test-pgbouncer: $(STAMP) ## jobrun through a real PgBouncer (in make test too); 
 	JOBRUN_PGBOUNCER_ORACLE_JOBS=10000 JOBRUN_PGBOUNCER_ORACLE_SECONDS=120 \
 		$(PY) -m pytest tests/pgbouncer $(PYTEST_ARGS)
 
+.PHONY: test-scale
+test-scale: $(STAMP) ## worker hosts (network namespaces) added against one PostgreSQL, direct and via PgBouncer; figures in bench/results/
+	JOBRUN_SCALE_JOBS=$${JOBRUN_SCALE_JOBS:-30000} \
+		JOBRUN_SCALE_OUT=$${JOBRUN_SCALE_OUT:-bench/results/scale-$$(date -u +%Y%m%dT%H%M%SZ).json} \
+		$(PY) -m pytest tests/scale -s $(PYTEST_ARGS)
+
 .PHONY: clean
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist build

@@ -17,21 +17,24 @@ from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
 from tests.support.database import TestServer, test_server
 
-_FAULTS = Path(__file__).resolve().parent / "faults"
+_HEAVY = (Path(__file__).resolve().parent / "faults", Path(__file__).resolve().parent / "scale")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Leave tests/faults out unless asked for by path (``make test-faults``).
+    """Leave tests/faults and tests/scale out unless asked for by path
+    (``make test-faults``, ``make test-scale``).
 
     The fault-injection suite kills processes and restarts servers for
-    several minutes; plain ``make test`` stays fast without it.
+    several minutes, and the scale test runs worker hosts and drains;
+    plain ``make test`` stays fast without them.
     """
-    if collection_path.resolve() != _FAULTS:
+    heavy = collection_path.resolve()
+    if heavy not in _HEAVY:
         return None
     root = config.invocation_params.dir
     for arg in config.args:
         target = (root / arg.split("::")[0]).resolve()
-        if target == _FAULTS or _FAULTS in target.parents:
+        if target == heavy or heavy in target.parents:
             return None
     return True
 
