@@ -37,8 +37,8 @@ from tests.faults.oracle import EFFECTS_DDL, Oracle
 from tests.support.database import TestServer
 from tests.support.pgbouncer import PgBouncer
 
-ORACLE_SECONDS = float(os.environ.get("JOBRUN_PGBOUNCER_ORACLE_SECONDS", "15"))
-ORACLE_JOBS = int(os.environ.get("JOBRUN_PGBOUNCER_ORACLE_JOBS", "1500"))
+ORACLE_SECONDS = float(os.environ.get("JOBRUN_PGBOUNCER_ORACLE_SECONDS", "6"))
+ORACLE_JOBS = int(os.environ.get("JOBRUN_PGBOUNCER_ORACLE_JOBS", "1000"))
 """The oracle run's size: small in ``make test``, ``make test-pgbouncer-full`` runs 10,000."""
 
 
