@@ -329,11 +329,13 @@ def measure_costs(ctx: measure.Context, jobs: int, concurrency: int) -> dict[str
         _wait_gone(conn, "jobrun-worker")
         after = Counters.read(conn)
         db.execute("VACUUM jobrun.jobs, jobrun.job_events, jobrun.processed_effects")
-        (stored,) = conn.execute(
-            "SELECT pg_total_relation_size('jobrun.jobs')"
-            " + pg_total_relation_size('jobrun.job_events')"
-            " + pg_total_relation_size('jobrun.processed_effects')"
-        ).fetchone() or (0,)
+        stored = {
+            str(r[0]): int(r[1]) / jobs
+            for r in conn.execute(
+                "SELECT t, pg_total_relation_size(t) FROM unnest(ARRAY['jobrun.jobs',"
+                " 'jobrun.job_events', 'jobrun.processed_effects']) AS t"
+            ).fetchall()
+        }
         first, last, done = conn.execute(
             "SELECT (SELECT min(at) FROM jobrun.job_events WHERE kind = 'claimed'),"
             " (SELECT max(finished_at) FROM jobrun.jobs WHERE queue = %s),"
@@ -357,7 +359,7 @@ def measure_costs(ctx: measure.Context, jobs: int, concurrency: int) -> dict[str
         **after.per_job(before, jobs, own_xacts=int(wall * 3) + 4),
         "top_statements": statements,
         "enqueue": enqueued,
-        "stored_bytes_per_finished_job": int(stored) / jobs,
+        "stored_bytes_per_finished_job": stored,
     }
 
 
@@ -408,8 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"  database CPU             {c['database_cpu_per_job_us']:.0f} us per job")
     console.print(f"  connections per process  {c['connections_per_worker_process']}")
     console.print(
-        f"  stored per finished job  {c['stored_bytes_per_finished_job']:.0f} bytes"
-        " (jobs + job_events + processed_effects, indexes included, after VACUUM)"
+        "  stored per finished job  "
+        + ", ".join(f"{t} {b:.0f}" for t, b in c["stored_bytes_per_finished_job"].items())
+        + " bytes (indexes included, after VACUUM)"
     )
     e = c["enqueue"]
     console.print(
