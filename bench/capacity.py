@@ -78,13 +78,20 @@ class Costs:
 def predict(hosts: int, costs: Costs, cores: float, host_cores: float = 1.0) -> float:
     """The no-op drain rate (jobs/s) of ``hosts`` worker hosts: docs/capacity.md, "The model".
 
-    ``X(n) = min(n * H / w, F / (w + d + b))``: a worker process runs its
-    handlers and its claim loop under one GIL, so a host (one process) drains
-    at most ``H`` (one core) over its CPU per job ``w``; and all the CPU the
-    work needs per job (worker ``w``, database ``d``, pooler ``b``) must fit
-    in the cores ``F`` there are for it. On the test machine every process
-    shares the same cores (``F`` is what other work left free); in a
-    deployment the database's term is ``db_cores / d`` on its own.
+    ``X(n) = min(n * H / w, F / (w + d + b))``, two asymptotic bounds:
+
+    - the worker's CPU: handlers, claim loop and completer share one GIL, so
+      a host (one worker process) uses at most ``H`` (one core) at ``w`` CPU
+      seconds per job;
+    - the machine's CPU: the CPU all of it needs per job (worker ``w``,
+      database ``d``, pooler ``b``) must fit in the ``F`` cores there are
+      (on the test machine every process shares them: ``F`` is what other
+      work left free; in a deployment the database's term is
+      ``db_cores / d`` on its own).
+
+    A host below both bounds is bound by its latency (claim and completion
+    round trips, commit waits), which this model does not predict: it then
+    predicts too much (docs/capacity.md says by how much).
     """
     if hosts < 1 or costs.worker <= 0 or costs.total <= 0 or cores <= 0:
         raise ValueError("hosts, the costs and the cores must be positive")

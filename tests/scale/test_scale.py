@@ -232,6 +232,15 @@ def _drain(
     ).fetchone()
     assert row is not None
     seconds = float(row[0])
+    # How long a job was leased, from its claim to its finish (R); the jobs
+    # leased at once on average are rate x R (Little's law).
+    held = conn.execute(
+        "SELECT avg(extract(epoch FROM j.finished_at - e.at))::float8 FROM jobrun.jobs j"
+        " JOIN jobrun.job_events e ON e.job_id = j.id AND e.kind = 'claimed'"
+        " WHERE j.queue = %s",
+        [QUEUE],
+    ).fetchone()
+    assert held is not None
     per_job = after.per_job(before, JOBS)
     print(f"{way} x {len(hosts)}: {JOBS / seconds:,.0f} jobs/s, {time.monotonic() - t0:.1f} s")
     return {
@@ -241,6 +250,8 @@ def _drain(
         "concurrency": CONCURRENCY,
         "rate": JOBS / seconds,
         "wall_seconds": wall,
+        "leased_ms": float(held[0]) * 1000,
+        "leased_mean": JOBS / seconds * float(held[0]),
         "worker_cpu_us": workers_cpu / JOBS * 1e6,
         "database_cpu_us": server_cpu / JOBS * 1e6,
         "pooler_cpu_us": (bouncer_cpu / JOBS * 1e6) if way == "pgbouncer" else 0.0,
@@ -270,7 +281,7 @@ def _table(ceiling: dict[str, float], drains: list[dict[str, Any]]) -> str:
         f" {ceiling['server_cores']:.2f} server cores",
         f"{'way':<10}{'hosts':>6}{'jobs/s':>8}{'predicted':>10}{'error':>7}"
         f"{'from 1':>8}{'error':>7}{'x ceil':>7}{'db cores':>9}{'db us':>7}{'pgb us':>7}"
-        f"{'wk us':>7}{'free':>6}{'conns':>6}{'tx/job':>7}{'WAL B':>7}",
+        f"{'wk us':>7}{'free':>6}{'R ms':>6}{'L':>5}{'conns':>6}{'tx/job':>7}{'WAL B':>7}",
     ]
     for d in drains:
         lines.append(
@@ -278,12 +289,14 @@ def _table(ceiling: dict[str, float], drains: list[dict[str, Any]]) -> str:
             f"{d['error']:>+7.0%}{d['predicted_from_one_host']:>8,.0f}"
             f"{d['error_from_one_host']:>+7.0%}{d['rate'] / ceiling['tx_per_s']:>7.2f}"
             f"{d['database_cores']:>9.2f}{d['database_cpu_us']:>7.0f}{d['pooler_cpu_us']:>7.0f}"
-            f"{d['worker_cpu_us']:>7.0f}{d['free_cores']:>6.2f}{d['server_connections']:>6}"
+            f"{d['worker_cpu_us']:>7.0f}{d['free_cores']:>6.2f}{d['leased_ms']:>6.1f}"
+            f"{d['leased_mean']:>5.0f}"
+            f"{d['server_connections']:>6}"
             f"{d['transactions_per_job']:>7.3f}{d['wal_bytes_per_job']:>7.0f}"
         )
     lines.append(
-        "predicted = min(hosts x 1 core / wk us, free cores / (wk + db + pgb us)), with the"
-        " per-job CPU of that drain; 'from 1': with the per-job CPU of the 1-host drain"
+        "predicted = min(hosts x 1 core / wk, free cores / (wk + db + pgb)), with the per-job"
+        " CPU of that drain; 'from 1': of the 1-host drain. R: claim to finish, L = rate x R"
     )
     return "\n".join(lines)
 
@@ -324,13 +337,13 @@ def test_worker_hosts_added_one_primary_drains_every_job_exactly_once_directly_a
     ceiling = {k: statistics.mean(c[k] for c in ceilings) for k in ceilings[0]}
     for way in WAYS:
         mine = [d for d in drains if d["way"] == way]
-        one = _costs(min(mine, key=lambda d: d["hosts"]))
+        first = min(mine, key=lambda d: d["hosts"])
         for d in mine:
             free = (os.cpu_count() or 1) - d["other_cores"]
             d["free_cores"] = free
             d["predicted"] = capacity.predict(d["hosts"], _costs(d), free)
             d["error"] = d["rate"] / d["predicted"] - 1
-            d["predicted_from_one_host"] = capacity.predict(d["hosts"], one, free)
+            d["predicted_from_one_host"] = capacity.predict(d["hosts"], _costs(first), free)
             d["error_from_one_host"] = d["rate"] / d["predicted_from_one_host"] - 1
     report = {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(),
