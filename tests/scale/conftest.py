@@ -2,8 +2,10 @@
 
 The hosts are network namespaces (:class:`tests.support.netns.NetNamespace`,
 the fault suite's cable-test mechanism), each behind its own veth pair with
-its own address. The session's PostgreSQL is the harness's local cluster
-(:func:`tests.support.database.local_server`), started to listen on loopback
+its own address. The session's PostgreSQL is always the harness's local
+cluster (:func:`tests.support.database.local_server`; never
+``JOBRUN_TEST_DATABASE_URL`` or a container: its CPU is read from /proc,
+and it must listen where the hosts are), started to listen on loopback
 and on the hosts' side of every pair too, and with production durability
 (``fsync``, ``synchronous_commit`` and ``full_page_writes`` on, unlike the
 rest of the suite): what is measured is what a deployment would see. One
