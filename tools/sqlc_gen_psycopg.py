@@ -25,6 +25,12 @@ the codegen ``out`` directory:
   once. ``aio/__init__.py``: ``AsyncQueries``, inheriting every one of them.
   ``await AsyncQueries(schema=...).claim_jobs(aconn, owner=...)``.
 
+A ``:many`` query whose comments include the line ``-- @deferred`` also gets
+``<name>_deferred(conn, ...)``: it sends the statement at once and returns a
+function (a coroutine function in aio/) that reads the rows, so that in a
+psycopg pipeline the statements sent after it, COMMIT among them, leave in
+the same round trip. The directive is left out of the docstrings.
+
 Everything it cannot map (a type, a command, an ``any`` column) is an error
 naming the query: the plugin exits 1 with all problems on stderr.
 
@@ -56,7 +62,9 @@ from typing import Any
 GENERATOR = "sqlc-gen-psycopg"
 # Bump when the generated code changes shape, so that the header tells apart
 # outputs of different plugin versions.
-GENERATOR_VERSION = "2"
+GENERATOR_VERSION = "3"
+DEFERRED = "@deferred"
+"""The comment line asking for a :many query's deferred twin (see Query.deferred)."""
 
 # The generated code follows ruff format's style at this line length.
 LINE_LENGTH = 100
@@ -385,6 +393,9 @@ class Query:
     model: Table | None = None
     copy_columns: list[str] = field(default_factory=list)
     copy_table: str = ""
+    # ``-- @deferred`` among a :many query's comments: also a ``<name>_deferred``
+    # method that sends the statement and returns a function reading its rows.
+    deferred: bool = False
 
 
 class Context:
@@ -681,14 +692,19 @@ def build_queries(request: dict[str, Any], ctx: Context) -> tuple[list[Query], l
                     raise PluginError(f"{where}: multi-dimensional enum arrays are not supported")
                 if any(f.type.enum and f.type.dims == 1 for f in columns):
                     ctx.needs_enum_array_parser = True
+            comments = [c.strip() for c in q.get("comments") or []]
+            deferred = DEFERRED in comments
+            if deferred and cmd != ":many":
+                raise PluginError(f"{where}: {DEFERRED} applies to :many queries only")
             query = Query(
                 name=name,
                 cmd=cmd,
                 text=q.get("text", ""),
                 filename=filename,
-                comments=[c.strip() for c in q.get("comments") or []],
+                comments=[c for c in comments if c != DEFERRED],
                 params=plist,
                 columns=columns,
+                deferred=deferred,
             )
             if returns_rows and len(columns) > 1:
                 query.model = matching_model(ctx, raw_columns, columns)
@@ -922,6 +938,10 @@ def layout(x: Node | str, indent: str, prefix: str = "", suffix: str = "") -> li
     line = indent + prefix + flat(x) + suffix
     if isinstance(x, str) or len(line) <= LINE_LENGTH or not x.items:
         return [line]
+    if not x.comma:  # a comprehension: its parts on one line when they fit there
+        inner = indent + "    " + " ".join(flat(item) for item in x.items)
+        if len(inner) <= LINE_LENGTH:
+            return [indent + prefix + x.open, inner, indent + x.close + suffix]
     lines = [indent + prefix + x.open]
     for item in x.items:
         lines.extend(layout(item, indent + "    ", suffix="," if x.comma else ""))
@@ -1165,6 +1185,38 @@ def emit_query(
     elif q.cmd == ":many":
         add("", *sig(sig_params, f"list[{row_type}]"), *doc, *execute)
         add(*layout(all_rows(), _B2, prefix="return "))
+        if q.deferred:
+            # Sent now, read when asked: in a pipeline, statements sent after
+            # this one (COMMIT among them) leave in the same round trip.
+            mod.need("collections.abc", "Callable")
+            if is_async:
+                mod.need("collections.abc", "Awaitable")
+                returns = f"Callable[[], Awaitable[list[{row_type}]]]"
+            else:
+                returns = f"Callable[[], list[{row_type}]]"
+            note = [
+                "",
+                "Deferred: the statement is sent at once and its rows are read when",
+                "the function returned is called (after what was sent meanwhile).",
+            ]
+            deferred_doc = docstring_lines([*q.comments, *note] if q.comments else note[1:], _B1)
+            add(
+                "",
+                *signature(f"{func}_deferred", sig_params, returns, _DEF, flavor.defn),
+                *deferred_doc,
+                f"{_B1}cur = {flavor.cursor}",
+                f"{_B1}try:",
+                *layout(call("cur.execute", execute_args), _B2, prefix=aw),
+                f"{_B1}except BaseException:",
+                f"{_B2}{aw}cur.close()",
+                f"{_B2}raise",
+                "",
+                f"{_B1}{flavor.defn} rows() -> list[{row_type}]:",
+                f"{_B2}{flavor.with_} cur:",
+                *layout(all_rows(), _B3, prefix="return "),
+                "",
+                f"{_B1}return rows",
+            )
 
 
 def emit_copy(

@@ -171,6 +171,7 @@ WITH next AS (
 SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: ClaimLimitedJobs :many
+-- @deferred
 -- ClaimJobs for a claim that includes limited queues, as the second
 -- statement of a transaction whose first was LockQueueLimits. The limited
 -- queues' rows are locked and named in jobrun.claim_locks: this statement's

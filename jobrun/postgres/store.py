@@ -822,27 +822,32 @@ class Store(SchedulesMixin):
         else:
 
             def locked(c: psycopg.Connection[Any], committing: list[bool]) -> list[models.Job]:
-                # BEGIN, a generic plan for the claim (planning it afresh
-                # costs more than running it), the limits rows' lock, the
-                # claim (a statement of its own: its snapshot is taken once
-                # the lock is granted), and COMMIT, in one pipeline: two
-                # round trips in all.
                 with c.pipeline():
-                    c.execute("BEGIN")
-                    c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-                    # The queue's lock is held until COMMIT arrives: a client
-                    # frozen in between (a stopped process, a dead link) must
-                    # not stall every claim of the queue, so the server ends
-                    # such a transaction (rolling the claim back) after a while.
-                    c.execute(_LIMITED_CLAIM_IDLE_TIMEOUT)
+                    self._begin_limited(c)
                     self.q.lock_queue_limits(c, queues=names)
-                    claimed = self.q.claim_limited_jobs(c, **args)
+                    claimed = self.q.claim_limited_jobs_deferred(c, **args)
                     committing[0] = True
                     c.execute("COMMIT")
-                return claimed
+                    return claimed()
 
             rows = self._with_explicit_tx(locked)
         return [job_from_row(r) for r in rows]
+
+    def _begin_limited(self, c: psycopg.Connection[Any]) -> None:
+        """Open a limited claim's transaction, in a pipeline: BEGIN and a generic
+        plan for the claim (planning it afresh costs more than running it).
+
+        The limits rows' lock comes next, then the claim (a statement of its
+        own: its snapshot is taken once the lock is granted), sent deferred
+        so that COMMIT leaves with it: one round trip in all. The queue's
+        lock is held until COMMIT arrives; a client frozen in between (a
+        stopped process, a dead link) must not stall every claim of the
+        queue, so the server ends such a transaction (rolling the claim back)
+        after a while.
+        """
+        c.execute("BEGIN")
+        c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        c.execute(_LIMITED_CLAIM_IDLE_TIMEOUT)
 
     def _any_limited(self, names: builtins.list[str]) -> bool:
         """Whether a limit applies to one of the queues (read at most every

@@ -378,6 +378,45 @@ def test_many_returns_rows_and_bare_values(
     assert {r.lease_owner for r in claimed} == {"w1"}
 
 
+def test_a_deferred_query_is_sent_at_once_and_read_after_what_followed_it(
+    gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any], fixture_dsn: str, schema: str
+) -> None:
+    queued = _job(gen, q, conn)
+    state = gen.models.JobState
+    with conn.pipeline():
+        conn.execute("BEGIN")
+        rows = q.jobs_in_states_deferred(conn, states=[state.QUEUED])
+        q.set_state(conn, new_state=state.DEAD, ids=[queued.id])
+        conn.execute("COMMIT")  # sent before the rows are read: one round trip
+        got = rows()
+    assert [(r.id, r.state) for r in got] == [(queued.id, state.QUEUED)]  # its own snapshot
+    assert q.get_state(conn, id=queued.id) is state.DEAD
+    with psycopg.connect(fixture_dsn) as other:  # committed, for everyone
+        seen = other.execute(f"SELECT state::text FROM {schema}.jobs").fetchall()
+        assert seen == [("dead",)]
+    # A statement the server refused raises when its rows are read.
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation), conn.pipeline():
+        broken = q.jobs_in_states_deferred(conn, states=["no such state"])
+        broken()
+
+
+def test_a_deferred_async_query_reads_its_rows_when_awaited(
+    gen: SimpleNamespace, q: Any, aq: Any, conn: psycopg.Connection[Any], on_async_conn: Any
+) -> None:
+    queued = _job(gen, q, conn)
+    state = gen.models.JobState
+
+    async def scenario(aconn: Any) -> list[Any]:
+        async with aconn.pipeline():
+            rows = await aq.jobs_in_states_deferred(aconn, states=[state.QUEUED])
+            await aq.set_state(aconn, new_state=state.DEAD, ids=[queued.id])
+            return list(await rows())
+
+    got = on_async_conn(scenario)
+    assert [(r.id, r.state) for r in got] == [(queued.id, state.QUEUED)]
+    assert q.get_state(conn, id=queued.id) is state.DEAD
+
+
 def test_execrows_returns_the_number_of_rows_changed(
     gen: SimpleNamespace, q: Any, conn: psycopg.Connection[Any]
 ) -> None:

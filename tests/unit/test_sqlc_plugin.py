@@ -613,6 +613,36 @@ def test_many_fetches_all_rows(generated: dict[str, str]) -> None:
     assert "for r in cur.fetchall()]" in body(fn)
 
 
+def test_a_deferred_many_query_also_gets_a_method_that_sends_now_and_reads_later(
+    generated: dict[str, str],
+) -> None:
+    sync = methods(generated["jobs.py"])
+    twin = async_methods(generated["aio/jobs.py"])
+    plain, deferred = sync["jobs_in_states"], sync["jobs_in_states_deferred"]
+    assert signature(deferred) == signature(plain).replace(
+        "-> list[JobsInStatesRow]", "-> Callable[[], list[JobsInStatesRow]]"
+    )
+    assert signature(twin["jobs_in_states_deferred"]).endswith(
+        "-> Callable[[], Awaitable[list[JobsInStatesRow]]]"
+    )
+    text = body(deferred)
+    # Executed in the call, fetched (and the cursor closed) by the function it returns.
+    assert text.index("cur.execute(") < text.index("def rows()") < text.index("cur.fetchall()")
+    assert "with cur:" in text and "cur.close()" in text  # closed on a failed send too
+    doc = ast.get_docstring(deferred) or ""
+    assert doc.startswith(ast.get_docstring(plain) or "") and "Deferred:" in doc
+    assert "@deferred" not in generated["jobs.py"] + generated["aio/jobs.py"]
+    assert "jobs_in_states_deferred" not in generated["all_types.py"]
+
+
+def test_deferred_on_a_query_that_is_not_many_is_refused() -> None:
+    request = load_request()
+    query(request, "GetJob")["comments"] = [" @deferred"]
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "GetJob" in err and "@deferred applies to :many queries only" in err
+
+
 def test_exec_returns_nothing_and_execrows_the_row_count(generated: dict[str, str]) -> None:
     fns = methods(generated["jobs.py"])
     assert signature(fns["delete_job"]).endswith("-> None")
@@ -730,9 +760,12 @@ def test_each_query_module_has_a_queries_class_with_one_method_per_query(
         source = generated[f"{module}.py"]
         cls = classes(source)["Queries"]
         assert [ast.unparse(b) for b in cls.bases] == ["QueriesBase"]
-        expected = [
-            snake(q["name"]) for q in request["queries"] if q["filename"] == f"{module}.sql"
-        ]
+        expected = []
+        for q in request["queries"]:
+            if q["filename"] == f"{module}.sql":
+                expected.append(snake(q["name"]))
+                if "@deferred" in [c.strip() for c in q.get("comments") or []]:
+                    expected.append(snake(q["name"]) + "_deferred")
         assert list(methods(source)) == expected
         assert functions(source) == {}  # no module-level query functions any more
         assert all(next(iter(fn.args.args)).arg == "self" for fn in methods(source).values())
@@ -931,8 +964,13 @@ def test_copy_types_name_no_schema(generated: dict[str, str]) -> None:
 
 
 def _sync_twin(fn: ast.FunctionDef) -> str:
-    """The signature of a sync method as its async twin must read."""
-    return signature(fn).replace("psycopg.Connection[Any]", "psycopg.AsyncConnection[Any]")
+    """The signature of a sync method as its async twin must read (a deferred
+    method's reader is a coroutine function)."""
+    twin = signature(fn).replace("psycopg.Connection[Any]", "psycopg.AsyncConnection[Any]")
+    if fn.name.endswith("_deferred"):
+        head, _, rows = twin.partition("-> Callable[[], ")
+        twin = f"{head}-> Callable[[], Awaitable[{rows[:-1]}]]"
+    return twin
 
 
 def test_every_query_has_an_async_twin_with_the_same_parameters_and_result(
@@ -954,7 +992,10 @@ def test_async_methods_run_on_an_async_raw_cursor_and_await_the_database(
     for module in ("aio/jobs.py", "aio/all_types.py"):
         for name, fn in async_methods(generated[module]).items():
             text = body(fn)
-            assert "psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur" in text, name
+            if name.endswith("_deferred"):  # the cursor outlives the call: closed by its reader
+                assert "cur = psycopg.AsyncRawCursor(conn, row_factory=tuple_row)" in text, name
+            else:
+                assert "psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur" in text, name
             assert "async with" in text and "psycopg.RawCursor" not in text, name
             calls = [
                 n

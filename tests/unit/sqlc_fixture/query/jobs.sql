@@ -39,6 +39,8 @@ SELECT payload FROM jobrun.jobs WHERE id = $1;
 SELECT max(priority)::int FROM jobrun.jobs WHERE state = sqlc.arg(state);
 
 -- name: JobsInStates :many
+-- @deferred
+-- The ids and states of the jobs in these states.
 SELECT id, state FROM jobrun.jobs WHERE state = ANY(sqlc.arg(states)::jobrun.job_state[]) ORDER BY id;
 
 -- name: SetState :execrows
