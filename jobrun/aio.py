@@ -80,6 +80,7 @@ def make_async_store(pool: AsyncPool, settings: Settings) -> AsyncStore:
         notify_channel=settings.notify_channel,
         call_timeout=settings.call_timeout,
         schema=settings.schema,
+        direct_url=settings.direct_url,
     )
 
 

@@ -88,6 +88,7 @@ from jobrun.postgres.pool import (
     conninfo_with,
     describe,
     pooler_mode,
+    pooler_of,
     resolve_pooler,
 )
 from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, schema_name
@@ -219,10 +220,14 @@ class AsyncStore:
         notify_channel: str = DEFAULT_CHANNEL,
         call_timeout: dt.timedelta | None = DEFAULT_CALL_TIMEOUT,
         schema: str = DEFAULT_SCHEMA,
+        direct_url: str | None = None,
     ) -> None:
         if not isinstance(pool, AsyncConnectionPool):
             raise ValidationError("pool", "must be a psycopg_pool.AsyncConnectionPool")
         self.schema = schema_name(schema)
+        self.direct_url = direct_url
+        """A connection string to PostgreSQL itself (JOBRUN_DIRECT_URL), for
+        :meth:`wait`'s LISTEN when the pool goes through a transaction pooler."""
         self.q = AsyncQueries(schema=self.schema)
         try:
             self.event_mode = EventMode(event_mode)
@@ -713,12 +718,27 @@ class AsyncStore:
         watched, so the notification, sent in the transaction that ends the
         job, can be neither missed nor early; the row is re-read on each
         notification and every ``poll_interval`` s (the row is the truth).
+        Behind a transaction pooler the LISTEN goes to :attr:`direct_url`, and
+        without one the row is re-read every ``poll_interval`` (at most 1 s
+        apart) instead: a LISTEN there would stay on whichever server session
+        ran it.
         """
         _check_id(job_id)
         wait_args(timeout, poll_interval)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        conninfo = conninfo_with(await self._conninfo(), application_name="jobrun-waiter")
+        target = self.direct_url
+        if target is None and pooler_of(self.pool) == "transaction":
+            every = min(poll_interval, 1.0)
+            job = await self.watch(job_id)
+            while not job.state.terminal:
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    raise WaitTimeout(job, float(timeout or 0))
+                await asyncio.sleep(every if left is None else min(every, left))
+                job = await self.get(job_id)
+            return job
+        conninfo = conninfo_with(target or await self._conninfo(), application_name="jobrun-waiter")
         with translate_errors():
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.finish_channel)))

@@ -23,6 +23,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 import jobrun
+import jobrun.aio
 from jobrun.job.errors import OutcomeUnknown, PoolerError, ValidationError
 from jobrun.job.model import NewJob, ScheduleSpec, State
 from jobrun.postgres.async_store import AsyncStore, open_async_pool
@@ -282,6 +283,88 @@ def test_with_a_direct_url_listen_and_the_leader_lock_go_past_the_pooler(
         with jobrun.Client.connect(settings=settings) as client:
             job = client.enqueue("noop", {})
             assert client.store.wait(job.id, timeout=20).state == State.SUCCEEDED
+
+
+# -- waiting for a job behind the pooler --------------------------------------------------
+
+
+def _waiters(direct_dsn: str) -> list[str]:
+    """The sessions of this database whose last statement LISTENed on the finish
+    channel, as PostgreSQL itself sees them: whose are they (application_name)?"""
+    with psycopg.connect(direct_dsn, autocommit=True) as c:
+        rows = c.execute(
+            "SELECT application_name FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _finish_later(direct_dsn: str, job_id: Any, seen: list[list[str]]) -> threading.Thread:
+    """After a moment (noting the waiter sessions then), run the job to success."""
+
+    def run() -> None:
+        time.sleep(0.6)
+        seen.append(_waiters(direct_dsn))
+        pool = open_pool(direct_dsn, concurrency=1)
+        try:
+            store = Store(pool)
+            [claimed] = store.claim("finisher", ["default"], 1, dt.timedelta(seconds=30))
+            assert claimed.id == job_id
+            store.complete(claimed)
+        finally:
+            pool.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["polling", "direct-url"])
+def test_store_wait_behind_the_pooler_polls_or_listens_on_the_direct_url(
+    dsn: str, direct_dsn: str, pooled_pool: ConnectionPool[Any], direct: bool
+) -> None:
+    store = Store(pooled_pool, direct_url=direct_dsn if direct else None)
+    job = store.enqueue(NewJob(type="t"))
+    seen: list[list[str]] = []
+    finisher = _finish_later(direct_dsn, job.id, seen)
+    try:
+        assert store.wait(job.id, timeout=20, poll_interval=0.2).state == State.SUCCEEDED
+    finally:
+        finisher.join()
+    # A LISTEN through the pooler would be left on a pooled server session.
+    assert seen[0] == (["jobrun-waiter"] if direct else [])
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["polling", "direct-url"])
+def test_async_store_wait_behind_the_pooler_polls_or_listens_on_the_direct_url(
+    dsn: str, direct_dsn: str, direct: bool
+) -> None:
+    seen: list[list[str]] = []
+
+    async def scenario() -> Any:
+        pool = await open_async_pool(dsn, concurrency=2)
+        try:
+            store = AsyncStore(pool, direct_url=direct_dsn if direct else None)
+            job = await store.enqueue(NewJob(type="t"))
+            finisher = _finish_later(direct_dsn, job.id, seen)
+            try:
+                return await store.wait(job.id, timeout=20, poll_interval=0.2)
+            finally:
+                await asyncio.to_thread(finisher.join)
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario()).state == State.SUCCEEDED
+    assert seen[0] == (["jobrun-waiter"] if direct else [])
+
+
+def test_the_async_client_passes_the_direct_url_to_its_store(dsn: str, direct_dsn: str) -> None:
+    async def scenario() -> str | None:
+        settings = _fast(database_url=dsn, direct_url=direct_dsn)
+        async with await jobrun.aio.AsyncClient.connect(settings=settings) as client:
+            return client.store.direct_url
+
+    assert asyncio.run(scenario()) == direct_dsn
 
 
 # -- the oracle: two worker processes and a cron every second through PgBouncer ----------
