@@ -55,15 +55,20 @@ LEFT JOIN dead ON dead.queue = names.queue
 ORDER BY names.queue;
 
 -- name: ClusterLeader :many
--- The sessions holding the scheduler's leader lock (a session advisory lock,
--- see jobrun.postgres.lock: two-int keys appear in pg_locks as classid,
--- objid and objsubid = 2) in this database: one row while there is a leader,
--- none while there is none. pg_stat_activity names the holder; its
--- application_name and address are blank when this role may not see
--- another role's sessions (grant pg_read_all_stats to see them).
+-- The scheduler's leader in this database: the sessions holding its leader
+-- lock (a session advisory lock, see jobrun.postgres.lock: two-int keys
+-- appear in pg_locks as classid, objid and objsubid = 2), and the holder of
+-- its unexpired lease row in jobrun.leader (the election of workers behind a
+-- transaction pooler, see jobrun.postgres.leader: holder and term, no
+-- session of its own). One row while there is a leader, none while there is
+-- none. pg_stat_activity names a lock's session; its application_name and
+-- address are blank when this role may not see another role's sessions
+-- (grant pg_read_all_stats to see them).
 SELECT l.pid::int4 AS pid,
        COALESCE(a.application_name, '')::text AS application_name,
-       COALESCE(host(a.client_addr), '')::text AS client_addr
+       COALESCE(host(a.client_addr), '')::text AS client_addr,
+       ''::text AS holder,
+       0::int8 AS term
 FROM pg_catalog.pg_locks AS l
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
@@ -73,7 +78,11 @@ WHERE l.locktype = 'advisory'
   AND l.granted
   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
                     WHERE d.datname = current_database())
-ORDER BY l.pid;
+UNION ALL
+SELECT 0::int4, ''::text, ''::text, e.holder::text, e.term::int8
+FROM jobrun.leader AS e
+WHERE e.name = sqlc.arg(election)::text AND e.expires_at > now()
+ORDER BY 1, 4;
 
 -- name: ClusterSchedules :many
 -- Every schedule's next run and last fire (NULL until its first occurrence

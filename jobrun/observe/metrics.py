@@ -229,7 +229,8 @@ class Metrics(WorkerHooks):
         lock (by default the one :class:`jobrun.Runtime` takes for the
         store's schema).
         """
-        from jobrun.postgres.lock import LOCK_LEADER, lock_key  # noqa: PLC0415 - optional part
+        from jobrun.postgres.leader import election_name  # noqa: PLC0415 - optional part
+        from jobrun.postgres.lock import LOCK_LEADER, lock_key  # noqa: PLC0415
         from jobrun.postgres.stats import ClusterStats  # noqa: PLC0415
         from jobrun.runtime import leader_lock_name  # noqa: PLC0415
 
@@ -244,8 +245,10 @@ class Metrics(WorkerHooks):
                 raise ValidationError("store", "this Metrics already watches a cluster")
             if leader_key is None:
                 leader_key = lock_key(LOCK_LEADER, leader_lock_name(store.schema))
+            # The lease row of workers behind a transaction pooler: the same election.
+            election = election_name(leader_lock_name(store.schema))
             collector = ClusterCollector(
-                ClusterStats(store, leader_key=leader_key),
+                ClusterStats(store, leader_key=leader_key, election=election),
                 is_leader,
                 cache_seconds=float(cache_seconds),
                 queues=lambda: [q for w in self._watched() for q in w.config.queues],
@@ -518,12 +521,15 @@ class ClusterCollector:
             "jobrun_queue_paused", "1 while the queue is paused.", labels=["queue"]
         )
         leader = GaugeMetricFamily(
-            "jobrun_leader_present", "1 while a session holds the scheduler's leader lock."
+            "jobrun_leader_present",
+            "1 while the scheduler has a leader (a session holding its leader lock, or the "
+            "holder of its unexpired lease row).",
         )
         leader_info = GaugeMetricFamily(
             "jobrun_leader_info",
-            "The session holding the scheduler's leader lock (always 1).",
-            labels=["pid", "application_name", "client_addr"],
+            "The scheduler's leader (always 1): a lock's session (pid, application_name, "
+            "client_addr), or a lease row's holder and term.",
+            labels=["pid", "application_name", "client_addr", "holder", "term"],
         )
         next_run = GaugeMetricFamily(
             "jobrun_schedule_next_run_timestamp_seconds",
@@ -568,7 +574,16 @@ class ClusterCollector:
             paused.add_metric([name], 1.0 if q is not None and q.paused else 0.0)
         leader.add_metric([], 1.0 if snap.leaders else 0.0)
         for s in snap.leaders:
-            leader_info.add_metric([str(s.pid), s.application_name, s.client_addr], 1.0)
+            leader_info.add_metric(
+                [
+                    "" if s.pid is None else str(s.pid),
+                    s.application_name,
+                    s.client_addr,
+                    s.holder,
+                    "" if s.term is None else str(s.term),
+                ],
+                1.0,
+            )
         for sched in snap.schedules:
             next_run.add_metric([sched.id], sched.next_run_at.timestamp())
             if sched.last_fired_at is not None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from jobrun.postgres.leader import election_name
 from jobrun.postgres.lock import lock_key
 from jobrun.postgres.sqlc.stats import Queries
 
@@ -49,16 +50,23 @@ class QueueStats:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LeaderSession:
-    """The session holding the scheduler's leader lock.
+    """The scheduler's leader: the session holding its leader lock, or the
+    holder of its lease row (workers behind a transaction pooler elect one
+    with :class:`jobrun.postgres.leader.LeaseLocker`: no session of its own).
 
     ``application_name`` and ``client_addr`` are blank when the role running
     the query may not see that session's details (another role's session
     without ``pg_read_all_stats``), or, for the address, over a Unix socket.
     """
 
-    pid: int
+    pid: int | None
+    """The lock's session; None for a lease-row leader."""
     application_name: str
     client_addr: str
+    holder: str = ""
+    """A lease-row leader's holder id (host, pid and a random part); blank for a lock."""
+    term: int | None = None
+    """A lease-row leader's term; None for a lock."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,13 +94,21 @@ class ClusterStats:
     """The cluster statistics queries on a Store's pool, in the Store's schema.
 
     ``leader_key`` is the scheduler's leader lock key (``lock_key(LOCK_LEADER,
-    name)``); the default is the key of the default schema's leader.
+    name)``) and ``election`` its lease row's name (``election_name(name)``);
+    the defaults are the default schema's leader.
     """
 
-    def __init__(self, store: Store, *, leader_key: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        leader_key: tuple[int, int] | None = None,
+        election: str | None = None,
+    ) -> None:
         self.store = store
         self.q = Queries(schema=store.schema)
         self.leader_key = leader_key if leader_key is not None else lock_key()
+        self.election = election if election is not None else election_name(None)
 
     def snapshot(self) -> ClusterSnapshot:
         """One round of the statistics queries (read-only, on one pooled connection)."""
@@ -101,7 +117,9 @@ class ClusterStats:
     def _read(self, conn: psycopg.Connection[Any]) -> ClusterSnapshot:
         lock_class, lock_object = self.leader_key
         queues = self.q.cluster_queue_stats(conn)
-        leaders = self.q.cluster_leader(conn, lock_class=lock_class, lock_object=lock_object)
+        leaders = self.q.cluster_leader(
+            conn, lock_class=lock_class, lock_object=lock_object, election=self.election
+        )
         schedules = self.q.cluster_schedules(conn)
         usage = self.q.cluster_notify_usage(conn)
         assert usage is not None  # a SELECT without FROM always returns its row
@@ -121,7 +139,11 @@ class ClusterStats:
             ),
             leaders=tuple(
                 LeaderSession(
-                    pid=r.pid, application_name=r.application_name, client_addr=r.client_addr
+                    pid=r.pid if not r.holder else None,
+                    application_name=r.application_name,
+                    client_addr=r.client_addr,
+                    holder=r.holder,
+                    term=r.term if r.holder else None,
                 )
                 for r in leaders
             ),

@@ -223,14 +223,20 @@ class ScheduleInfo:
 class DashboardReads:
     """The dashboard's read queries on a Store's pool, in the Store's schema.
 
-    ``leader_key`` is the scheduler's leader lock key for the Store's schema
-    (see :class:`jobrun.postgres.stats.ClusterStats`).
+    ``leader_key`` and ``election`` are the scheduler's leader lock key and
+    lease row for the Store's schema (see :class:`jobrun.postgres.stats.ClusterStats`).
     """
 
-    def __init__(self, store: Store, *, leader_key: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        leader_key: tuple[int, int] | None = None,
+        election: str | None = None,
+    ) -> None:
         self.store = store
         self.q = Queries(schema=store.schema)
-        self.stats = ClusterStats(store, leader_key=leader_key)
+        self.stats = ClusterStats(store, leader_key=leader_key, election=election)
 
     # -- overview ------------------------------------------------------------------
 

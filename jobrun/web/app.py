@@ -100,7 +100,9 @@ with zeros; ``#limits-error`` when the limits could not be read; actions
 one ``g.minute`` per minute (``data-minute`` ISO, ``data-succeeded``,
 ``data-failed``) holding ``rect.bar-succeeded`` and ``rect.bar-failed``.
 Leader: ``#leader`` with ``data-leader=present|none`` and, when present,
-``data-pid``. Workers: ``table#workers`` with ``tr.worker-row``
+``data-pid`` (a session holding the leader lock) or ``data-holder`` and
+``data-term`` (the holder of the lease row, behind a transaction pooler).
+Workers: ``table#workers`` with ``tr.worker-row``
 (``data-owner``, ``data-running``, ``data-expired=true|false``) and, in it,
 ``li.running-job`` (``data-job-id``, a link ``a.job-link``, and
 ``span.progress-percent`` with ``data-progress`` once it reported progress); ``#no-workers``
@@ -183,6 +185,7 @@ from jobrun.job.errors import (
 from jobrun.job.model import Job, QueueLimits, RateLimit, State
 from jobrun.job.validate import redact
 from jobrun.postgres import dsn
+from jobrun.postgres.leader import election_name
 from jobrun.postgres.lock import LOCK_LEADER, lock_key
 from jobrun.postgres.stats import QueueStats
 from jobrun.postgres.store import Store
@@ -275,8 +278,9 @@ class Dashboard:
         from jobrun.runtime import leader_lock_name  # noqa: PLC0415 - the runtime is heavy
 
         self._store = store
+        name = leader_lock_name(store.schema)
         self._reads = DashboardReads(
-            store, leader_key=lock_key(LOCK_LEADER, leader_lock_name(store.schema))
+            store, leader_key=lock_key(LOCK_LEADER, name), election=election_name(name)
         )
 
     @property

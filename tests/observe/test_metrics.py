@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobrun.job.errors import TransientError
 from jobrun.job.model import Backoff, Job, NewJob, ScheduleSpec, State
 from jobrun.observe.metrics import UNKNOWN_TYPE, ClusterCollector, Metrics
+from jobrun.postgres.leader import LeaseLocker
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
@@ -441,6 +442,22 @@ def test_the_leader_and_who_holds_the_lock(store: Store, dsn: str) -> None:
         s = Scrape(metrics.registry)
     assert s.get("jobrun_leader_present") == 0
     assert "jobrun_leader_info" not in s.names()
+
+
+def test_a_lease_row_leader_is_present_with_its_holder_and_term(store: Store) -> None:
+    """The election of workers behind a transaction pooler (jobrun.postgres.leader)."""
+    metrics = Metrics()
+    metrics.watch_cluster(store, cache_seconds=0)
+    locker = LeaseLocker(store, None)  # the default schema's election, as jobrun.Runtime's
+    assert locker.try_acquire()
+    try:
+        s = Scrape(metrics.registry)
+        assert s.get("jobrun_leader_present") == 1
+        (info,) = [lab for n, lab, v in s.samples if n == "jobrun_leader_info" and v == 1]
+        assert (info["pid"], info["holder"], info["term"]) == ("", locker.holder, "1")
+    finally:
+        locker.release()
+    assert Scrape(metrics.registry).get("jobrun_leader_present") == 0
 
 
 def test_schedules_next_run_and_last_fire(store: Store, conn: Any) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from bench.plan import scans
 from jobrun.job.model import DEFAULT_BACKOFF, NewJob, ScheduleSpec
+from jobrun.postgres.leader import LeaseLocker, election_name
 from jobrun.postgres.lock import AdvisoryLocker, lock_key
 from jobrun.postgres.sqlc import stats as sq
 from jobrun.postgres.stats import ClusterStats
@@ -79,7 +80,7 @@ def explain(conn: psycopg.Connection[Any], statement: str, params: tuple[Any, ..
 
 STATEMENTS = {
     "queue_stats": (sq.CLUSTER_QUEUE_STATS, ()),
-    "leader": (sq.CLUSTER_LEADER, lock_key()),
+    "leader": (sq.CLUSTER_LEADER, (*lock_key(), election_name(None))),
     "schedules": (sq.CLUSTER_SCHEDULES, ()),
     "notify_usage": (sq.CLUSTER_NOTIFY_USAGE, ()),
 }
@@ -179,6 +180,23 @@ def test_the_leader_is_the_session_holding_the_leader_lock_in_this_database(
         assert ClusterStats(store).snapshot().leaders == ()
         locker.release()
         assert stats.snapshot().leaders == ()
+
+
+def test_a_lease_row_leader_is_the_leader_with_its_holder_and_term(store: Store) -> None:
+    """Workers behind a transaction pooler elect with the lease row (no session lock)."""
+    stats = ClusterStats(store, election=election_name("stats-lease"))
+    assert stats.snapshot().leaders == ()
+    locker = LeaseLocker(store, "stats-lease")
+    assert locker.try_acquire()
+    (leader,) = stats.snapshot().leaders
+    assert (leader.pid, leader.holder, leader.term) == (None, locker.holder, 1)
+    assert ClusterStats(store).snapshot().leaders == ()  # another election
+    locker.release()
+    assert stats.snapshot().leaders == ()  # resigned: the row's lease has run out
+    other = LeaseLocker(store, "stats-lease")
+    assert other.try_acquire()
+    assert [(s.holder, s.term) for s in stats.snapshot().leaders] == [(other.holder, 2)]
+    other.release()
 
 
 def test_a_leader_of_another_database_is_not_this_databases_leader(

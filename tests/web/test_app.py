@@ -24,6 +24,7 @@ from starlette.testclient import TestClient
 from jobrun.client import Client
 from jobrun.config import Settings
 from jobrun.job.model import DEFAULT_BACKOFF, NewJob, ScheduleSpec, State
+from jobrun.postgres.leader import LeaseLocker
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
@@ -129,6 +130,22 @@ def test_the_overview_names_the_scheduler_leader_or_says_there_is_none(
         assert leader.attrs["data-pid"] == str(locker.backend_pid)
         assert "jobrun-leader" in leader.text
         locker.release()
+
+
+def test_the_overview_names_a_lease_row_leader_by_its_holder_and_term(
+    store: Store, client: TestClient
+) -> None:
+    locker = LeaseLocker(store, None)  # the election of workers behind a transaction pooler
+    assert locker.try_acquire()
+    try:
+        leader = page(client, "/").by_id("leader")
+        assert leader.attrs["data-leader"] == "present"
+        assert (leader.attrs["data-holder"], leader.attrs["data-term"]) == (locker.holder, "1")
+        assert "data-pid" not in leader.attrs
+        assert locker.holder in leader.text
+    finally:
+        locker.release()
+    assert page(client, "/").by_id("leader").attrs["data-leader"] == "none"
 
 
 def test_the_overview_lists_live_workers_with_the_jobs_they_run(

@@ -72,18 +72,28 @@ class AsyncQueries(QueriesBase):
         *,
         lock_class: int,
         lock_object: int,
+        election: str,
     ) -> list[ClusterLeaderRow]:
-        """The sessions holding the scheduler's leader lock (a session advisory lock,
-        see jobrun.postgres.lock: two-int keys appear in pg_locks as classid,
-        objid and objsubid = 2) in this database: one row while there is a leader,
-        none while there is none. pg_stat_activity names the holder; its
-        application_name and address are blank when this role may not see
-        another role's sessions (grant pg_read_all_stats to see them).
+        """The scheduler's leader in this database: the sessions holding its leader
+        lock (a session advisory lock, see jobrun.postgres.lock: two-int keys
+        appear in pg_locks as classid, objid and objsubid = 2), and the holder of
+        its unexpired lease row in jobrun.leader (the election of workers behind a
+        transaction pooler, see jobrun.postgres.leader: holder and term, no
+        session of its own). One row while there is a leader, none while there is
+        none. pg_stat_activity names a lock's session; its application_name and
+        address are blank when this role may not see another role's sessions
+        (grant pg_read_all_stats to see them).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(CLUSTER_LEADER), (lock_class, lock_object))
+            await cur.execute(self.sql(CLUSTER_LEADER), (lock_class, lock_object, election))
             return [
-                ClusterLeaderRow(pid=r[0], application_name=r[1], client_addr=r[2])
+                ClusterLeaderRow(
+                    pid=r[0],
+                    application_name=r[1],
+                    client_addr=r[2],
+                    holder=r[3],
+                    term=r[4],
+                )
                 for r in await cur.fetchall()
             ]
 
