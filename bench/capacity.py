@@ -36,6 +36,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -75,10 +76,45 @@ class Costs:
         return self.worker + self.database + self.pooler
 
 
-def predict(hosts: int, costs: Costs, cores: float, host_cores: float = 1.0) -> float:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Latency:
+    """A worker's round trips for one batch, measured alone (see :func:`probe_latency`)."""
+
+    claim: float
+    """Seconds for ``Store.claim`` of a batch (a worker's concurrency) of jobs."""
+    complete: float
+    """Seconds for ``Store.complete_many`` of such a batch."""
+    window: float = 0.005
+    """The completer's batching window (``complete_flush_interval``, 5 ms by default)."""
+
+
+def lease_time(latency: Latency, costs: Costs, concurrency: int) -> float:
+    """The shortest life of a lease in a worker of ``concurrency`` threads (seconds).
+
+    A lease begins when its claim commits and ends when its completion
+    commits. Between the two: the rest of the claim's round trip (its reply,
+    read and made into jobs), the worker's CPU for the batch (serialised on
+    its GIL: ``c * w``), the completer's batching window, and the completion's
+    round trip up to its commit (the request and the statement). Half of
+    each round trip stands for the part on the lease's side of its commit:
+    ``R = window + c * w + (claim + complete) / 2``.
+    """
+    round_trips = (latency.claim + latency.complete) / 2
+    return latency.window + concurrency * costs.worker + round_trips
+
+
+def predict(
+    hosts: int,
+    costs: Costs,
+    cores: float,
+    host_cores: float = 1.0,
+    *,
+    latency: Latency | None = None,
+    concurrency: int | None = None,
+) -> float:
     """The no-op drain rate (jobs/s) of ``hosts`` worker hosts: docs/capacity.md, "The model".
 
-    ``X(n) = min(n * H / w, F / (w + d + b))``, two asymptotic bounds:
+    ``X(n) = min(n * H / w, F / (w + d + b), n * 2c / R)``, three bounds:
 
     - the worker's CPU: handlers, claim loop and completer share one GIL, so
       a host (one worker process) uses at most ``H`` (one core) at ``w`` CPU
@@ -87,15 +123,38 @@ def predict(hosts: int, costs: Costs, cores: float, host_cores: float = 1.0) -> 
       database ``d``, pooler ``b``) must fit in the ``F`` cores there are
       (on the test machine every process shares them: ``F`` is what other
       work left free; in a deployment the database's term is
-      ``db_cores / d`` on its own).
-
-    A host below both bounds is bound by its latency (claim and completion
-    round trips, commit waits), which this model does not predict: it then
-    predicts too much (docs/capacity.md says by how much).
+      ``db_cores / d`` on its own);
+    - the worker's latency (with ``latency`` and ``concurrency``): a worker
+      holds at most two batches of ``c`` leases in a drain (one running or
+      waiting for the completer, the next claimed for the threads the first
+      freed), each living at least :func:`lease_time` ``R``; by Little's
+      law a host finishes at most ``2c / R`` jobs a second.
     """
     if hosts < 1 or costs.worker <= 0 or costs.total <= 0 or cores <= 0:
         raise ValueError("hosts, the costs and the cores must be positive")
-    return min(hosts * host_cores / costs.worker, cores / costs.total)
+    bound = min(hosts * host_cores / costs.worker, cores / costs.total)
+    if latency is not None:
+        if concurrency is None or concurrency < 1:
+            raise ValueError("the latency bound needs the workers' concurrency")
+        bound = min(bound, hosts * 2 * concurrency / lease_time(latency, costs, concurrency))
+    return bound
+
+
+def probe_latency(store: Store, queue: str, batch: int, rounds: int = 30) -> Latency:
+    """Median round trips of one worker's claim and completion of ``batch`` no-op
+    jobs, one after the other on an otherwise idle store (``rounds`` of each)."""
+    store.enqueue_batch(NewJob(type="bench.noop", queue=queue) for _ in range(batch * rounds))
+    claims: list[float] = []
+    completes: list[float] = []
+    ttl = dt.timedelta(minutes=5)
+    for _ in range(rounds):
+        began = time.perf_counter()
+        jobs = store.claim("capacity-probe", [queue], batch, ttl)
+        claims.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        store.complete_many(jobs)
+        completes.append(time.perf_counter() - began)
+    return Latency(claim=statistics.median(claims), complete=statistics.median(completes))
 
 
 # -- the counters -----------------------------------------------------------------------------

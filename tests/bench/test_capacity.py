@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.capacity import Costs, Counters, predict
+from bench.capacity import Costs, Counters, Latency, lease_time, predict
 
 
 def test_hosts_add_throughput_until_the_cpu_per_job_fills_the_cores() -> None:
@@ -15,6 +15,19 @@ def test_hosts_add_throughput_until_the_cpu_per_job_fills_the_cores() -> None:
     assert predict(4, Costs(worker=250e-6, database=300e-6, pooler=50e-6), cores=2) == (
         pytest.approx(2 / 600e-6)
     )
+
+
+def test_a_lone_worker_is_bound_by_two_batches_per_lease_time() -> None:
+    costs = Costs(worker=250e-6, database=300e-6)
+    latency = Latency(claim=0.004, complete=0.003, window=0.005)
+    # R = 5 ms window + 16 x 0.25 ms of the worker's CPU + half of (4 ms claim + 3 ms complete).
+    assert lease_time(latency, costs, 16) == pytest.approx(0.0125)
+    assert predict(1, costs, cores=8, latency=latency, concurrency=16) == pytest.approx(2_560)
+    assert predict(2, costs, cores=8, latency=latency, concurrency=16) == pytest.approx(5_120)
+    # More hosts meet the machine's CPU instead: the latency bound no longer binds.
+    assert predict(4, costs, cores=2, latency=latency, concurrency=16) == pytest.approx(2 / 550e-6)
+    with pytest.raises(ValueError, match="concurrency"):
+        predict(1, costs, cores=8, latency=latency)
 
 
 def test_the_model_refuses_what_it_cannot_predict() -> None:

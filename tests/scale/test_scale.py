@@ -275,13 +275,18 @@ def _costs(drain: dict[str, Any]) -> capacity.Costs:
     )
 
 
-def _table(ceiling: dict[str, float], drains: list[dict[str, Any]]) -> str:
+def _table(
+    ceiling: dict[str, float], drains: list[dict[str, Any]], latency: capacity.Latency
+) -> str:
     lines = [
         f"ceiling (8 connections, raw): {ceiling['tx_per_s']:,.0f} tx/s on"
         f" {ceiling['server_cores']:.2f} server cores",
+        f"one worker alone, a batch of {CONCURRENCY}: claim {1000 * latency.claim:.1f} ms,"
+        f" complete {1000 * latency.complete:.1f} ms, window {1000 * latency.window:.0f} ms",
         f"{'way':<10}{'hosts':>6}{'jobs/s':>8}{'predicted':>10}{'error':>7}"
         f"{'from 1':>8}{'error':>7}{'x ceil':>7}{'db cores':>9}{'db us':>7}{'pgb us':>7}"
-        f"{'wk us':>7}{'free':>6}{'R ms':>6}{'L':>5}{'conns':>6}{'tx/job':>7}{'WAL B':>7}",
+        f"{'wk us':>7}{'free':>6}{'R ms':>6}{'R min':>6}{'L':>5}{'conns':>6}{'tx/job':>7}"
+        f"{'WAL B':>7}",
     ]
     for d in drains:
         lines.append(
@@ -290,13 +295,15 @@ def _table(ceiling: dict[str, float], drains: list[dict[str, Any]]) -> str:
             f"{d['error_from_one_host']:>+7.0%}{d['rate'] / ceiling['tx_per_s']:>7.2f}"
             f"{d['database_cores']:>9.2f}{d['database_cpu_us']:>7.0f}{d['pooler_cpu_us']:>7.0f}"
             f"{d['worker_cpu_us']:>7.0f}{d['free_cores']:>6.2f}{d['leased_ms']:>6.1f}"
+            f"{d['lease_time_model_ms']:>6.1f}"
             f"{d['leased_mean']:>5.0f}"
             f"{d['server_connections']:>6}"
             f"{d['transactions_per_job']:>7.3f}{d['wal_bytes_per_job']:>7.0f}"
         )
     lines.append(
-        "predicted = min(hosts x 1 core / wk, free cores / (wk + db + pgb)), with the per-job"
-        " CPU of that drain; 'from 1': of the 1-host drain. R: claim to finish, L = rate x R"
+        "predicted = min(hosts x 1 core / wk, free cores / (wk + db + pgb), hosts x 2c / R min),"
+        " R min = window + c x wk + (claim + complete) / 2, with the per-job CPU of that drain;"
+        " 'from 1': of the 1-host drain. R: claim to finish as measured, L = rate x R"
     )
     return "\n".join(lines)
 
@@ -317,6 +324,8 @@ def test_worker_hosts_added_one_primary_drains_every_job_exactly_once_directly_a
         pool = open_pool(admin_dsn, concurrency=1, application_name="scale-test")
         try:
             store = Store(pool)
+            # One worker's round trips for a batch, alone: the model's latency bound.
+            latency = capacity.probe_latency(store, f"{QUEUE}-probe", CONCURRENCY)
             drains = [
                 _drain(
                     way,
@@ -341,9 +350,14 @@ def test_worker_hosts_added_one_primary_drains_every_job_exactly_once_directly_a
         for d in mine:
             free = (os.cpu_count() or 1) - d["other_cores"]
             d["free_cores"] = free
-            d["predicted"] = capacity.predict(d["hosts"], _costs(d), free)
+            d["lease_time_model_ms"] = 1000 * capacity.lease_time(latency, _costs(d), CONCURRENCY)
+            d["predicted"] = capacity.predict(
+                d["hosts"], _costs(d), free, latency=latency, concurrency=CONCURRENCY
+            )
             d["error"] = d["rate"] / d["predicted"] - 1
-            d["predicted_from_one_host"] = capacity.predict(d["hosts"], _costs(first), free)
+            d["predicted_from_one_host"] = capacity.predict(
+                d["hosts"], _costs(first), free, latency=latency, concurrency=CONCURRENCY
+            )
             d["error_from_one_host"] = d["rate"] / d["predicted_from_one_host"] - 1
     report = {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(),
@@ -352,12 +366,17 @@ def test_worker_hosts_added_one_primary_drains_every_job_exactly_once_directly_a
         "concurrency": CONCURRENCY,
         "ceiling": ceiling,
         "ceilings": ceilings,
+        "latency_ms": {
+            "claim": 1000 * latency.claim,
+            "complete": 1000 * latency.complete,
+            "window": 1000 * latency.window,
+        },
         "drains": drains,
         "seconds": time.monotonic() - started,
     }
     out = Path(os.environ.get("JOBRUN_SCALE_OUT") or tmp_path / "scale.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    text = _table(ceiling, drains)
+    text = _table(ceiling, drains, latency)
     out.with_suffix(".txt").write_text(text + "\n")
     print(f"\n{text}\nscale figures: {out} ({report['seconds']:.0f} s)")
