@@ -48,6 +48,20 @@ run: $(STAMP) ## the demo: 20,000 jobs on PostgreSQL (embedded unless DATABASE_U
 bench: $(STAMP) ## the benchmark: figures as medians of 3 runs, in bench/results/
 	$(PY) -m bench $(BENCH_ARGS)
 
+# The peers of bench-peers live in a virtualenv of their own, never in jobrun's.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP): bench/peers/requirements.txt
+	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/peers/requirements.txt
+	@touch $(PEERS_STAMP)
+
+.PHONY: bench-peers
+bench-peers: $(STAMP) $(PEERS_STAMP) ## jobrun side by side with PgQueuer and procrastinate (+ raw limits), in bench/results/
+	$(PY) -m bench.peers --peers-python $(PEERS_VENV)/bin/python $(PEERS_ARGS)
+
 .PHONY: test
 test: $(STAMP) ## the whole test suite against a real PostgreSQL it starts itself
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -68,5 +82,5 @@ test-scale: $(STAMP) ## worker hosts (network namespaces) added against one Post
 		$(PY) -m pytest tests/scale -s $(PYTEST_ARGS)
 
 .PHONY: clean
-clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist build
+clean: ## remove the virtualenvs and caches
+	rm -rf $(VENV) $(PEERS_VENV) .pytest_cache .mypy_cache .ruff_cache dist build

