@@ -9,7 +9,9 @@ Options::
     --only NAME[,NAME]    enqueue_one, enqueue_many, drain_best, drain_2x8,
                           drain_c1, pickup
     --systems NAME[,...]  jobrun, pgqueuer, procrastinate, raw (default: all)
-    --jobs N              jobs per drain (default 20,000; --quick 1,000)
+    --jobs N              jobs queued for each drain (default 20,000; --quick 1,000)
+    --drain-seconds S     a drain's time cap (default 10; --quick 5): then its rate
+                          is that of the jobs done by then
     --peers-python PATH   the interpreter of the peers' virtualenv
                           (default .venv-peers/bin/python, made by make bench-peers)
     --out DIR             where the JSONL goes (default bench/results)
@@ -69,10 +71,9 @@ class Sizes:
     enqueue_one_jobs: int = 3_000
     batch_jobs: int = 100_000
     drain_jobs: int = 20_000
-    c1_jobs: int = 5_000
-    """Cap for the one-at-a-time drains (a job per round trip: the rate settles early)."""
-    c1_seconds: float = 20.0
-    """Time cap for the one-at-a-time drains: then the rate is that of the jobs done so far."""
+    """Jobs queued when a drain starts (seeded once per system, then cloned)."""
+    drain_seconds: float = 10.0
+    """Time cap of a drain: then its rate is that of the jobs done by then."""
     pickup_rate: float = 20.0
     pickup_seconds: float = 10.0
     ceiling_tx: int = 20_000
@@ -86,8 +87,7 @@ QUICK = Sizes(
     enqueue_one_jobs=100,
     batch_jobs=2_000,
     drain_jobs=1_000,
-    c1_jobs=300,
-    c1_seconds=5.0,
+    drain_seconds=5.0,
     pickup_seconds=2.0,
     ceiling_tx=800,
 )
@@ -100,7 +100,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.add_argument("--only", metavar="NAME[,NAME]", help=", ".join(WORKLOADS))
     p.add_argument("--systems", metavar="NAME[,NAME]", help=", ".join(SYSTEMS))
-    p.add_argument("--jobs", type=int, help="jobs per drain (default 20,000; --quick 1,000)")
+    p.add_argument("--jobs", type=int, help="jobs queued per drain (default 20,000; quick 1,000)")
+    p.add_argument("--drain-seconds", type=float, help="a drain's time cap (default 10; quick 5)")
     p.add_argument(
         "--peers-python",
         type=Path,
@@ -120,6 +121,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if args.jobs < 1:
             p.error("--jobs must be at least 1")
         sizes.drain_jobs = args.jobs
+    if args.drain_seconds is not None:
+        if args.drain_seconds <= 0:
+            p.error("--drain-seconds must be positive")
+        sizes.drain_seconds = args.drain_seconds
     args.sizes = sizes
     peers = [n for n in args.system_names if n in ("pgqueuer", "procrastinate")]
     if peers and not args.peers_python.exists():
@@ -377,8 +382,28 @@ class Context:
     def say(self, text: str) -> None:
         self.console.print(f"  [dim]{text}[/dim]", highlight=False)
 
+    seeded_templates: dict[tuple[str, int], str] = dataclasses.field(default_factory=dict)
+
     def template(self, name: str) -> str:
         return f"peers_{name}_template"
+
+    def seeded(self, system: System, jobs: int) -> str:
+        """A template holding ``jobs`` queued no-op jobs, enqueued through the system's
+        batch API once (then VACUUM ANALYZE), that every drain of it clones."""
+        key = (system.name, jobs)
+        if key not in self.seeded_templates:
+            name = f"peers_{system.name}_seeded_{jobs}"
+            self.server.admin(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(self.template(system.name))
+                )
+            )
+            got = side(system, "seed", name, self.server, jobs=jobs)
+            if got["inserted"] != jobs:
+                raise RuntimeError(f"{system.name}: seeded {got['inserted']} of {jobs} jobs")
+            self.server.query(name, "VACUUM ANALYZE")
+            self.seeded_templates[key] = name
+        return self.seeded_templates[key]
 
 
 @dataclasses.dataclass
@@ -415,49 +440,48 @@ def _check_count(ctx: Context, system: System, db: str, expected: int) -> None:
         raise RuntimeError(f"{system.name}: {got} jobs in the database, {expected} enqueued")
 
 
-def drain(
-    ctx: Context,
-    system: System,
-    workload: str,
-    setting: Setting,
-    jobs: int,
-    max_seconds: float | None = None,
-) -> Sample:
-    """Seed ``jobs`` no-op jobs, start the workers together, wait until none is left.
+def drain(ctx: Context, system: System, workload: str, setting: Setting) -> Sample:
+    """A clone of the seeded database; the workers started together; until none is left.
 
     Rate = jobs done / (last completion - first claim), both on the database
-    clock, so neither process start-up nor this poll's cadence counts. With
-    ``max_seconds``, the workers are stopped (SIGTERM: they finish what they
-    hold) once that long has passed since they started, and the rate is that
-    of the jobs done by then.
+    clock, so neither process start-up nor this poll's cadence counts. After
+    ``drain_seconds`` the workers are stopped (SIGTERM: each finishes what it
+    holds) and the rate is that of the jobs done by then: the slow drains
+    measure the same steady state in less time.
     """
-    with ctx.server.fresh(ctx.template(system.name)) as db:
-        seeded = side(system, "seed", db, ctx.server, jobs=jobs)
-        if seeded["inserted"] != jobs:
-            raise RuntimeError(f"{system.name}: seeded {seeded['inserted']} of {jobs}")
-        ctx.server.query(db, "VACUUM ANALYZE")
-        ctx.server.admin("CHECKPOINT")
+    jobs, cap = ctx.sizes.drain_jobs, ctx.sizes.drain_seconds
+    t0 = time.monotonic()
+    with ctx.server.fresh(ctx.seeded(system, jobs)) as db:
         url = ctx.server.url(db)
+        t1 = time.monotonic()
         workers = Workers(system, setting, url, ctx.workdir, {})
         try:
-            _wait_drained(ctx, system, workers, db, timeout=max(600.0, jobs / 20), cap=max_seconds)
+            _wait_drained(ctx, system, workers, db, timeout=max(600.0, jobs / 20), cap=cap)
             wall = time.monotonic() - workers.started
             cpu = (workers.cpu_seconds() - workers.cpu0) / wall
         finally:
+            t2 = time.monotonic()
             workers.stop()
+            t3 = time.monotonic()
         first, last, done = ctx.server.query(db, system.stats_sql)[0]
-    if done != jobs and max_seconds is None:
-        raise RuntimeError(f"{system.name}: {done} of {jobs} jobs succeeded")
+    phases = {
+        "clone": t1 - t0,
+        "start": workers.started - t1,
+        "drain": t2 - workers.started,
+        "stop": t3 - t2,
+        "drop": time.monotonic() - t3,
+    }
     if done < 2 or first is None or last is None:
         raise RuntimeError(f"{system.name}: only {done} of {jobs} jobs succeeded")
     seconds = (last - first).total_seconds()
     detail = {
-        "jobs": jobs,
+        "jobs_queued": jobs,
         "jobs_done": done,
-        "time_cap_seconds": max_seconds,
+        "time_cap_seconds": cap,
         "processes": setting.procs,
         "seconds_db_clock": seconds,
         "worker_cpu_cores": round(cpu, 2),
+        "wall_seconds": {k: round(v, 2) for k, v in phases.items()},
         "args": list(setting.args),
         "env": dict(setting.env),
     }
@@ -544,21 +568,18 @@ def measure(ctx: Context, workload: str, name: str) -> list[Sample]:
     if name == "raw":
         return raw_limit(ctx, workload) if workload in RAW_FOR else []
     system = ctx.systems[name]
-    s = ctx.sizes
     if workload == "enqueue_one":
         return enqueue_one(ctx, system)
     if workload == "enqueue_many":
         return enqueue_many(ctx, system)
     if workload == "pickup":
         return pickup(ctx, system)
-    if workload == "drain_best":
-        settings, jobs = list(system.best), s.drain_jobs
-    elif workload == "drain_2x8":
-        settings, jobs = [system.two_by_eight], s.drain_jobs
-    else:
-        jobs = min(s.drain_jobs, s.c1_jobs)
-        return [drain(ctx, system, workload, system.one, jobs, max_seconds=s.c1_seconds)]
-    return [drain(ctx, system, workload, setting, jobs) for setting in settings]
+    settings = {
+        "drain_best": list(system.best),
+        "drain_2x8": [system.two_by_eight],
+        "drain_c1": [system.one],
+    }[workload]
+    return [drain(ctx, system, workload, setting) for setting in settings]
 
 
 # -- figures and the table ------------------------------------------------------------------
@@ -608,41 +629,16 @@ def collect(samples: list[Sample]) -> dict[tuple[str, str, str], Figure]:
 
 
 def best_of(
-    figures: dict[tuple[str, str, str], Figure], workload: str, system: str
+    figures: dict[tuple[str, str, str], Figure], workload: str, system: str, *, lowest: bool = False
 ) -> Figure | None:
+    """The system's figure of the workload with the best median (of its settings)."""
     found = [f for (w, s, _), f in figures.items() if w == workload and s == system]
-    return max(found, key=lambda f: f.median) if found else None
+    if not found:
+        return None
+    return (min if lowest else max)(found, key=lambda f: f.median)
 
 
-def _rate(f: Figure | None, setting: bool = False) -> str:
-    if f is None:
-        return "-"
-    text = f"{f.median:,.0f} /s"
-    if len(f.values) > 1:
-        text += f"\n[dim]{min(f.values):,.0f}-{max(f.values):,.0f}[/dim]"
-    if setting and f.setting:
-        text += f"\n[dim]{f.setting}[/dim]"
-    return text
-
-
-def _ms(p50: Figure | None, p99: Figure | None) -> str:
-    if p50 is None or p99 is None:
-        return "-"
-    text = f"{p50.median:.1f} / {p99.median:.1f} ms"
-    if len(p50.values) > 1:
-        text += (
-            f"\n[dim]p50 {min(p50.values):.1f}-{max(p50.values):.1f},"
-            f" p99 {min(p99.values):.1f}-{max(p99.values):.1f}[/dim]"
-        )
-    return text
-
-
-def _ratio(a: Figure | None, b: Figure | None) -> str:
-    if a is None or b is None or not b.median:
-        return "-"
-    return f"{a.median / b.median:.2f}"
-
-
+PEERS = ("jobrun", "pgqueuer", "procrastinate")
 ROWS = (
     ("enqueue_one", "enqueue, one job per call", "raw.insert_one"),
     ("enqueue_many", "enqueue_many", "raw.copy"),
@@ -650,77 +646,173 @@ ROWS = (
     ("drain_2x8", "drain, 2 processes x 8", "raw.ceiling"),
     ("drain_c1", "drain, 1 process, one at a time", "raw.ceiling"),
 )
+PICKUP_ROWS = (
+    ("call", "pickup p50 / p99, idle worker, from before the enqueue call"),
+    ("commit", "pickup p50 / p99, idle worker, from the enqueue's return (its commit)"),
+)
 
 
-def table(
-    figures: dict[tuple[str, str, str], Figure], sizes: Sizes, runs: int, versions: dict[str, Any]
-) -> Table:
-    def title(name: str) -> str:
-        v = versions.get(name) or {}
-        return {
-            "jobrun": f"jobrun {v.get('jobrun', '')}",
-            "pgqueuer": f"PgQueuer {v.get('pgqueuer', '')}\n(asyncpg {v.get('asyncpg', '')})",
-            "procrastinate": f"procrastinate {v.get('procrastinate', '')}",
-        }[name]
+def _cell(f: Figure | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {
+        "median": f.median,
+        "min": min(f.values),
+        "max": max(f.values),
+        "setting": f.setting or None,
+    }
 
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    if a is None or b is None or not b["median"]:
+        return None
+    return float(a["median"] / b["median"])
+
+
+def summary(figures: dict[tuple[str, str, str], Figure], sizes: Sizes) -> list[dict[str, Any]]:
+    """The table's rows: each system's best figure (median, min, max, setting), the raw
+    limit, and the ratios of the medians (jobrun / PgQueuer, jobrun / raw)."""
+    drains = f"{sizes.drain_jobs:,} jobs queued, at most {sizes.drain_seconds:g} s"
+    size = {
+        "enqueue_one": f"{sizes.enqueue_one_jobs:,} calls",
+        "enqueue_many": f"{sizes.batch_jobs:,} jobs, built in the call",
+        **dict.fromkeys(("drain_best", "drain_2x8", "drain_c1"), drains),
+    }
+    raw_what = {
+        "raw.insert_one": "INSERT + COMMIT loop",
+        "raw.copy": "binary COPY",
+        "raw.ceiling": f"{sizes.ceiling_threads}-connection ceiling",
+    }
+    rows: list[dict[str, Any]] = []
+    for workload, label, raw_name in ROWS:
+        cells = {n: _cell(best_of(figures, workload, n)) for n in PEERS}
+        if not any(cells.values()):
+            continue
+        raw_cell = _cell(next((f for (w, _, _), f in figures.items() if w == raw_name), None))
+        if raw_cell is not None:
+            raw_cell["setting"] = raw_what[raw_name]
+        rows.append(
+            {
+                "workload": workload,
+                "measure": label,
+                "size": size[workload],
+                "unit": "jobs/s",
+                "cells": cells,
+                "raw": raw_cell,
+                "jobrun_over_pgqueuer": _ratio(cells["jobrun"], cells["pgqueuer"]),
+                "jobrun_over_raw": _ratio(cells["jobrun"], raw_cell),
+            }
+        )
+    for origin, label in PICKUP_ROWS:
+        cells = {
+            n: {
+                "p50": _cell(best_of(figures, f"pickup.{origin}.p50", n, lowest=True)),
+                "p99": _cell(best_of(figures, f"pickup.{origin}.p99", n, lowest=True)),
+            }
+            for n in PEERS
+        }
+        if not any(c["p50"] for c in cells.values()):
+            continue
+        rows.append(
+            {
+                "workload": f"pickup.{origin}",
+                "measure": label,
+                "size": f"{sizes.pickup_rate:g} jobs/s for {sizes.pickup_seconds:g} s",
+                "unit": "ms",
+                "cells": cells,
+                "raw": None,
+                "jobrun_over_pgqueuer": [
+                    _ratio(cells["jobrun"][p], cells["pgqueuer"][p]) for p in ("p50", "p99")
+                ],
+                "jobrun_over_raw": None,
+            }
+        )
+    return rows
+
+
+def _rate_text(c: dict[str, Any] | None, *, spread: bool, setting: bool, sep: str) -> str:
+    if c is None:
+        return "-"
+    text = f"{c['median']:,.0f} /s"
+    if spread:
+        text += f"{sep}{c['min']:,.0f}-{c['max']:,.0f}"
+    if setting and c["setting"]:
+        text += f"{sep}{c['setting']}"
+    return text
+
+
+def _ms_text(c: dict[str, Any], *, spread: bool, sep: str) -> str:
+    p50, p99 = c["p50"], c["p99"]
+    if p50 is None or p99 is None:
+        return "-"
+    text = f"{p50['median']:.1f} / {p99['median']:.1f} ms"
+    if spread:
+        text += f"{sep}p50 {p50['min']:.1f}-{p50['max']:.1f}, p99 {p99['min']:.1f}-{p99['max']:.1f}"
+    return text
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _cells(row: dict[str, Any], *, spread: bool, sep: str) -> list[str]:
+    """The row's cells after the measure: the three systems, raw, the two ratios."""
+    if row["unit"] == "ms":
+        p50, p99 = row["jobrun_over_pgqueuer"]
+        return [
+            *(_ms_text(row["cells"][n], spread=spread, sep=sep) for n in PEERS),
+            "-",
+            f"{_x(p50)} / {_x(p99)}",
+            "-",
+        ]
+    show_setting = row["workload"].startswith("drain")
+    return [
+        *(_rate_text(row["cells"][n], spread=spread, setting=show_setting, sep=sep) for n in PEERS),
+        _rate_text(row["raw"], spread=spread, setting=True, sep=sep),
+        _x(row["jobrun_over_pgqueuer"]),
+        _x(row["jobrun_over_raw"]),
+    ]
+
+
+def titles(versions: dict[str, Any]) -> list[str]:
+    def v(system: str, name: str) -> str:
+        return str((versions.get(system) or {}).get(name) or "")
+
+    return [
+        f"jobrun {v('jobrun', 'jobrun')}",
+        f"PgQueuer {v('pgqueuer', 'pgqueuer')} (asyncpg {v('pgqueuer', 'asyncpg')})",
+        f"procrastinate {v('procrastinate', 'procrastinate')}",
+    ]
+
+
+def table(rows: list[dict[str, Any]], runs: int, versions: dict[str, Any]) -> Table:
     t = Table(
         title=f"jobrun side by side: medians of {runs} run(s), min-max below",
         title_justify="left",
         show_lines=True,
     )
     t.add_column("measure")
-    for name in ("jobrun", "pgqueuer", "procrastinate"):
-        t.add_column(title(name), justify="right")
+    for title in titles(versions):
+        t.add_column(title.replace(" (", "\n("), justify="right")
     t.add_column("raw limit", justify="right")
     t.add_column("jobrun /\nPgQueuer", justify="right")
     t.add_column("jobrun /\nraw", justify="right")
-    sizes_text = {
-        "enqueue_one": f"{sizes.enqueue_one_jobs:,} calls",
-        "enqueue_many": f"{sizes.batch_jobs:,} jobs, built in the call",
-        "drain_best": f"{sizes.drain_jobs:,} jobs",
-        "drain_2x8": f"{sizes.drain_jobs:,} jobs",
-        "drain_c1": f"{min(sizes.drain_jobs, sizes.c1_jobs):,} jobs or {sizes.c1_seconds:g} s",
-    }
-    raw_titles = {
-        "raw.insert_one": "INSERT+COMMIT loop",
-        "raw.copy": "binary COPY",
-        "raw.ceiling": f"{sizes.ceiling_threads}-conn. ceiling",
-    }
-    for workload, label, raw_name in ROWS:
-        cells = {n: best_of(figures, workload, n) for n in ("jobrun", "pgqueuer", "procrastinate")}
-        if not any(cells.values()):
-            continue
-        raw_workload = raw_name
-        raw_fig = next((f for (w, s, _), f in figures.items() if w == raw_workload), None)
-        show_setting = workload.startswith("drain")
-        raw_cell = _rate(raw_fig)
-        if raw_fig is not None:
-            raw_cell += f"\n[dim]{raw_titles[raw_name]}[/dim]"
+    for row in rows:
         t.add_row(
-            f"{label}\n[dim]{sizes_text[workload]}[/dim]",
-            *(_rate(cells[n], show_setting) for n in ("jobrun", "pgqueuer", "procrastinate")),
-            raw_cell,
-            _ratio(cells["jobrun"], cells["pgqueuer"]),
-            _ratio(cells["jobrun"], raw_fig),
-        )
-    for origin, label in (
-        ("call", "pickup p50 / p99, idle worker,\nfrom before the enqueue call"),
-        ("commit", "pickup p50 / p99, idle worker,\nfrom the enqueue's return (commit)"),
-    ):
-        p50 = {n: best_of(figures, f"pickup.{origin}.p50", n) for n in SYSTEMS}
-        p99 = {n: best_of(figures, f"pickup.{origin}.p99", n) for n in SYSTEMS}
-        if not any(p50.values()):
-            continue
-        ratio = _ratio(p50["jobrun"], p50["pgqueuer"])
-        ratio99 = _ratio(p99["jobrun"], p99["pgqueuer"])
-        t.add_row(
-            f"{label}\n[dim]{sizes.pickup_rate:g} jobs/s x {sizes.pickup_seconds:g} s[/dim]",
-            *(_ms(p50[n], p99[n]) for n in ("jobrun", "pgqueuer", "procrastinate")),
-            "-",
-            f"{ratio} / {ratio99}" if ratio != "-" else "-",
-            "-",
+            f"{row['measure']}\n[dim]{row['size']}[/dim]",
+            *_cells(row, spread=runs > 1, sep="\n"),
         )
     return t
+
+
+def markdown(rows: list[dict[str, Any]], runs: int, versions: dict[str, Any]) -> str:
+    """The same table in Markdown (for the README), medians with min-max in parentheses."""
+    head = ["measure", *titles(versions), "raw limit", "jobrun / PgQueuer", "jobrun / raw"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = _cells(row, spread=runs > 1, sep="; ")
+        lines.append(f"| {row['measure']} ({row['size']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -814,13 +906,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                             + f" [{time.monotonic() - t0:.0f} s]"
                         )
     figures = collect(samples)
+    rows = summary(figures, sizes)
     with path.open("w") as out:
         for f in figures.values():
             out.write(json.dumps({**f.record(), **common_fields}, default=str) + "\n")
+        out.write(
+            json.dumps({"name": "summary", "rows": rows, **common_fields}, default=str) + "\n"
+        )
+    path.with_suffix(".md").write_text(markdown(rows, args.runs, versions))
     console.print()
-    console.print(table(figures, sizes, args.runs, versions))
+    console.print(table(rows, args.runs, versions))
     console.print("defaults: " + "; ".join(f"{s.title}: {s.defaults}" for s in chosen.values()))
-    console.print(f"took {time.monotonic() - clock:.0f} s; results: {path}")
+    console.print(f"took {time.monotonic() - clock:.0f} s; results: {path} (and .md)")
     for failure in ctx.failures:
         console.print(f"[red]failed: {failure.splitlines()[0]}[/red]")
     return 1 if ctx.failures else 0
