@@ -13,7 +13,9 @@ enqueue_one     ``--jobs`` enqueues of one job each, in a loop on one
                 connection, after ``WARMUP_CALLS`` warm-up calls to a queue no
                 worker works; ``seconds`` is the loop's wall clock
 enqueue_many    one batch enqueue of ``--jobs`` jobs, the job objects built
-                inside the timed region (as a user's code builds them)
+                inside the timed region (as a user's code builds them);
+                jobrun's ``--form payloads`` is its lighter form, one type and
+                a list of payloads (``Client.enqueue_many``, where it exists)
 seed            the same batch enqueue, untimed: the jobs a drain then runs
 pickup          with a worker already idle: jobs enqueued one by one at
                 ``--rate`` per second; for each, ``time.time()`` just before
@@ -162,6 +164,12 @@ def parse(argv: Sequence[str], prog: str) -> argparse.Namespace:
     p.add_argument("--dsn", default=os.environ.get(DSN_ENV, ""), help="the database URL")
     p.add_argument("--jobs", type=int, default=0)
     p.add_argument("--kind", default="noop", choices=("noop", "pickup"), help="seed: which job")
+    p.add_argument(
+        "--form",
+        default="list",
+        choices=("list", "payloads"),
+        help="enqueue_many: jobrun's batch form (a list of NewJob, or one type and payloads)",
+    )
     p.add_argument("--rate", type=float, default=20.0, help="pickup: jobs per second")
     p.add_argument("--log", default="", help="pickup: the pickup log the worker writes")
     return p.parse_args(argv)

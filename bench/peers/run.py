@@ -10,8 +10,10 @@ Options::
                           drain_c1, pickup
     --systems NAME[,...]  jobrun, pgqueuer, procrastinate, raw (default: all)
     --jobs N              jobs queued for each drain (default 20,000; --quick 1,000)
-    --drain-seconds S     a drain's time cap (default 10; --quick 5): then its rate
+    --drain-seconds S     a drain's time cap (default 8; --quick 5): then its rate
                           is that of the jobs done by then
+    --size NAME=VALUE     any other size (repeatable; see Sizes), e.g.
+                          pgqueuer_batches=10,100,500
     --peers-python PATH   the interpreter of the peers' virtualenv
                           (default .venv-peers/bin/python, made by make bench-peers)
     --out DIR             where the JSONL goes (default bench/results)
@@ -72,15 +74,32 @@ class Sizes:
     batch_jobs: int = 100_000
     drain_jobs: int = 20_000
     """Jobs queued when a drain starts (seeded once per system, then cloned)."""
-    drain_seconds: float = 10.0
+    drain_seconds: float = 8.0
     """Time cap of a drain: then its rate is that of the jobs done by then."""
     pickup_rate: float = 20.0
     pickup_seconds: float = 10.0
-    ceiling_tx: int = 20_000
+    ceiling_tx: int = 10_000
     ceiling_threads: int = 8
-    jobrun_threads: tuple[int, ...] = (8, 16, 32)
-    pgqueuer_batches: tuple[int, ...] = (10, 50, 100)
-    procrastinate_concurrency: tuple[int, ...] = (8, 16, 32)
+    jobrun_threads: tuple[int, ...] = (8, 32, 64)
+    """The best-setting drain's settings: jobrun's threads, PgQueuer's batch sizes (its
+    default 10 first), procrastinate's concurrency; the best median is the row's figure."""
+    pgqueuer_batches: tuple[int, ...] = (10, 100, 1000)
+    procrastinate_concurrency: tuple[int, ...] = (8, 32, 64)
+
+    def set(self, assignment: str) -> None:
+        """``NAME=VALUE`` (``--size``); a tuple's value is a comma-separated list."""
+        name, _, value = assignment.partition("=")
+        name = name.strip().replace("-", "_")
+        fields = {f.name for f in dataclasses.fields(self)}
+        if name not in fields or not value.strip():
+            raise ValueError(
+                f"--size {assignment!r}: expected NAME=VALUE, NAME one of {sorted(fields)}"
+            )
+        current = getattr(self, name)
+        if isinstance(current, tuple):
+            setattr(self, name, tuple(int(v) for v in value.split(",") if v.strip()))
+        else:
+            setattr(self, name, type(current)(value.strip()))
 
 
 QUICK = Sizes(
@@ -101,7 +120,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--only", metavar="NAME[,NAME]", help=", ".join(WORKLOADS))
     p.add_argument("--systems", metavar="NAME[,NAME]", help=", ".join(SYSTEMS))
     p.add_argument("--jobs", type=int, help="jobs queued per drain (default 20,000; quick 1,000)")
-    p.add_argument("--drain-seconds", type=float, help="a drain's time cap (default 10; quick 5)")
+    p.add_argument("--drain-seconds", type=float, help="a drain's time cap (default 8; quick 5)")
+    p.add_argument("--size", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument(
         "--peers-python",
         type=Path,
@@ -125,6 +145,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if args.drain_seconds <= 0:
             p.error("--drain-seconds must be positive")
         sizes.drain_seconds = args.drain_seconds
+    try:
+        for assignment in args.size:
+            sizes.set(assignment)
+    except ValueError as exc:
+        p.error(str(exc))
     args.sizes = sizes
     peers = [n for n in args.system_names if n in ("pgqueuer", "procrastinate")]
     if peers and not args.peers_python.exists():
@@ -377,6 +402,7 @@ class Context:
     jobrun_python: Path
     workdir: Path
     console: Console
+    versions: dict[str, Any] = dataclasses.field(default_factory=dict)
     failures: list[str] = dataclasses.field(default_factory=list)
 
     def say(self, text: str) -> None:
@@ -426,12 +452,29 @@ def enqueue_one(ctx: Context, system: System) -> list[Sample]:
     return [Sample("enqueue_one", system.name, "", n / got["seconds"], "jobs/s", got)]
 
 
+JOBRUN_BATCH_FORMS = {
+    "list": "enqueue_batch(list of NewJob)",
+    "payloads": "enqueue_many(type, payloads)",
+}
+"""jobrun's two batch forms: the common one (job objects) and, where this jobrun has it,
+the lighter one (one type, a list of payloads), the form PgQueuer's batch takes."""
+
+
 def enqueue_many(ctx: Context, system: System) -> list[Sample]:
     n = ctx.sizes.batch_jobs
-    with ctx.server.fresh(ctx.template(system.name)) as db:
-        got = side(system, "enqueue_many", db, ctx.server, jobs=n)
-        _check_count(ctx, system, db, n)
-    return [Sample("enqueue_many", system.name, "", n / got["seconds"], "jobs/s", got)]
+    forms = {"list": ""}
+    if system.name == "jobrun":
+        has_many = (ctx.versions.get("jobrun") or {}).get("enqueue_many")
+        forms = {k: v for k, v in JOBRUN_BATCH_FORMS.items() if k == "list" or has_many}
+    samples = []
+    for form, label in forms.items():
+        with ctx.server.fresh(ctx.template(system.name)) as db:
+            got = side(system, "enqueue_many", db, ctx.server, jobs=n, form=form)
+            _check_count(ctx, system, db, n)
+        samples.append(
+            Sample("enqueue_many", system.name, label, n / got["seconds"], "jobs/s", got)
+        )
+    return samples
 
 
 def _check_count(ctx: Context, system: System, db: str, expected: int) -> None:
@@ -652,6 +695,20 @@ PICKUP_ROWS = (
 )
 
 
+def _expand(
+    rows: Sequence[tuple[str, str, str]], figures: dict[tuple[str, str, str], Figure]
+) -> list[tuple[str, str, str, str | None]]:
+    """The rows (+ jobrun's setting to show), enqueue_many once per jobrun batch form."""
+    forms = [st for (w, sy, st) in figures if w == "enqueue_many" and sy == "jobrun"]
+    out: list[tuple[str, str, str, str | None]] = []
+    for workload, label, raw_name in rows:
+        if workload == "enqueue_many" and len(forms) > 1:
+            out += [(workload, f"{label}, jobrun's {form}", raw_name, form) for form in forms]
+        else:
+            out.append((workload, label, raw_name, None))
+    return out
+
+
 def _cell(f: Figure | None) -> dict[str, Any] | None:
     if f is None:
         return None
@@ -684,8 +741,10 @@ def summary(figures: dict[tuple[str, str, str], Figure], sizes: Sizes) -> list[d
         "raw.ceiling": f"{sizes.ceiling_threads}-connection ceiling",
     }
     rows: list[dict[str, Any]] = []
-    for workload, label, raw_name in ROWS:
+    for workload, label, raw_name, jobrun_setting in _expand(ROWS, figures):
         cells = {n: _cell(best_of(figures, workload, n)) for n in PEERS}
+        if jobrun_setting is not None:
+            cells["jobrun"] = _cell(figures.get((workload, "jobrun", jobrun_setting)))
         if not any(cells.values()):
             continue
         raw_cell = _cell(next((f for (w, _, _), f in figures.items() if w == raw_name), None))
@@ -845,7 +904,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         throwaway_cluster(SERVER_SETTINGS, bindir=bindir) as cluster,
     ):
         srv = Server(cluster, source)
-        ctx = Context(srv, sizes, chosen, jobrun_python, Path(workdir), console)
+        ctx = Context(srv, sizes, chosen, jobrun_python, Path(workdir), console, versions)
         for name, system in chosen.items():
             system.install(system, srv.create_template(ctx.template(name)))
         if "raw" in args.system_names:
