@@ -52,6 +52,7 @@ import psycopg
 
 from jobrun.client import _uuid
 from jobrun.config import Settings
+from jobrun.job.errors import ValidationError
 from jobrun.job.model import (
     DEFAULT_BACKOFF,
     DEFAULT_MAX_ATTEMPTS,
@@ -64,6 +65,7 @@ from jobrun.job.model import (
     JSONValue,
     NewJob,
     State,
+    jobs_like,
     new_job_id,
 )
 from jobrun.postgres.async_store import AsyncPool, AsyncStore, open_async_pool
@@ -188,6 +190,48 @@ class AsyncClient:
         self, job: NewJob, *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> Job:
         return await self.store.enqueue(job, conn=conn)
+
+    async def enqueue_many(
+        self,
+        type: str,
+        payloads: Iterable[JSONValue],
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        run_at: dt.datetime | None = None,
+        delay: dt.timedelta | None = None,
+        concurrency_key: str | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> BatchResult:
+        """Enqueue one job of ``type`` per payload (COPY), all or nothing.
+
+        The fast form of a batch whose jobs differ only in their payload: the
+        other fields are checked once, each payload as in :meth:`enqueue`
+        (a bad one is a ValidationError naming its position, ``payloads[3]``).
+        A list or tuple is checked whole before anything is sent; any other
+        iterable is streamed (bounded memory), a bad payload then rolling
+        back what was sent. Each job gets a new id: a batch you may have to
+        retry after OutcomeUnknown is safer as NewJobs through
+        :meth:`enqueue_batch`, where the ids you chose make the retry a replay.
+        """
+        template = NewJob(
+            type=type,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            run_at=run_at,
+            delay=delay,
+            concurrency_key=concurrency_key,
+        )
+        jobs: Iterable[NewJob] = jobs_like(template, payloads)
+        if isinstance(payloads, list | tuple):
+            jobs = builtins.list(jobs)
+            if not jobs:
+                raise ValidationError("payloads", "the batch is empty")
+        return await self.store.enqueue_batch(jobs, conn=conn)
 
     async def enqueue_batch(
         self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None

@@ -42,6 +42,7 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from jobrun.config import Settings
+from jobrun.job.errors import ValidationError
 from jobrun.job.model import (
     DEFAULT_BACKOFF,
     DEFAULT_MAX_ATTEMPTS,
@@ -62,6 +63,7 @@ from jobrun.job.model import (
     Schedule,
     ScheduleSpec,
     State,
+    jobs_like,
     new_job_id,
 )
 from jobrun.postgres.pool import open_pool
@@ -199,6 +201,48 @@ class Client:
     def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
         with _caller_connection(conn) as caller:
             return self.store.enqueue(job, conn=caller)
+
+    def enqueue_many(
+        self,
+        type: str,
+        payloads: Iterable[JSONValue],
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        run_at: dt.datetime | None = None,
+        delay: dt.timedelta | None = None,
+        concurrency_key: str | None = None,
+        conn: Any = None,
+    ) -> BatchResult:
+        """Enqueue one job of ``type`` per payload (COPY), all or nothing.
+
+        The fast form of a batch whose jobs differ only in their payload: the
+        other fields are checked once, each payload as in :meth:`enqueue`
+        (a bad one is a ValidationError naming its position, ``payloads[3]``).
+        A list or tuple is checked whole before anything is sent; any other
+        iterable is streamed (bounded memory), a bad payload then rolling
+        back what was sent. Each job gets a new id: a batch you may have to
+        retry after OutcomeUnknown is safer as NewJobs through
+        :meth:`enqueue_batch`, where the ids you chose make the retry a replay.
+        """
+        template = NewJob(
+            type=type,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            run_at=run_at,
+            delay=delay,
+            concurrency_key=concurrency_key,
+        )
+        jobs: Iterable[NewJob] = jobs_like(template, payloads)
+        if isinstance(payloads, list | tuple):
+            jobs = builtins.list(jobs)
+            if not jobs:
+                raise ValidationError("payloads", "the batch is empty")
+        return self.enqueue_batch(jobs, conn=conn)
 
     def enqueue_batch(self, jobs: Iterable[NewJob], *, conn: Any = None) -> BatchResult:
         """Enqueue many jobs at once (COPY), all or nothing; streams any iterable."""
@@ -383,6 +427,4 @@ def _uuid(value: uuid.UUID | str) -> uuid.UUID:
     try:
         return uuid.UUID(str(value))
     except ValueError:
-        from jobrun.job.errors import ValidationError  # noqa: PLC0415
-
         raise ValidationError("job_id", f"{value!r} is not a job id (a UUID)") from None

@@ -62,7 +62,7 @@ from typing import Any
 GENERATOR = "sqlc-gen-psycopg"
 # Bump when the generated code changes shape, so that the header tells apart
 # outputs of different plugin versions.
-GENERATOR_VERSION = "3"
+GENERATOR_VERSION = "4"
 DEFERRED = "@deferred"
 """The comment line asking for a :many query's deferred twin (see Query.deferred)."""
 
@@ -842,9 +842,15 @@ def header(request: dict[str, Any], source: str) -> list[str]:
     ]
 
 
-def emit_dataclass(mod: Module, class_name: str, fields: list[Field], doc: str | None) -> None:
+def emit_dataclass(
+    mod: Module, class_name: str, fields: list[Field], doc: str | None, *, frozen: bool = True
+) -> None:
+    """A slotted keyword-only dataclass; frozen unless it is a row the caller builds
+    by the thousand (the rows of a :copyfrom or :batch* query), where a frozen
+    dataclass's ``__init__`` (``object.__setattr__`` per field) costs twice as much."""
     mod.need("dataclasses")
-    mod.add("", "", "@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)")
+    options = "frozen=True, slots=True, kw_only=True" if frozen else "slots=True, kw_only=True"
+    mod.add("", "", f"@dataclasses.dataclass({options})")
     mod.add(f"class {class_name}:")
     if doc:
         mod.add(f'    """{doc}"""', "")
@@ -1112,7 +1118,7 @@ def emit_query(
             shared.add(params_class)
         else:
             fields = [Field(p.name, p.type) for p in q.params]
-            emit_dataclass(mod, params_class, fields, f"One row of Queries.{func}().")
+            emit_dataclass(mod, params_class, fields, f"One row of Queries.{func}().", frozen=False)
             for p in q.params:
                 if p.type.enum:
                     enum_import.add(p.type.enum)

@@ -24,12 +24,10 @@ import math
 import random
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, TypeAlias
 
-import uuid6
-
-from jobrun.job import validate
+from jobrun.job import ids, validate
 from jobrun.job.cron import CronSchedule
 from jobrun.job.errors import ValidationError
 
@@ -157,11 +155,8 @@ DEFAULT_PRIORITY = 0
 
 
 def new_job_id() -> uuid.UUID:
-    """A time-ordered UUIDv7, so ids sort roughly by creation and index inserts stay local.
-
-    (``uuid6.UUID`` is a ``uuid.UUID`` subclass: equal, hashable and stored alike.)
-    """
-    return uuid6.uuid7()
+    """A time-ordered UUIDv7, so ids sort by creation and index inserts stay local."""
+    return ids.uuid7()
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,6 +231,44 @@ class NewJob:
     def delay_seconds(self) -> float:
         """The delay as seconds for SQL (0 when none)."""
         return self.delay.total_seconds() if self.delay is not None else 0.0
+
+
+def jobs_like(template: NewJob, payloads: Iterable[JSONValue]) -> Iterator[NewJob]:
+    """NewJobs like ``template``, one per payload, each with an id of its own.
+
+    The columnar form of a batch (``Client.enqueue_many``): the fields every
+    job shares were checked once, in ``template``, so a job costs only its
+    payload's check and serialisation and its id, not a whole NewJob's
+    validation (a third of the time of ``NewJob(...)``). A bad payload is a
+    ValidationError naming its position (``payloads[3]``). ``template`` may
+    carry no idempotency key (one key cannot name many jobs).
+    """
+    if template.idempotency_key is not None:
+        raise ValidationError(
+            "idempotency_key", "one key cannot name many jobs: give each its own NewJob"
+        )
+    shared = [
+        (name, getattr(template, name))
+        for name in _NEW_JOB_FIELDS
+        if name not in ("id", "payload", "payload_json")
+    ]
+    make = object.__new__
+    put = object.__setattr__
+    for at, payload in enumerate(payloads):
+        try:
+            value, text = validate.payload({} if payload is None else payload)
+        except ValidationError as exc:
+            raise ValidationError(f"payloads[{at}]", exc.message) from None
+        job = make(NewJob)
+        for name, field_value in shared:
+            put(job, name, field_value)
+        put(job, "id", ids.uuid7())
+        put(job, "payload", value)
+        put(job, "payload_json", text)
+        yield job
+
+
+_NEW_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(NewJob))
 
 
 MAX_TRACE_CONTEXT_ENTRIES = 8

@@ -210,6 +210,30 @@ def test_enqueue_batch_of_20k_jobs_from_a_generator(
     assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (20_000,)
 
 
+def test_enqueue_many_makes_one_job_per_payload_with_one_wakeup(
+    aio: Aio, aclient: AsyncClient, dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    with listen(dsn) as listener:
+        result = aio(aclient.enqueue_many("t", [{"i": i} for i in range(5)], queue="a", priority=2))
+        assert pending(listener) == ["a"]
+    assert (result.inserted, result.replayed) == (5, ())
+    assert counts(conn) == (5, 5, 0)
+    jobs = aio(aclient.list(queue="a"))
+    assert sorted(j.payload["i"] for j in jobs) == [0, 1, 2, 3, 4]
+    assert {(j.type, j.priority) for j in jobs} == {("t", 2)}
+
+
+def test_enqueue_many_with_a_bad_payload_names_it_and_writes_nothing(
+    aio: Aio, aclient: AsyncClient, conn: psycopg.Connection[Any]
+) -> None:
+    with pytest.raises(ValidationError) as raised:
+        aio(aclient.enqueue_many("t", ({"i": i} if i != 7 else {"x": b"bytes"} for i in range(10))))
+    assert raised.value.field == "payloads[7]"
+    with pytest.raises(ValidationError, match="empty"):
+        aio(aclient.enqueue_many("t", []))
+    assert counts(conn) == (0, 0, 0)
+
+
 def test_a_keyed_replay_returns_the_stored_job_and_a_different_body_conflicts(
     aio: Aio, aclient: AsyncClient, conn: psycopg.Connection[Any]
 ) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
+import threading
+import time
 import uuid
 
 import pytest
@@ -69,7 +71,56 @@ def test_bad_backoff_is_a_validation_error(fields: dict[str, object]) -> None:
 def test_job_ids_are_time_ordered_uuid7() -> None:
     ids = [new_job_id() for _ in range(1000)]
     assert all(i.version == 7 for i in ids)
+    assert all(i.variant == uuid.RFC_4122 for i in ids)
     assert ids == sorted(ids)
+    assert [uuid.UUID(str(i)) for i in ids] == ids  # the same value through its text
+
+
+def test_job_ids_keep_to_the_clock_however_many_are_made() -> None:
+    before = time.time_ns() // 1_000_000
+    ids = [new_job_id() for _ in range(100_000)]
+    after = time.time_ns() // 1_000_000
+    assert len(set(ids)) == len(ids)
+    assert ids == sorted(ids)
+    # 4,096 ids fit in a millisecond: 100,000 never run ahead of the clock
+    # by more than 25 ms (the old uuid6 ids ran 100 s ahead).
+    assert before <= ids[0].int >> 80
+    assert ids[-1].int >> 80 <= after + 25
+
+
+def test_job_ids_from_many_threads_are_unique_and_increase_in_each() -> None:
+    made: list[list[uuid.UUID]] = [[] for _ in range(8)]
+
+    def make(into: list[uuid.UUID]) -> None:
+        for _ in range(5_000):
+            into.append(new_job_id())
+
+    threads = [threading.Thread(target=make, args=(into,)) for into in made]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({i for into in made for i in into}) == 40_000
+    assert all(into == sorted(into) for into in made)
+
+
+def test_job_ids_move_on_a_millisecond_when_the_counter_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobrun.job import ids as job_ids  # noqa: PLC0415
+
+    frozen = 1_800_000_000_000
+    # Restored afterwards: ids made later in this process keep to the real clock.
+    monkeypatch.setattr(job_ids, "_last_ms", job_ids._last_ms)
+    monkeypatch.setattr(job_ids, "_counter", job_ids._counter)
+    monkeypatch.setattr(job_ids, "_time_ns", lambda: frozen * 1_000_000)
+    made = [new_job_id() for _ in range(4_097)]
+    assert made == sorted(made)
+    assert {i.int >> 80 for i in made[:4_096]} == {frozen}
+    assert made[4_096].int >> 80 == frozen + 1
+    # A clock stepping back never makes a smaller id.
+    monkeypatch.setattr(job_ids, "_time_ns", lambda: (frozen - 5_000) * 1_000_000)
+    assert new_job_id() > made[-1]
 
 
 def test_effect_key_is_type_scoped_and_prefers_the_idempotency_key() -> None:
