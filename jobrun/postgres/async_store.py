@@ -66,7 +66,13 @@ from jobrun.job.errors import (
 )
 from jobrun.job.model import BatchResult, Event, EventKind, Job, NewJob, State
 from jobrun.postgres import dsn as dsn_text
-from jobrun.postgres.convert import event_from_row, is_retryable, job_from_row, translate_errors
+from jobrun.postgres.convert import (
+    event_from_row,
+    is_retryable,
+    job_from_insert,
+    job_from_row,
+    translate_errors,
+)
 from jobrun.postgres.deadline import WATCHDOG
 from jobrun.postgres.events import EventMode, EventRow
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
@@ -403,7 +409,7 @@ class AsyncStore:
                     )
             if row is not None:
                 self._notified(row.notify_queue_usage)
-                return job_from_row(row)
+                return job_from_insert(job, row, job.trace_context)
             if job.idempotency_key is not None:
                 stored = await self.q.get_job_by_key(
                     conn, queue=job.queue, idempotency_key=job.idempotency_key

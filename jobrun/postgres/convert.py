@@ -33,7 +33,7 @@ import psycopg.errors
 from psycopg_pool import PoolTimeout
 
 from jobrun.job.errors import DatabaseError, OutcomeUnknown, PoolerError, TransientError
-from jobrun.job.model import Backoff, Event, EventKind, Job, Schedule, State
+from jobrun.job.model import Backoff, Event, EventKind, Job, NewJob, Schedule, State
 from jobrun.job.validate import redact
 from jobrun.postgres.sqlc import models
 
@@ -148,6 +148,47 @@ def job_from_row(row: JobRow) -> Job:
         progress=row.progress,
         progress_message=row.progress_message,
         progress_at=utc_or_none(row.progress_at),
+    )
+
+
+class InsertedRow(Protocol):
+    """What EnqueueJob and EnqueueKeyedJob return: the columns the database decided."""
+
+    @property
+    def run_at(self) -> dt.datetime: ...
+    @property
+    def created_at(self) -> dt.datetime: ...
+    @property
+    def updated_at(self) -> dt.datetime: ...
+
+
+def job_from_insert(job: NewJob, row: InsertedRow, trace_context: dict[str, str] | None) -> Job:
+    """The job an enqueue just inserted: ``job``'s own values, the column defaults of
+    a new job, and what the database decided (``row``), without reading the row
+    back. ``trace_context`` is the creation context stored with it."""
+    return Job(
+        id=job.id,
+        queue=job.queue,
+        type=job.type,
+        payload=job.payload,
+        priority=job.priority,
+        state=State.QUEUED,
+        attempts=0,
+        max_attempts=job.max_attempts,
+        backoff=job.backoff,
+        run_at=utc(row.run_at),
+        lease_owner=None,
+        lease_token=None,
+        lease_expires_at=None,
+        cancel_requested=False,
+        idempotency_key=job.idempotency_key,
+        last_error=None,
+        created_at=utc(row.created_at),
+        updated_at=utc(row.updated_at),
+        finished_at=None,
+        result=None,
+        trace_context=trace_context,
+        concurrency_key=job.concurrency_key,
     )
 
 

@@ -146,6 +146,7 @@ from jobrun.postgres import effects, forksafe
 from jobrun.postgres.convert import (
     event_from_row,
     is_retryable,
+    job_from_insert,
     job_from_row,
     translate_errors,
     utc,
@@ -550,7 +551,8 @@ class Store(SchedulesMixin):
                     )
             if row is not None:
                 self._notified(row.notify_queue_usage)
-                return job_from_row(row)
+                context = job.trace_context if job.trace_context is not None else carrier
+                return job_from_insert(job, row, dict(context) if context else None)
             if job.idempotency_key is not None:
                 stored = self.q.get_job_by_key(
                     conn, queue=job.queue, idempotency_key=job.idempotency_key

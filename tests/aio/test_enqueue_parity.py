@@ -10,6 +10,7 @@ tests/postgres/test_store_enqueue.py holds the sync Store's full suite.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -66,6 +67,26 @@ def make(request: pytest.FixtureRequest) -> Callable[..., Any]:
 @pytest.fixture
 def either(make: Callable[..., Any]) -> Any:
     return make()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"payload": {"b": [1, 2.5, None], "a": {"x": "é"}}, "priority": -3, "max_attempts": 2},
+        {"queue": "q", "backoff": Backoff(kind="linear", base=2.0, jitter=0.5)},
+        {"delay": dt.timedelta(minutes=3)},
+        {"run_at": dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt.UTC)},
+        {"idempotency_key": "k-1", "concurrency_key": "tenant"},
+        {"trace_context": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}},
+    ],
+    ids=["defaults", "payload", "queue", "delay", "run_at", "keys", "trace"],
+)
+def test_the_job_an_enqueue_returns_is_the_job_stored(either: Any, fields: dict[str, Any]) -> None:
+    # The enqueue reads back only what the database decided (run_at,
+    # created_at, updated_at): everything else it fills in must match the row.
+    returned = either.enqueue(new_job(**fields))
+    assert returned == either.get(returned.id)
 
 
 def test_a_replay_with_the_same_body_returns_the_stored_job_and_writes_nothing(
