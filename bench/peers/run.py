@@ -603,7 +603,7 @@ def raw_limit(ctx: Context, workload: str) -> list[Sample]:
     if command == "copy" and got["inserted"] != jobs:
         raise RuntimeError(f"raw copy: {got['inserted']} of {jobs} rows")
     unit = "tx/s" if command == "ceiling" else "rows/s"
-    return [Sample(f"raw.{command}", "raw", command, jobs / got["seconds"], unit, got)]
+    return [Sample(f"raw.{command}", "raw", "", jobs / got["seconds"], unit, got)]
 
 
 def measure(ctx: Context, workload: str, name: str) -> list[Sample]:

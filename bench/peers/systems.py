@@ -130,7 +130,7 @@ PROCRASTINATE_APP = "bench.peers.procrastinate_side.app"
 
 def jobrun(python: Path, best: tuple[int, ...]) -> System:
     def threads(n: int) -> Setting:
-        return Setting(f"{n} threads", ("--concurrency", str(n)))
+        return Setting(f"{n} thread{'s' if n > 1 else ''}", ("--concurrency", str(n)))
 
     return System(
         name="jobrun",
