@@ -213,6 +213,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0006.observability",
         "0007.flow_control",
         "0008.leader",
+        "0009.events_brin",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -300,3 +301,28 @@ def test_the_code_needs_the_version_the_last_migration_writes() -> None:
             assert f"{int(path.name[:4])})" in path.read_text() or (
                 f"version = {int(path.name[:4])}" in path.read_text()
             ), f"{path.name} does not write its version into schema_version"
+
+
+def test_the_event_time_index_is_brin_and_pruning_still_takes_the_oldest_first(
+    empty_dsn: str,
+) -> None:
+    # Migration 0009: every event costs one B-tree entry less (BRIN on `at`);
+    # PruneEvents then walks the primary key, oldest first, in a few pages.
+    m.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        (definition,) = c.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'jobrun'"
+            " AND indexname = 'job_events_at_idx'"
+        ).fetchone() or ("",)
+        assert "USING brin (at)" in definition
+        c.execute(
+            "INSERT INTO jobrun.job_events (job_id, kind, at)"
+            " SELECT gen_random_uuid(), 'enqueued', now() - make_interval(days => 30 - g)"
+            " FROM generate_series(1, 20) g"
+        )
+        from jobrun.postgres.sqlc import Queries  # noqa: PLC0415
+
+        assert Queries().prune_events(c, age_seconds=86400 * 15, max_events=5) == 5
+        left = [r[0] for r in c.execute("SELECT at FROM jobrun.job_events ORDER BY id")]
+        assert len(left) == 15 and left == sorted(left)  # the five oldest went
+        assert Queries().prune_events(c, age_seconds=86400 * 15, max_events=100) == 10

@@ -48,7 +48,7 @@ PRUNE_EVENTS: Final = """\
 DELETE FROM jobrun.job_events WHERE id IN (
     SELECT id FROM jobrun.job_events
     WHERE at < now() - make_interval(secs => $1::float8)
-    ORDER BY at
+    ORDER BY id
     LIMIT $2
 )"""
 
@@ -109,7 +109,10 @@ class Queries(QueriesBase):
         age_seconds: float,
         max_events: int,
     ) -> int:
-        """Events older than the age, oldest first, at most max_events per call."""
+        """Events older than the age, oldest first, at most max_events per call:
+        oldest by id (insertion order, through the primary key), as the BRIN
+        index on `at` has no order to give.
+        """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(PRUNE_EVENTS), (age_seconds, max_events))
             return cur.rowcount

@@ -93,7 +93,10 @@ class AsyncQueries(QueriesBase):
         age_seconds: float,
         max_events: int,
     ) -> int:
-        """Events older than the age, oldest first, at most max_events per call."""
+        """Events older than the age, oldest first, at most max_events per call:
+        oldest by id (insertion order, through the primary key), as the BRIN
+        index on `at` has no order to give.
+        """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PRUNE_EVENTS), (age_seconds, max_events))
             return cur.rowcount
