@@ -52,7 +52,6 @@ import psycopg
 
 from jobrun.client import _uuid
 from jobrun.config import Settings
-from jobrun.job.errors import ValidationError
 from jobrun.job.model import (
     DEFAULT_BACKOFF,
     DEFAULT_MAX_ATTEMPTS,
@@ -210,11 +209,12 @@ class AsyncClient:
         The fast form of a batch whose jobs differ only in their payload: the
         other fields are checked once, each payload as in :meth:`enqueue`
         (a bad one is a ValidationError naming its position, ``payloads[3]``).
-        A list or tuple is checked whole before anything is sent; any other
-        iterable is streamed (bounded memory), a bad payload then rolling
-        back what was sent. Each job gets a new id: a batch you may have to
-        retry after OutcomeUnknown is safer as NewJobs through
-        :meth:`enqueue_batch`, where the ids you chose make the retry a replay.
+        The payloads stream into the COPY as they are checked (bounded memory,
+        and the checks overlap the server's work): a bad one rolls back what
+        was sent, so nothing of the batch is written. Each job gets a new id:
+        a batch you may have to retry after OutcomeUnknown is safer as NewJobs
+        through :meth:`enqueue_batch`, where the ids you chose make the retry
+        a replay.
         """
         template = NewJob(
             type=type,
@@ -226,11 +226,7 @@ class AsyncClient:
             delay=delay,
             concurrency_key=concurrency_key,
         )
-        jobs: Iterable[NewJob] = jobs_like(template, payloads)
-        if isinstance(payloads, list | tuple):
-            jobs = builtins.list(jobs)
-            if not jobs:
-                raise ValidationError("payloads", "the batch is empty")
+        jobs = jobs_like(template, payloads)
         return await self.store.enqueue_batch(jobs, conn=conn)
 
     async def enqueue_batch(

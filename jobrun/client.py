@@ -63,7 +63,6 @@ from jobrun.job.model import (
     Schedule,
     ScheduleSpec,
     State,
-    jobs_like,
     new_job_id,
 )
 from jobrun.postgres.pool import open_pool
@@ -221,11 +220,12 @@ class Client:
         The fast form of a batch whose jobs differ only in their payload: the
         other fields are checked once, each payload as in :meth:`enqueue`
         (a bad one is a ValidationError naming its position, ``payloads[3]``).
-        A list or tuple is checked whole before anything is sent; any other
-        iterable is streamed (bounded memory), a bad payload then rolling
-        back what was sent. Each job gets a new id: a batch you may have to
-        retry after OutcomeUnknown is safer as NewJobs through
-        :meth:`enqueue_batch`, where the ids you chose make the retry a replay.
+        The payloads stream into the COPY as they are checked (bounded memory,
+        and the checks overlap the server's work): a bad one rolls back what
+        was sent, so nothing of the batch is written. Each job gets a new id:
+        a batch you may have to retry after OutcomeUnknown is safer as NewJobs
+        through :meth:`enqueue_batch`, where the ids you chose make the retry
+        a replay.
         """
         template = NewJob(
             type=type,
@@ -237,12 +237,8 @@ class Client:
             delay=delay,
             concurrency_key=concurrency_key,
         )
-        jobs: Iterable[NewJob] = jobs_like(template, payloads)
-        if isinstance(payloads, list | tuple):
-            jobs = builtins.list(jobs)
-            if not jobs:
-                raise ValidationError("payloads", "the batch is empty")
-        return self.enqueue_batch(jobs, conn=conn)
+        with _caller_connection(conn) as caller:
+            return self.store.enqueue_many(template, payloads, conn=caller)
 
     def enqueue_batch(self, jobs: Iterable[NewJob], *, conn: Any = None) -> BatchResult:
         """Enqueue many jobs at once (COPY), all or nothing; streams any iterable."""

@@ -140,6 +140,7 @@ from jobrun.job.model import (
     ReapResult,
     State,
     StateCount,
+    new_job_id,
 )
 from jobrun.job.ports import CommitCallable
 from jobrun.postgres import effects, forksafe
@@ -648,6 +649,83 @@ class Store(SchedulesMixin):
             return producer.enqueue_batch(given, conn is not None, send)
         return send(None)
 
+    def enqueue_many(
+        self,
+        template: NewJob,
+        payloads: Iterable[Any],
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> BatchResult:
+        """One job like ``template`` per payload, each with a new id, in one transaction.
+
+        The columnar batch (``Client.enqueue_many``): ``template`` was checked
+        when it was made, each payload is checked here as an enqueue checks
+        one (a bad one a ValidationError naming its position, rolling back
+        what was sent), and the rows go to COPY as they are made: no NewJob
+        per job, no replay to look for (the ids are new), chunks of
+        BATCH_CHUNK with their "enqueued" events, one wake-up per batch.
+        ``template`` may have no idempotency key; an empty batch is a
+        ValidationError, before any SQL.
+        """
+        if not isinstance(template, NewJob):
+            raise ValidationError("template", "must be a jobrun.NewJob")
+        if template.idempotency_key is not None:
+            raise ValidationError(
+                "idempotency_key", "one key cannot name many jobs: give each its own NewJob"
+            )
+        iterator = iter(payloads)
+        first = next(iterator, _END)
+        if first is _END:
+            raise ValidationError("payloads", "the batch is empty")
+        stream = itertools.chain([first], iterator)
+
+        def send(carrier: propagation.Carrier | None) -> BatchResult:
+            def run(c: psycopg.Connection[Any]) -> BatchResult:
+                return self._enqueue_many_on(c, template, stream, carrier)
+
+            if conn is not None:
+                return self._in_caller_tx(conn, run)
+            return self._with_tx(run, timeout=None)  # unbounded, as enqueue_batch's
+
+        producer = propagation.producer
+        if producer is not None:
+            return producer.enqueue_batch(None, conn is not None, send)
+        return send(None)
+
+    def _enqueue_many_on(
+        self,
+        conn: psycopg.Connection[Any],
+        template: NewJob,
+        payloads: Iterator[Any],
+        carrier: propagation.Carrier | None,
+    ) -> BatchResult:
+        db_now = self.q.db_now(conn)
+        assert db_now is not None
+        write_events = self.event_mode is EventMode.ALL
+        shared = dict(
+            queue=template.queue,
+            type=template.type,
+            priority=template.priority,
+            max_attempts=template.max_attempts,
+            backoff=backoff_json(template.backoff),
+            run_at=_run_at(template, db_now),
+            trace_context=_trace_json(template, _carrier_json(carrier)),
+            concurrency_key=template.concurrency_key,
+        )
+        inserted = 0
+        while (first := next(payloads, _END)) is not _END:
+            ids: list[uuid.UUID] = []
+            read = itertools.chain([first], itertools.islice(payloads, BATCH_CHUNK - 1))
+            self.q.copy_jobs(conn, _many_rows(read, inserted, ids, shared))
+            if write_events:
+                self.q.copy_events(
+                    conn,
+                    (eq.CopyEventsParams(job_id=i, kind="enqueued", attempt=0) for i in ids),
+                )
+            inserted += len(ids)
+        self._notify(conn, template.queue)
+        return BatchResult(inserted=inserted)
+
     def _enqueue_batch_on(
         self,
         conn: psycopg.Connection[Any],
@@ -662,26 +740,15 @@ class Store(SchedulesMixin):
         queues: set[str] = set()
         inserted = 0
         replayed: list[Job] = []
-        for chunk in _chunks(jobs, BATCH_CHUNK):
+        while (first := next(jobs, _END)) is not _END:
+            # A chunk streams into its COPY as it is read: building the jobs
+            # (their payloads' checks and serialisation, for enqueue_many)
+            # overlaps the server's inserts instead of coming before them.
+            # Keyed jobs are set aside for the end, as they come.
             plain: list[NewJob] = []
-            for job in chunk:
-                if not isinstance(job, NewJob):
-                    raise ValidationError(
-                        "jobs", f"every item must be a NewJob, not {type(job).__name__}"
-                    )
-                if job.idempotency_key is None:
-                    plain.append(job)
-                    continue
-                slot = (job.queue, job.idempotency_key)
-                if slot in keyed:
-                    raise ValidationError(
-                        "jobs",
-                        f"idempotency key {job.idempotency_key!r} appears twice in the batch",
-                    )
-                keyed[slot] = job
-            if not plain:
-                continue
-            fresh_plain = self._copy_chunk(conn, plain, db_now, replayed, shared)
+            read = itertools.chain([first], itertools.islice(jobs, BATCH_CHUNK - 1))
+            rows = _plain_rows(read, plain, keyed, db_now, shared)
+            fresh_plain = self._copy_chunk(conn, plain, db_now, replayed, shared, rows=rows)
             if write_events and fresh_plain:
                 self.q.copy_events(
                     conn,
@@ -773,20 +840,30 @@ class Store(SchedulesMixin):
         db_now: dt.datetime,
         replayed: builtins.list[Job],
         shared: Jsonb | None,
+        *,
+        rows: Iterator[q.CopyJobsParams] | None = None,
     ) -> builtins.list[NewJob]:
         """COPY unkeyed jobs; the ones whose id is already stored are replays.
 
         COPY has no ON CONFLICT: it runs in a savepoint, and only when a
         client id is already stored (a batch retried after its COMMIT reply
         was lost) are the existing ones looked up, compared and left out.
+        With ``rows``, the COPY streams them, and they fill ``plain`` as they
+        are read; a chunk the COPY did not read to its end is read out first.
         """
         try:
             with conn.transaction():
-                self.q.copy_jobs(conn, (_copy_row(j, db_now, shared) for j in plain))
+                self.q.copy_jobs(
+                    conn,
+                    rows if rows is not None else (_copy_row(j, db_now, shared) for j in plain),
+                )
             return plain
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_pkey":
                 raise _other_unique_violation(exc) from exc
+        if rows is not None:
+            for _ in rows:
+                pass
         stored = {
             row.id: job_from_row(row)
             for row in self.q.get_jobs_by_ids(conn, ids=[j.id for j in plain])
@@ -1878,6 +1955,53 @@ def _copy_row(job: NewJob, db_now: dt.datetime, shared: Jsonb | None) -> q.CopyJ
         trace_context=_trace_json(job, shared),
         concurrency_key=job.concurrency_key,
     )
+
+
+_END = object()
+"""The end of a batch's stream (a None in it is a bad item, not its end)."""
+
+
+def _many_rows(
+    payloads: Iterator[Any],
+    start: int,
+    ids: builtins.list[uuid.UUID],
+    shared: dict[str, Any],
+) -> Iterator[q.CopyJobsParams]:
+    """The COPY rows of enqueue_many: each payload checked (a bad one named by its
+    position from ``start``), a new id for each (added to ``ids``)."""
+    for at, payload in enumerate(payloads, start):
+        try:
+            _, text = validate.payload({} if payload is None else payload)
+        except ValidationError as exc:
+            raise ValidationError(f"payloads[{at}]", exc.message) from None
+        job_id = new_job_id()
+        ids.append(job_id)
+        yield q.CopyJobsParams(id=job_id, payload=raw_json(text), **shared)
+
+
+def _plain_rows(
+    chunk: Iterator[object],
+    plain: builtins.list[NewJob],
+    keyed: dict[tuple[str, str], NewJob],
+    db_now: dt.datetime,
+    shared: Jsonb | None,
+) -> Iterator[q.CopyJobsParams]:
+    """The COPY rows of a chunk's unkeyed jobs, each added to ``plain`` as it is read;
+    keyed jobs go to ``keyed`` (a key twice in the batch, or anything but a
+    NewJob, is a ValidationError)."""
+    for job in chunk:
+        if not isinstance(job, NewJob):
+            raise ValidationError("jobs", f"every item must be a NewJob, not {type(job).__name__}")
+        if job.idempotency_key is None:
+            plain.append(job)
+            yield _copy_row(job, db_now, shared)
+            continue
+        slot = (job.queue, job.idempotency_key)
+        if slot in keyed:
+            raise ValidationError(
+                "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
+            )
+        keyed[slot] = job
 
 
 def _chunks(items: Iterator[T], size: int) -> Iterator[builtins.list[T]]:

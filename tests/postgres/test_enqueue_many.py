@@ -186,3 +186,23 @@ def test_jobs_like_makes_jobs_equal_to_the_newjobs_they_stand_for() -> None:
         )
         assert job == same
         assert job.payload_json == same.payload_json
+
+
+def test_store_enqueue_many_refuses_a_keyed_template_or_anything_but_a_newjob(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    with pytest.raises(ValidationError) as raised:
+        store.enqueue_many(NewJob(type="t", idempotency_key="once"), [{}])
+    assert raised.value.field == "idempotency_key"
+    with pytest.raises(ValidationError) as raised:
+        store.enqueue_many({"type": "t"}, [{}])  # type: ignore[arg-type]
+    assert raised.value.field == "template"
+    assert counts(conn) == (0, 0, 0)
+
+
+def test_store_enqueue_many_with_terminal_events_writes_no_enqueued_events(
+    terminal_store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    result = terminal_store.enqueue_many(NewJob(type="t"), ({"i": i} for i in range(7)))
+    assert result.inserted == 7
+    assert counts(conn) == (7, 0, 0)
