@@ -52,6 +52,7 @@ import psycopg
 
 from jobrun.client import _uuid
 from jobrun.config import Settings
+from jobrun.job.errors import ValidationError
 from jobrun.job.model import (
     DEFAULT_BACKOFF,
     DEFAULT_MAX_ATTEMPTS,
@@ -216,6 +217,11 @@ class AsyncClient:
         through :meth:`enqueue_batch`, where the ids you chose make the retry
         a replay.
         """
+        if not isinstance(type, str):
+            raise ValidationError(
+                "type",
+                "enqueue_many takes a job type and its payloads; NewJobs go through enqueue_batch",
+            )
         template = NewJob(
             type=type,
             queue=queue,

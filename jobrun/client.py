@@ -227,6 +227,11 @@ class Client:
         through :meth:`enqueue_batch`, where the ids you chose make the retry
         a replay.
         """
+        if not isinstance(type, str):
+            raise ValidationError(
+                "type",
+                "enqueue_many takes a job type and its payloads; NewJobs go through enqueue_batch",
+            )
         template = NewJob(
             type=type,
             queue=queue,

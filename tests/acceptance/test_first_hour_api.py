@@ -268,7 +268,11 @@ def test_the_batch_call_is_enqueue_batch_on_the_client_as_on_the_store(store: St
     client = Client(store)
     result = client.enqueue_batch(NewJob(type="t", queue="batch") for _ in range(3))
     assert result.inserted == 3
-    assert not hasattr(client, "enqueue_many")
+    # enqueue_many is the columnar form (a type and its payloads): NewJobs given
+    # to it are told where they go, before anything is written.
+    with pytest.raises(ValidationError, match="enqueue_batch"):
+        client.enqueue_many([NewJob(type="t")], [{}])  # type: ignore[arg-type]
+    assert client.enqueue_many("t", [{}, {}]).inserted == 2
 
 
 # -- one Settings for the client and the worker ---------------------------------------------
