@@ -254,11 +254,7 @@ def jobs_like(template: NewJob, payloads: Iterable[JSONValue]) -> Iterator[NewJo
     ]
     make = object.__new__
     put = object.__setattr__
-    for at, payload in enumerate(payloads):
-        try:
-            value, text = validate.payload({} if payload is None else payload)
-        except ValidationError as exc:
-            raise ValidationError(f"payloads[{at}]", exc.message) from None
+    for value, text in validate.payloads(payloads):
         job = make(NewJob)
         for name, field_value in shared:
             put(job, name, field_value)

@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from jobrun.job import redaction as _redaction
@@ -341,6 +342,17 @@ def payload(value: object) -> tuple[Any, str]:
     if "\\u0000" in text:  # or a string that spells it with a backslash: look closer
         _check_no_nul(value)
     return value, text
+
+
+def payloads(values: Iterable[object], start: int = 0) -> Iterator[tuple[Any, str]]:
+    """:func:`payload` for each payload of a batch (None counts as ``{}``, as in an
+    enqueue), lazily; a bad one is a ValidationError naming its position,
+    ``payloads[i]`` counted from ``start``."""
+    for at, value in enumerate(values, start):
+        try:
+            yield payload({} if value is None else value)
+        except ValidationError as exc:
+            raise ValidationError(f"payloads[{at}]", exc.message) from None
 
 
 # One encoder for every payload (json.dumps with options builds one per call).

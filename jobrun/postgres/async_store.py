@@ -77,7 +77,6 @@ from jobrun.postgres.deadline import WATCHDOG
 from jobrun.postgres.events import EventMode, EventRow
 from jobrun.postgres.notify import DEFAULT_CHANNEL, validate_channel
 from jobrun.postgres.plans import (
-    BatchSplit,
     enqueue_args,
     enqueued_event_rows,
     enqueued_events,
@@ -106,6 +105,7 @@ from jobrun.postgres.store import (
     DEFAULT_CALL_TIMEOUT,
     MAX_NOTIFY_QUEUE_USAGE,
     NOTIFY_WARNING_INTERVAL,
+    BatchSplit,
     _check_batch,
     _check_id,
     _chunks,

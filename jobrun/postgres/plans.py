@@ -85,42 +85,6 @@ def enqueued_events(jobs: Iterable[NewJob]) -> Iterable[eq.CopyEventsParams]:
     return (eq.CopyEventsParams(job_id=j.id, kind="enqueued", attempt=0) for j in jobs)
 
 
-class BatchSplit:
-    """Sorts a batch as it streams by: unkeyed jobs go now, keyed ones wait.
-
-    Unkeyed jobs are COPYed chunk by chunk as they come; keyed jobs are held
-    back and inserted last in (queue, key) order, so that two batches with
-    overlapping keys never deadlock. A foreign item or a key seen twice is a
-    ValidationError (the batch is one transaction: nothing stays written).
-    """
-
-    def __init__(self) -> None:
-        self._keyed: dict[tuple[str, str], NewJob] = {}
-
-    def plain(self, chunk: Iterable[object]) -> builtins.list[NewJob]:
-        """The unkeyed jobs of ``chunk``; its keyed jobs are kept for :meth:`keyed`."""
-        plain: builtins.list[NewJob] = []
-        for job in chunk:
-            if not isinstance(job, NewJob):
-                raise ValidationError(
-                    "jobs", f"every item must be a NewJob, not {type(job).__name__}"
-                )
-            if job.idempotency_key is None:
-                plain.append(job)
-                continue
-            slot = (job.queue, job.idempotency_key)
-            if slot in self._keyed:
-                raise ValidationError(
-                    "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
-                )
-            self._keyed[slot] = job
-        return plain
-
-    def keyed(self) -> builtins.list[NewJob]:
-        """Every keyed job seen, in (queue, key) order."""
-        return [self._keyed[slot] for slot in sorted(self._keyed)]
-
-
 def enqueued_event_rows(jobs: Iterable[NewJob]) -> builtins.list[EventRow]:
     """The "enqueued" events of jobs just inserted by key."""
     return [EventRow(j.id, EventKind.ENQUEUED, 0) for j in jobs]

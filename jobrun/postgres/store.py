@@ -736,7 +736,7 @@ class Store(SchedulesMixin):
         assert db_now is not None
         write_events = self.event_mode is EventMode.ALL
         shared = _carrier_json(carrier)  # serialised once for the whole batch
-        keyed: dict[tuple[str, str], NewJob] = {}
+        split = BatchSplit()
         queues: set[str] = set()
         inserted = 0
         replayed: list[Job] = []
@@ -747,7 +747,7 @@ class Store(SchedulesMixin):
             # Keyed jobs are set aside for the end, as they come.
             plain: list[NewJob] = []
             read = itertools.chain([first], itertools.islice(jobs, BATCH_CHUNK - 1))
-            rows = _plain_rows(read, plain, keyed, db_now, shared)
+            rows = (_copy_row(j, db_now, shared) for j in split.stream(read, plain))
             fresh_plain = self._copy_chunk(conn, plain, db_now, replayed, shared, rows=rows)
             if write_events and fresh_plain:
                 self.q.copy_events(
@@ -759,8 +759,7 @@ class Store(SchedulesMixin):
                 )
             queues.update(j.queue for j in fresh_plain)
             inserted += len(fresh_plain)
-        ordered = [keyed[slot] for slot in sorted(keyed)]
-        for chunk in _chunks(iter(ordered), BATCH_CHUNK):
+        for chunk in _chunks(iter(split.keyed()), BATCH_CHUNK):
             new_ids = set(self._insert_keyed(conn, chunk, db_now, shared))
             taken = [j for j in chunk if j.id not in new_ids]
             if taken:
@@ -1969,39 +1968,53 @@ def _many_rows(
 ) -> Iterator[q.CopyJobsParams]:
     """The COPY rows of enqueue_many: each payload checked (a bad one named by its
     position from ``start``), a new id for each (added to ``ids``)."""
-    for at, payload in enumerate(payloads, start):
-        try:
-            _, text = validate.payload({} if payload is None else payload)
-        except ValidationError as exc:
-            raise ValidationError(f"payloads[{at}]", exc.message) from None
+    for _, text in validate.payloads(payloads, start):
         job_id = new_job_id()
         ids.append(job_id)
         yield q.CopyJobsParams(id=job_id, payload=raw_json(text), **shared)
 
 
-def _plain_rows(
-    chunk: Iterator[object],
-    plain: builtins.list[NewJob],
-    keyed: dict[tuple[str, str], NewJob],
-    db_now: dt.datetime,
-    shared: Jsonb | None,
-) -> Iterator[q.CopyJobsParams]:
-    """The COPY rows of a chunk's unkeyed jobs, each added to ``plain`` as it is read;
-    keyed jobs go to ``keyed`` (a key twice in the batch, or anything but a
-    NewJob, is a ValidationError)."""
-    for job in chunk:
-        if not isinstance(job, NewJob):
-            raise ValidationError("jobs", f"every item must be a NewJob, not {type(job).__name__}")
-        if job.idempotency_key is None:
-            plain.append(job)
-            yield _copy_row(job, db_now, shared)
-            continue
-        slot = (job.queue, job.idempotency_key)
-        if slot in keyed:
-            raise ValidationError(
-                "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
-            )
-        keyed[slot] = job
+class BatchSplit:
+    """Sorts a batch as it streams by: unkeyed jobs go now, keyed ones wait.
+
+    Unkeyed jobs are COPYed chunk by chunk as they come; keyed jobs are held
+    back and inserted last in (queue, key) order, so that two batches with
+    overlapping keys never deadlock. A foreign item or a key seen twice is a
+    ValidationError (the batch is one transaction: nothing stays written).
+    """
+
+    def __init__(self) -> None:
+        self._keyed: dict[tuple[str, str], NewJob] = {}
+
+    def stream(self, chunk: Iterable[object], plain: builtins.list[NewJob]) -> Iterator[NewJob]:
+        """The unkeyed jobs of ``chunk`` as they are read, each also added to
+        ``plain``; its keyed jobs are kept for :meth:`keyed`."""
+        for job in chunk:
+            if not isinstance(job, NewJob):
+                raise ValidationError(
+                    "jobs", f"every item must be a NewJob, not {type(job).__name__}"
+                )
+            if job.idempotency_key is None:
+                plain.append(job)
+                yield job
+                continue
+            slot = (job.queue, job.idempotency_key)
+            if slot in self._keyed:
+                raise ValidationError(
+                    "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
+                )
+            self._keyed[slot] = job
+
+    def plain(self, chunk: Iterable[object]) -> builtins.list[NewJob]:
+        """The unkeyed jobs of ``chunk``; its keyed jobs are kept for :meth:`keyed`."""
+        plain: builtins.list[NewJob] = []
+        for _ in self.stream(chunk, plain):
+            pass
+        return plain
+
+    def keyed(self) -> builtins.list[NewJob]:
+        """Every keyed job seen, in (queue, key) order."""
+        return [self._keyed[slot] for slot in sorted(self._keyed)]
 
 
 def _chunks(items: Iterator[T], size: int) -> Iterator[builtins.list[T]]:
