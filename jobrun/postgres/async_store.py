@@ -71,6 +71,7 @@ from jobrun.postgres.convert import (
     is_retryable,
     job_from_insert,
     job_from_row,
+    statement_timeout_setting,
     translate_errors,
 )
 from jobrun.postgres.deadline import WATCHDOG
@@ -354,7 +355,7 @@ class AsyncStore:
     async def schema_version(self) -> int | None:
         """The version of the jobrun schema in the database; None when there is none."""
         try:
-            return await self._on_pool_read(self.q.schema_version)
+            return await self._on_pool_read(self._bounded_schema_version)
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return None
         except psycopg.errors.InsufficientPrivilege:
@@ -362,6 +363,15 @@ class AsyncStore:
                 f"this role may not read {self.schema}.schema_version: grant it USAGE on "
                 f"schema {self.schema} and SELECT on its tables"
             ) from None
+
+    async def _bounded_schema_version(self, conn: psycopg.AsyncConnection[Any]) -> int | None:
+        """The schema check under the call bound (see Store._bounded_schema_version)."""
+        async with conn.transaction():
+            await conn.execute(
+                "SELECT set_config('statement_timeout', %s, true)",
+                [statement_timeout_setting(self.call_timeout)],
+            )
+            return await self.q.schema_version(conn)
 
     async def check_schema(self) -> None:
         """Raise SchemaMismatch unless the database holds the schema version this code needs."""

@@ -329,3 +329,11 @@ def _protocol_lost(exc: psycopg.InternalError) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return redact(text.splitlines()[0] if text else type(exc).__name__)
+
+
+def statement_timeout_setting(seconds: float | None) -> str:
+    """A ``statement_timeout`` value for a bound in seconds: whole milliseconds,
+    at least 1 (0 would mean none), and '0' when there is no bound."""
+    if seconds is None:
+        return "0"
+    return str(max(1, int(seconds * 1000)))

@@ -149,6 +149,7 @@ from jobrun.postgres.convert import (
     is_retryable,
     job_from_insert,
     job_from_row,
+    statement_timeout_setting,
     translate_errors,
     utc,
 )
@@ -458,7 +459,7 @@ class Store(SchedulesMixin):
     def schema_version(self) -> int | None:
         """The version of the jobrun schema in the database; None when there is none."""
         try:
-            return self._on_pool_read(self.q.schema_version)
+            return self._on_pool_read(self._bounded_schema_version)
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return None
         except psycopg.errors.InsufficientPrivilege:
@@ -467,6 +468,19 @@ class Store(SchedulesMixin):
                 f"schema {self.schema} and SELECT on its tables (GRANT SELECT, INSERT, UPDATE, "
                 f"DELETE ON ALL TABLES IN SCHEMA {self.schema} TO <role>)"
             ) from None
+
+    def _bounded_schema_version(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The schema check, under jobrun's call bound rather than the role's
+        ``statement_timeout``: a role- or database-wide timeout of a few
+        milliseconds must not stop a worker from starting on a cold session,
+        where this first read loads the catalog (the notifier's probes do the
+        same, see notify.configure_session)."""
+        with conn.transaction():
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, true)",
+                [statement_timeout_setting(self.call_timeout)],
+            )
+            return self.q.schema_version(conn)
 
     def check_schema(self) -> None:
         """Raise SchemaMismatch unless the database holds the schema version this code needs.

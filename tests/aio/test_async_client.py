@@ -95,6 +95,26 @@ def test_connect_to_an_unmigrated_database_raises_schema_mismatch(aio: Aio, empt
         aio(AsyncClient.connect(empty_dsn))
 
 
+def test_connect_checks_the_schema_under_the_call_bound_not_a_tiny_database_timeout(
+    aio: Aio, dsn: str, database: str, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute(f"ALTER DATABASE \"{database}\" SET statement_timeout = '50ms'")
+    try:
+        with psycopg.connect(dsn) as locker:
+            locker.execute("LOCK TABLE jobrun.schema_version IN ACCESS EXCLUSIVE MODE")
+
+            async def scenario() -> float:
+                started = time.monotonic()
+                asyncio.get_running_loop().call_later(0.5, locker.rollback)
+                client = await AsyncClient.connect(dsn)
+                await client.close()
+                return time.monotonic() - started
+
+            assert aio(scenario()) >= 0.4  # it waited for the lock, past the 50 ms
+    finally:
+        conn.execute(f'ALTER DATABASE "{database}" RESET statement_timeout')
+
+
 def test_connect_to_nothing_is_a_transient_error_without_the_password(aio: Aio) -> None:
     url = "postgresql://someone:s3cret@127.0.0.1:1/nodb?connect_timeout=2"
     with pytest.raises(TransientError) as info:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -181,3 +183,27 @@ def test_a_role_that_may_not_read_the_schema_is_told_what_to_grant(
     finally:
         conn.execute("DROP OWNED BY jobrun_nobody")
         conn.execute("DROP ROLE jobrun_nobody")
+
+
+def test_the_schema_check_keeps_to_the_call_bound_not_a_database_wide_statement_timeout(
+    dsn: str, database: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A worker starts even when the database's statement_timeout is tiny: the
+    check waits out a lock (standing in for a cold catalog on a slow machine)
+    under jobrun's call bound, and the session keeps the database's setting."""
+    conn.execute(f"ALTER DATABASE \"{database}\" SET statement_timeout = '50ms'")
+    pool = open_pool(dsn, max_size=1)
+    try:
+        with psycopg.connect(dsn) as locker:
+            locker.execute("LOCK TABLE jobrun.schema_version IN ACCESS EXCLUSIVE MODE")
+            release = threading.Timer(0.5, locker.rollback)
+            release.start()
+            started = time.monotonic()
+            Store(pool, call_timeout=dt.timedelta(seconds=10)).check_schema()
+            assert time.monotonic() - started >= 0.4  # it waited for the lock
+            release.join()
+        with pool.connection() as c:
+            assert c.execute("SHOW statement_timeout").fetchone() == ("50ms",)
+    finally:
+        conn.execute(f'ALTER DATABASE "{database}" RESET statement_timeout')
+        pool.close()
