@@ -187,9 +187,17 @@ def connection_kwargs(pooler: str) -> dict[str, Any]:
     return {}
 
 
+_CONFIGURE = "SET statement_timeout = 0; SET TIME ZONE 'UTC'; RESET statement_timeout"
+"""A new session's settings, in one simple-protocol round trip: timestamps come
+back in UTC whatever the server's or role's TimeZone. It is a cold session's
+first statement (the time zone's data is read from disk then), so a role- or
+database-wide statement_timeout of a few milliseconds could cancel it, and
+the pool would then never hand out a connection; the timeout is off for this
+one statement and back to the session's own value (RESET) after it."""
+
+
 def _configure(conn: psycopg.Connection[Any]) -> None:
-    # Timestamps come back in UTC whatever the server's or role's TimeZone.
-    conn.execute("SET TIME ZONE 'UTC'")
+    conn.execute(_CONFIGURE)
 
 
 def open_pool(

@@ -92,3 +92,30 @@ def test_concurrency_must_be_positive(dsn: str) -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValidationError):
             open_pool(dsn, concurrency=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dsn_timeout", [None, "250ms"])
+def test_new_sessions_speak_utc_and_keep_the_database_or_dsn_statement_timeout(
+    dsn: str, database: str, conn: Any, dsn_timeout: str | None
+) -> None:
+    """The session set-up (UTC) switches the timeout off for itself only, so that a
+    1 ms database timeout cannot cancel a cold session's first statement (the fault
+    suite's tiny-timeouts scenario), and gives the session its own timeout back."""
+    conn.execute(f"ALTER DATABASE \"{database}\" SET statement_timeout = '1ms'")
+    url = (
+        dsn
+        if dsn_timeout is None
+        else conninfo_with(dsn, options=f"-c statement_timeout={dsn_timeout}")
+    )
+    try:
+        for _ in range(10):  # ten cold sessions
+            pool = open_pool(url, concurrency=1, min_size=1, timeout=5.0)
+            try:
+                with pool.connection() as c:
+                    assert c.execute("SHOW TimeZone").fetchone() == ("UTC",)
+                    expected = dsn_timeout or "1ms"
+                    assert c.execute("SHOW statement_timeout").fetchone() == (expected,)
+            finally:
+                pool.close()
+    finally:
+        conn.execute(f'ALTER DATABASE "{database}" RESET statement_timeout')
