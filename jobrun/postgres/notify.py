@@ -76,6 +76,7 @@ from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
+from jobrun.postgres.convert import statement_timeout_setting
 from jobrun.postgres.deadline import shutdown_socket
 from jobrun.postgres.pool import conninfo_with
 
@@ -184,7 +185,7 @@ def configure_session(conn: psycopg.Connection[Any], statement_timeout: float) -
     conn.execute(
         "SELECT set_config('statement_timeout', %s, false),"
         " set_config('idle_in_transaction_session_timeout', '0', false)",
-        [str(max(1, int(statement_timeout * 1000)))],
+        [statement_timeout_setting(statement_timeout)],
     )
     if conn.info.server_version >= 140000:
         conn.execute("SELECT set_config('idle_session_timeout', '0', false)")

@@ -1468,7 +1468,7 @@ class Store(SchedulesMixin):
         """
         if self.commit_timeout is None:
             return "BEGIN"
-        ms = max(int(self.commit_timeout.total_seconds() * 1000), 1)
+        ms = statement_timeout_setting(self.commit_timeout.total_seconds())
         return f"BEGIN; SET LOCAL statement_timeout = {ms}"
 
     def fail(
