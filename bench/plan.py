@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobrun.postgres.sqlc.jobs import CLAIM_JOBS
+from jobrun.postgres.sqlc.jobs import CLAIM_JOBS, CLAIM_LIMITED_JOBS
 
 INDEX_SCANS = frozenset({"Index Scan", "Index Only Scan", "Bitmap Index Scan"})
 
@@ -100,7 +100,11 @@ def explain_claim(
     CLAIM_LIMITED_JOBS after ``setup`` has named the locked queues), run in a
     transaction that is rolled back, after the ``setup`` statements.
     """
-    params = (list(queues), limit, "bench-explain", 30.0, True)
+    params: tuple[Any, ...] = (list(queues), limit, "bench-explain", 30.0, True)
+    types = "text[], bigint, text, float8, boolean"
+    if statement == CLAIM_LIMITED_JOBS:  # its commit_async comes second (True: a claim alone)
+        params = (params[0], True, *params[1:])
+        types = "text[], boolean, bigint, text, float8, boolean"
     with conn.transaction(force_rollback=True):
         for line in setup:
             conn.execute(line)
@@ -113,17 +117,15 @@ def explain_claim(
         name = "bench_claim_generic"
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         conn.execute(
-            sql.SQL("PREPARE {} (text[], bigint, text, float8, boolean) AS ").format(
-                sql.Identifier(name)
-            )
+            sql.SQL("PREPARE {} (" + types + ") AS ").format(sql.Identifier(name))
             + sql.SQL(statement)
         )
         # EXECUTE takes no bind parameters: its arguments go in as literals.
         with psycopg.ClientCursor(conn) as ccur:
             ccur.execute(
-                sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {} (%s, %s, %s, %s, %s)").format(
-                    sql.Identifier(name)
-                ),
+                sql.SQL(
+                    "EXPLAIN (FORMAT JSON) EXECUTE {} (" + ", ".join(["%s"] * len(params)) + ")"
+                ).format(sql.Identifier(name)),
                 params,
             )
             row = ccur.fetchone()

@@ -199,7 +199,10 @@ SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 -- the keys behind it); the first rows of the other keys are read without
 -- locks (the queue's row lock keeps other claimers out), each key held to
 -- its room, the queue to its room, and only those rows locked and claimed.
--- The claim commits asynchronously, as in ClaimJobs.
+-- The claim commits asynchronously, as in ClaimJobs, unless
+-- commit_async is false: a transaction that also completes jobs
+-- (complete_and_claim) keeps the session's synchronous_commit, so that the
+-- completions are durable once COMMIT answers.
 WITH lim AS MATERIALIZED (
     SELECT q.name, l.concurrency, l.per_key, l.rate_limit, l.rate_period_seconds,
            l.queue IS NOT NULL AS limited,
@@ -208,7 +211,10 @@ WITH lim AS MATERIALIZED (
     FROM unnest(sqlc.arg(queues)::text[]) AS q(name)
     LEFT JOIN jobrun.queue_limits AS l ON l.queue = q.name
     WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
-      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+      AND (SELECT set_config('synchronous_commit',
+                             CASE WHEN sqlc.arg(commit_async)::boolean THEN 'off'
+                                  ELSE current_setting('synchronous_commit') END,
+                             true)) IS NOT NULL
 ), room AS MATERIALIZED (
     SELECT lim.name, lim.per_key, lim.locked AND lim.rate_limit IS NOT NULL AS rated,
            CASE WHEN NOT lim.limited THEN sqlc.arg(max_jobs)::int4
@@ -325,8 +331,11 @@ FROM (
 
 -- name: LimitedQueues :many
 -- Which of the queues have limits (the store routes their claims through
--- LockQueueLimits).
-SELECT queue FROM jobrun.queue_limits WHERE queue = ANY(sqlc.arg(queues)::text[]) ORDER BY queue;
+-- LockQueueLimits), with each one's global concurrency (NULL: none): a
+-- worker that alone holds that many leases of a queue knows, without a
+-- claim, that a claim of it would get nothing.
+SELECT queue, concurrency FROM jobrun.queue_limits
+WHERE queue = ANY(sqlc.arg(queues)::text[]) ORDER BY queue;
 
 -- name: LimitsHoldBack :one
 -- After a short claim: does a limit hold back ready jobs of these queues,
@@ -628,12 +637,14 @@ WITH failed AS (
 SELECT * FROM failed WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: CompleteJobs :many
+-- @deferred
 -- complete_many: every job still leased by this owner and token ends
 -- succeeded (or cancelled when cancel was requested), with its effect row
 -- and events, in one statement. A job this very claim already finished (a
 -- batch retried after its COMMIT reply was lost: finished_token matches) is
 -- returned as it stands, and changes nothing. Ids not returned lost their
--- lease.
+-- lease. complete_and_claim sends it first in a limited claim's
+-- transaction, so that the claim counts the slots it frees.
 WITH input AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
            unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key,

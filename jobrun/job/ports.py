@@ -78,6 +78,19 @@ class Store(Schedules, Protocol):
         ``results`` maps a job's id to its result."""
         ...
 
+    def complete_and_claim(
+        self,
+        jobs: Sequence[Job],
+        *,
+        results: Mapping[uuid.UUID, Any] | None = None,
+        queues: Sequence[str],
+        limit: int,
+        ttl: dt.timedelta,
+    ) -> tuple[CompleteManyResult, list[Job]]:
+        """:meth:`complete_many` of one owner's jobs and :meth:`claim` for that
+        owner in one transaction: the claim counts the slots they free."""
+        ...
+
     def complete_many_tx(
         self,
         items: Sequence[tuple[Job, CommitCallable | None]],
@@ -104,6 +117,11 @@ class Store(Schedules, Protocol):
 
     def queues_limited(self, queues: Sequence[str]) -> bool:
         """Whether a queue limit applies to one of ``queues`` (cached: cheap)."""
+        ...
+
+    def concurrency_limits(self, queues: Sequence[str]) -> dict[str, int]:
+        """The global concurrency limit of each of ``queues`` that has one
+        (cached like :meth:`queues_limited`: possibly a second old)."""
         ...
 
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:

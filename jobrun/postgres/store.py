@@ -248,7 +248,7 @@ class Store(SchedulesMixin):
         self.pool = pool
         self._notify_warned_at = -math.inf
         self._notify_warn_lock = threading.Lock()
-        self._limited: dict[tuple[str, ...], tuple[float, bool]] = {}
+        self._limited: dict[tuple[str, ...], tuple[float, dict[str, int | None]]] = {}
 
     # -- transactions ---------------------------------------------------------
 
@@ -895,20 +895,7 @@ class Store(SchedulesMixin):
         self, owner: str, queues: Sequence[str], limit: int, ttl: dt.timedelta
     ) -> builtins.list[Job]:
         """Lease up to ``limit`` runnable jobs of ``queues`` to ``owner`` for ``ttl``."""
-        validate.owner(owner)
-        if isinstance(queues, str) or not queues:
-            raise ValidationError("queues", "must be a non-empty list of queue names")
-        names = [validate.queue_name(name, "queues") for name in queues]
-        validate.claim_limit(limit)
-        validate.positive_duration("ttl", ttl)
-
-        args: dict[str, Any] = dict(
-            queues=names,
-            max_jobs=limit,
-            owner=owner,
-            ttl_seconds=ttl.total_seconds(),
-            write_events=self.event_mode is EventMode.ALL,
-        )
+        names, args = self._claim_args(owner, queues, limit, ttl)
         if not self._any_limited(names):
             rows = self._on_pool(lambda c: self.q.claim_jobs(c, **args))
         else:
@@ -917,13 +904,31 @@ class Store(SchedulesMixin):
                 with c.pipeline():
                     self._begin_limited(c)
                     self.q.lock_queue_limits(c, queues=names)
-                    claimed = self.q.claim_limited_jobs_deferred(c, **args)
+                    claimed = self.q.claim_limited_jobs_deferred(c, **args, commit_async=True)
                     committing[0] = True
                     c.execute("COMMIT")
                     return claimed()
 
             rows = self._with_explicit_tx(locked)
         return [job_from_row(r) for r in rows]
+
+    def _claim_args(
+        self, owner: str, queues: Sequence[str], limit: int, ttl: dt.timedelta
+    ) -> tuple[builtins.list[str], dict[str, Any]]:
+        """The queues' names and a claim statement's arguments, all checked."""
+        validate.owner(owner)
+        if isinstance(queues, str) or not queues:
+            raise ValidationError("queues", "must be a non-empty list of queue names")
+        names = [validate.queue_name(name, "queues") for name in queues]
+        validate.claim_limit(limit)
+        validate.positive_duration("ttl", ttl)
+        return names, dict(
+            queues=names,
+            max_jobs=limit,
+            owner=owner,
+            ttl_seconds=ttl.total_seconds(),
+            write_events=self.event_mode is EventMode.ALL,
+        )
 
     def _begin_limited(self, c: psycopg.Connection[Any]) -> None:
         """Open a limited claim's transaction, in a pipeline: BEGIN and a generic
@@ -942,24 +947,39 @@ class Store(SchedulesMixin):
         c.execute(_LIMITED_CLAIM_IDLE_TIMEOUT)
 
     def _any_limited(self, names: builtins.list[str]) -> bool:
-        """Whether a limit applies to one of the queues (read at most every
-        LIMITED_QUEUES_TTL seconds per list of queues)."""
+        """Whether a limit applies to one of the queues (cached, see _limits_of)."""
+        return bool(self._limits_of(names))
+
+    def _limits_of(self, names: builtins.list[str]) -> dict[str, int | None]:
+        """The limited queues among ``names``, each with its global concurrency
+        (None: not limited that way), read at most every LIMITED_QUEUES_TTL
+        seconds per list of queues."""
         key = tuple(names)
         now = time.monotonic()
         cached = self._limited.get(key)
         if cached is not None and cached[0] > now:
             return cached[1]
-        limited = bool(self._on_pool_read(lambda c: self.q.limited_queues(c, queues=names)))
+        rows = self._on_pool_read(lambda c: self.q.limited_queues(c, queues=names))
+        limits = {row.queue: row.concurrency for row in rows}
         if len(self._limited) > 1024:
             self._limited.clear()
-        self._limited[key] = (now + LIMITED_QUEUES_TTL, limited)
-        return limited
+        self._limited[key] = (now + LIMITED_QUEUES_TTL, limits)
+        return limits
 
     def queues_limited(self, queues: Sequence[str]) -> bool:
         """Whether a limit applies to one of ``queues``, as this store last read
         it (at most LIMITED_QUEUES_TTL seconds ago): no round trip most times."""
         names = [validate.queue_name(name, "queues") for name in queues]
         return bool(names) and self._any_limited(names)
+
+    def concurrency_limits(self, queues: Sequence[str]) -> dict[str, int]:
+        """The global concurrency limit of each of ``queues`` that has one, as
+        this store last read it (at most LIMITED_QUEUES_TTL seconds ago, or
+        since this store last changed a limit): no round trip most times."""
+        names = [validate.queue_name(name, "queues") for name in queues]
+        if not names:
+            return {}
+        return {q: n for q, n in self._limits_of(names).items() if n is not None}
 
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:
         """Whether a limit (not a lack of work) holds back ready jobs of ``queues``.
@@ -1296,36 +1316,77 @@ class Store(SchedulesMixin):
         ``results`` maps a job's id to its handler's return value (stored with
         its success); every value is checked before any SQL runs.
         """
-        if len(jobs) > MAX_HEARTBEAT_IDS:
-            raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
         if not jobs:
             return CompleteManyResult(
                 completed=frozenset(), cancelled=frozenset(), lease_lost=frozenset()
             )
+        args = self._complete_jobs_args(jobs, results)
+        rows = self._on_pool(lambda c: self.q.complete_jobs(c, **args))
+        return _completed_outcome(jobs, rows)
+
+    def _complete_jobs_args(
+        self, jobs: Sequence[Job], results: Mapping[uuid.UUID, Any] | None
+    ) -> dict[str, Any]:
+        """CompleteJobs' arguments for ``jobs`` (one owner's, at most
+        MAX_HEARTBEAT_IDS), every result checked before any SQL runs."""
+        if len(jobs) > MAX_HEARTBEAT_IDS:
+            raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
         owners = {_lease_of(j)[0] for j in jobs}
         if len(owners) != 1:
             raise ValidationError("jobs", "complete_many takes the jobs of one owner")
-        owner = owners.pop()
         keys = [EffectKey.of(j) for j in jobs]
-        texts = _result_texts(jobs, results)
-        rows = self._on_pool(
-            lambda c: self.q.complete_jobs(
-                c,
-                ids=[j.id for j in jobs],
-                tokens=[_lease_of(j)[1] for j in jobs],
-                scopes=[k.scope for k in keys],
-                keys=[k.key for k in keys],
-                results=texts,
-                owner=owner,
-                finish_channel=self.finish_channel,
-            )
+        return dict(
+            ids=[j.id for j in jobs],
+            tokens=[_lease_of(j)[1] for j in jobs],
+            scopes=[k.scope for k in keys],
+            keys=[k.key for k in keys],
+            results=_result_texts(jobs, results),
+            owner=owners.pop(),
+            finish_channel=self.finish_channel,
         )
-        # Rows back: the jobs finished now, and those this very claim finished
-        # before (a call retried after its COMMIT reply was lost).
-        completed = frozenset(r.id for r in rows if r.state == models.JobState.SUCCEEDED)
-        cancelled = frozenset(r.id for r in rows if r.state == models.JobState.CANCELLED)
-        lost = frozenset(j.id for j in jobs) - completed - cancelled
-        return CompleteManyResult(completed=completed, cancelled=cancelled, lease_lost=lost)
+
+    def complete_and_claim(
+        self,
+        jobs: Sequence[Job],
+        *,
+        results: Mapping[uuid.UUID, Any] | None = None,
+        queues: Sequence[str],
+        limit: int,
+        ttl: dt.timedelta,
+    ) -> tuple[CompleteManyResult, builtins.list[Job]]:
+        """:meth:`complete_many` of ``jobs`` and :meth:`claim` for their owner, in
+        one transaction (one round trip): the claim counts the slots of a
+        queue's limits that the completions free.
+
+        For a worker whose queue a global concurrency limit keeps full: apart,
+        a completion frees slots while the previous claim is still on its way
+        and the next one comes a round trip later; together, a finished job's
+        slot is taken again in the statement after its completion. The
+        transaction commits synchronously (the completions' durability); a
+        fault leaves both undone, or (OutcomeUnknown) both unknown, and
+        retrying either alone is safe.
+        """
+        if not jobs:
+            raise ValidationError("jobs", "must not be empty (claim alone: Store.claim)")
+        names, args = self._claim_args(jobs[0].lease_owner or "", queues, limit, ttl)
+        completing = self._complete_jobs_args(jobs, results)
+
+        def both(
+            c: psycopg.Connection[Any], committing: list[bool]
+        ) -> tuple[list[q.CompleteJobsRow], list[models.Job]]:
+            with c.pipeline():
+                c.execute("BEGIN")
+                completed = self.q.complete_jobs_deferred(c, **completing)
+                c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                c.execute(_LIMITED_CLAIM_IDLE_TIMEOUT)
+                self.q.lock_queue_limits(c, queues=names)
+                claimed = self.q.claim_limited_jobs_deferred(c, **args, commit_async=False)
+                committing[0] = True
+                c.execute("COMMIT")
+                return completed(), claimed()
+
+        rows, claimed = self._with_explicit_tx(both)
+        return _completed_outcome(jobs, rows), [job_from_row(r) for r in claimed]
 
     def complete_many_tx(
         self,
@@ -1890,6 +1951,18 @@ def _other_unique_violation(exc: psycopg.errors.UniqueViolation) -> DatabaseErro
         f"the job violates the unique constraint {exc.diag.constraint_name!r}: "
         f"{exc.diag.message_detail or exc.diag.message_primary}"
     )
+
+
+def _completed_outcome(
+    jobs: Sequence[Job], rows: Sequence[q.CompleteJobsRow]
+) -> CompleteManyResult:
+    """CompleteJobs' rows as an outcome: the jobs finished now, and those this
+    very claim finished before (a call retried after its COMMIT reply was
+    lost); the others lost their lease."""
+    completed = frozenset(r.id for r in rows if r.state == models.JobState.SUCCEEDED)
+    cancelled = frozenset(r.id for r in rows if r.state == models.JobState.CANCELLED)
+    lost = frozenset(j.id for j in jobs) - completed - cancelled
+    return CompleteManyResult(completed=completed, cancelled=cancelled, lease_lost=lost)
 
 
 def _result_texts(

@@ -159,6 +159,23 @@ up to the poll interval, while such claims get nothing), or at
 once when its completer flushes (a flushed batch freed its slots), instead
 of waiting for a notification or the poll interval.
 
+Complete-and-claim (a queue with a global concurrency limit): a lease lasts
+until the job's success is recorded, so a worker whose completions and
+claims alternate (a completion frees slots while the previous claim is on
+its way; the next claim comes a round trip later) holds far fewer leases
+than the limit allows, and drains such a queue at two thirds of its speed.
+So the plain successes of those queues go to the claimer, not the
+completer, while the claimer is claiming: its next claim of the queue
+completes them in the same transaction (``Store.complete_and_claim``, one
+round trip, committed synchronously), and the slots they free are claimed
+again there. The claimer hands what it holds to the completer whenever it
+is about to wait for anything other than a freed slot (no work, a fault,
+the stop), or when no thread frees within ``complete_flush_interval``; a
+complete-and-claim that fails hands its completions over too (completing
+again is safe). A queue whose limit this worker's own leases fill is not
+claimed at all (the claim would get nothing), and the completer then
+flushes its jobs at once instead of collecting a batch.
+
 Console (see :mod:`jobrun.worker.logs` for the formats): a start banner
 (version, database, queues with their limits, concurrency, registered job
 types), then one line per job outcome, each carrying the job's id, type,
@@ -696,6 +713,7 @@ class Worker:
         # stale handler has not returned yet), and each must be tracked alone.
         self._running: dict[uuid.UUID, _Running] = {}
         self._unflushed: dict[uuid.UUID, Job] = {}
+        self._unflushed_by_queue: dict[str, int] = {}
         self._inflight = 0  # claimed and not yet returned by its handler
         self._inflight_by_queue: dict[str, int] = dict.fromkeys(self.config.queues, 0)
         self._on_threads = 0  # of those, the jobs dispatched to handler threads
@@ -705,6 +723,14 @@ class Worker:
         # Handler successes waiting for their batch.
         self._done: queue.SimpleQueue[_Finished | _FlushNow | None] = queue.SimpleQueue()
         self._slot_freed = threading.Event()
+        # Set while a queue's global concurrency limit is full of this worker's
+        # own leases: a batch window would only keep the claimer waiting.
+        self._eager_flush = threading.Event()
+        self._concurrency_limited: frozenset[str] = frozenset()
+        # Plain successes of those queues that the claimer completes with its
+        # next claim of them (complete_and_claim), while it is set to.
+        self._claimer_done: list[_Finished] = []
+        self._claimer_completes = False
         self._stopping = threading.Event()  # stop claiming
         self._hard_stop = threading.Event()  # give up on everything
         self._heartbeat_stop = threading.Event()
@@ -1035,8 +1061,31 @@ class Worker:
         slows claiming down instead of letting leased jobs pile up without
         bound, while a completer that keeps up is never waited for. A worker
         holds at most ``concurrency`` plus that allowance of leases.
+
+        A queue whose global concurrency limit this worker's own leases fill
+        (running, or finished and waiting for the completer) is left out: a
+        claim of it would get nothing (unless the claimer holds completions
+        of it to send along: see complete-and-claim in the module
+        docstring). The completer then flushes at once instead of collecting
+        a batch, since the freed slots are what the next claim waits for
+        (the limit as the store last read it, at most a second old: a limit
+        raised since is seen within that second).
         """
+        limits = self._concurrency_limits()
+        self._concurrency_limited = frozenset(limits)
         with self._lock:
+            completing = {done.job.queue for done in self._claimer_done}
+            full = {
+                name
+                for name, limit in limits.items()
+                if self._inflight_by_queue.get(name, 0) + self._unflushed_by_queue.get(name, 0)
+                >= limit
+                and name not in completing
+            }
+            if full:
+                self._eager_flush.set()
+            else:
+                self._eager_flush.clear()
             allowance = max(self.config.concurrency, self.config.complete_batch_size)
             backlog = max(len(self._unflushed) - allowance, 0)
             free = self.config.concurrency - self._inflight - backlog
@@ -1045,6 +1094,8 @@ class Worker:
             for name, limit in self.config.queues.items():
                 if free <= 0:
                     break
+                if name in full:
+                    continue
                 if limit is None:
                     unlimited.append(name)
                     continue
@@ -1056,25 +1107,50 @@ class Worker:
                 plan.append((unlimited, free))
             return plan
 
+    def _concurrency_limits(self) -> dict[str, int]:
+        """The queues' global concurrency limits as the store last read them
+        (none known when it cannot tell: the claims then find out)."""
+        self._claimer_activity.busy("reading the concurrency limits of its queues")
+        try:
+            return self.store.concurrency_limits(self._queue_names)
+        except JobrunError as exc:
+            self._log.debug("reading the queues' concurrency limits failed: %s", exc)
+            return {}
+
     def _claim_loop(self) -> None:
         failures = 0
         # Claim in batches: with only a few threads free while others still
         # run, wait a moment for more to free up (one claim statement for
         # several jobs); an idle worker claims at once.
-        batch = max(1, min(self.config.concurrency // 4, 8))
+        batch = max(1, min(self.config.concurrency // 2, 16))
         activity = self._claimer_activity
         held_streak = 0  # claims in a row that a limit held back and got nothing
         while not self._stopping.is_set():
             activity.busy("planning a claim")
             self._adopt_lost_claims_if_due()
+            with self._lock:
+                self._claimer_completes = True
             plan = self._claim_plan()
             if not plan:
                 activity.idle()
-                self._slot_freed.wait(self.config.poll_interval.total_seconds())
+                with self._lock:
+                    holding = bool(self._claimer_done)
+                if holding:
+                    # A slot freed soon takes them along with its claim; if
+                    # none frees within a batch window, the completer does.
+                    window = self.config.complete_flush_interval.total_seconds()
+                    if not self._slot_freed.wait(window):
+                        self._hand_over_completions()
+                else:
+                    self._slot_freed.wait(self.config.poll_interval.total_seconds())
                 self._slot_freed.clear()
                 continue
-            if sum(n for _, n in plan) < batch and self._busy():
-                self._slot_freed.wait(CLAIM_COALESCE)
+            coalesce_until = time.monotonic() + CLAIM_COALESCE
+            while sum(n for _, n in plan) < batch and self._busy():
+                left = coalesce_until - time.monotonic()
+                if left <= 0:
+                    break
+                self._slot_freed.wait(left)
                 self._slot_freed.clear()
                 plan = self._claim_plan()
             drained = False
@@ -1083,7 +1159,13 @@ class Worker:
             try:
                 for queues, n in plan:
                     activity.busy(f"claiming up to {n} job(s) of {queues}")
-                    jobs = self._claim_call(queues, min(n, validate.MAX_CLAIM_LIMIT))
+                    finished = self._take_completions(queues)
+                    if finished:
+                        jobs = self._complete_and_claim(
+                            finished, queues, min(n, validate.MAX_CLAIM_LIMIT)
+                        )
+                    else:
+                        jobs = self._claim_call(queues, min(n, validate.MAX_CLAIM_LIMIT))
                     self._dispatch(jobs)
                     claimed += len(jobs)
                     if len(jobs) < n:
@@ -1094,6 +1176,7 @@ class Worker:
                 failures = 0
             except JobrunError as exc:
                 activity.idle()
+                self._hand_over_completions()
                 if isinstance(exc, OutcomeUnknown):
                     # It may have committed (now, or when a dead link heals).
                     self._claim_may_be_lost()
@@ -1104,6 +1187,7 @@ class Worker:
                 continue
             except Exception:
                 activity.idle()
+                self._hand_over_completions()
                 self._log.exception("claim loop error")
                 self._stopping.wait(1.0)
                 continue
@@ -1125,7 +1209,67 @@ class Worker:
                 self._slot_freed.wait(pause)
                 self._slot_freed.clear()
             elif drained:
+                self._hand_over_completions()  # the wait ends on new work, not on them
                 self._wait_for_work()
+        self._hand_over_completions()
+
+    def _take_completions(self, queues: list[str]) -> list[_Finished]:
+        """The plain successes of ``queues`` held for the claimer, at most one
+        completion batch and one claim per job (a job that finished under two
+        claims, reaped and claimed again meanwhile, sends the other with a
+        later claim: fenced by its token, one of them is lease_lost)."""
+        with self._lock:
+            if not self._claimer_done:
+                return []
+            taken: list[_Finished] = []
+            kept: list[_Finished] = []
+            ids: set[uuid.UUID] = set()
+            limit = self.config.complete_batch_size
+            for done in self._claimer_done:
+                if done.job.queue in queues and len(taken) < limit and done.job.id not in ids:
+                    taken.append(done)
+                    ids.add(done.job.id)
+                else:
+                    kept.append(done)
+            self._claimer_done = kept
+            return taken
+
+    def _hand_over_completions(self) -> None:
+        """Give the completer what the claimer holds, and what handlers finish
+        from now on, until the claimer claims again (it is about to wait for
+        something other than a freed slot, to fail over, or to stop)."""
+        with self._lock:
+            self._claimer_completes = False
+            held, self._claimer_done = self._claimer_done, []
+        for done in held:
+            self._done.put(done)
+
+    def _complete_and_claim(
+        self, finished: list[_Finished], queues: list[str], n: int
+    ) -> list[Job]:
+        """Complete ``finished`` and claim up to ``n`` jobs of ``queues`` in one
+        transaction (Store.complete_and_claim): their slots under the queue's
+        concurrency limit are claimed again at once. On any error the
+        completions go to the completer, which retries them alone (safe: a
+        completion that committed after all reports completed)."""
+        jobs = [done.job for done in finished]
+        results = {d.job.id: d.result for d in finished if d.result is not None} or None
+        try:
+            outcome, claimed = self._call(
+                "claim",
+                lambda answer: len(answer[1]),
+                lambda: self.store.complete_and_claim(
+                    jobs, results=results, queues=queues, limit=n, ttl=self.config.lease_ttl
+                ),
+                tuple(queues),
+            )
+        except BaseException:
+            for done in finished:
+                self._done.put(done)
+            raise
+        self._account(outcome, finished)
+        self._flushed(finished)
+        return claimed
 
     def _held_back_by_limits(self, queues: list[str]) -> float | None:
         """After a short claim: None when no queue limit held back ready jobs of
@@ -1488,10 +1632,22 @@ class Worker:
                     started=started,
                 )
                 return
-        # Completed in a batch by the completer thread; heartbeated until then.
+        # Completed in a batch by the completer thread, or with the claimer's
+        # next claim of a queue with a global concurrency limit; heartbeated
+        # until then.
+        finished = _Finished(job, commit, result, time.monotonic() - started)
         with self._lock:
             self._unflushed[_claim(job)] = job
-        self._done.put(_Finished(job, commit, result, time.monotonic() - started))
+            self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
+            to_claimer = (
+                commit is None
+                and self._claimer_completes
+                and job.queue in self._concurrency_limited
+            )
+            if to_claimer:
+                self._claimer_done.append(finished)
+        if not to_claimer:
+            self._done.put(finished)
 
     def _fail(
         self,
@@ -1828,7 +1984,10 @@ class Worker:
             else:
                 assert isinstance(first, _Finished)
                 batch = [first]
-            deadline = time.monotonic() + flush_after
+            eager = self._eager_flush.is_set() or (
+                isinstance(first, _Finished) and first.job.queue in self._concurrency_limited
+            )  # then flush what has come by now
+            deadline = time.monotonic() + (0.0 if eager else flush_after)
             while len(batch) < size:
                 wait = deadline - time.monotonic()
                 try:
@@ -1909,9 +2068,15 @@ class Worker:
                     exc=exc,
                     started=time.monotonic() - done.duration,
                 )
+        self._flushed(batch)
+
+    def _flushed(self, batch: Sequence[_Finished]) -> None:
+        """These results are recorded (or given up on): their leases no longer
+        count against this worker."""
         with self._lock:
             for done in batch:
-                self._unflushed.pop(_claim(done.job), None)
+                if self._unflushed.pop(_claim(done.job), None) is not None:
+                    self._unflushed_by_queue[done.job.queue] -= 1
         self._slot_freed.set()  # the backlog shrank: the claimer may claim again
 
     def _retrying(

@@ -8,9 +8,11 @@ the limit), so a violation between two samples cannot hide.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -286,10 +288,18 @@ def _install_oracle(conn: psycopg.Connection[Any]) -> None:
 
 
 def _hammer(
-    make_store: Any, conn: psycopg.Connection[Any], claimers: int, seconds: float, hold: float
+    make_store: Any,
+    conn: psycopg.Connection[Any],
+    claimers: int,
+    seconds: float,
+    hold: float,
+    *,
+    complete_with_claims: bool = False,
 ) -> dict[str, int]:
     """``claimers`` threads, each with its own store, claiming batches and
-    finishing each job after ``hold`` seconds, for ``seconds``."""
+    finishing each job after ``hold`` seconds, for ``seconds``; with
+    ``complete_with_claims``, every other claimer completes its jobs with its
+    next claim (complete_and_claim), as a worker filling the limit does."""
     stop = time.monotonic() + seconds
     done = {"claimed": 0}
     lock = threading.Lock()
@@ -297,17 +307,26 @@ def _hammer(
 
     def run(i: int) -> None:
         store = make_store()
+        together = complete_with_claims and i % 2 == 1
         try:
+            jobs: list[Any] = []
             while time.monotonic() < stop:
-                jobs = store.claim(f"w{i}", ["q"], 4, TTL)
+                if together and jobs:
+                    outcome, jobs = store.complete_and_claim(jobs, queues=["q"], limit=4, ttl=TTL)
+                    assert not outcome.lease_lost
+                else:
+                    jobs = store.claim(f"w{i}", ["q"], 4, TTL)
                 if not jobs:
                     time.sleep(0.002)
                     continue
                 time.sleep(hold)
-                for job in jobs:
-                    store.complete(job)
+                if not together:
+                    for job in jobs:
+                        store.complete(job)
                 with lock:
                     done["claimed"] += len(jobs)
+            if jobs and together:
+                store.complete_many(jobs)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -329,6 +348,20 @@ def test_concurrent_claimers_never_lease_more_than_the_concurrency_limit(
     done = _hammer(make_store, conn, claimers=12, seconds=4.0, hold=0.003)
     assert done["claimed"] > 100
     assert conn.execute("SELECT * FROM public.limit_violations").fetchall() == []
+
+
+def test_claimers_completing_with_their_claims_never_lease_more_than_the_limit(
+    make_store: Any, store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    _install_oracle(conn)
+    _enqueue(store, 3000)
+    store.set_queue_limits("q", concurrency=5)
+    done = _hammer(
+        make_store, conn, claimers=12, seconds=4.0, hold=0.003, complete_with_claims=True
+    )
+    assert done["claimed"] > 100
+    assert conn.execute("SELECT * FROM public.limit_violations").fetchall() == []
+    assert _leased(conn) == 0
 
 
 def test_concurrent_claimers_never_lease_more_than_the_per_key_limit(
@@ -479,6 +512,7 @@ def test_a_claimer_frozen_inside_its_limited_claim_holds_the_queue_back_only_bri
                 owner="frozen",
                 ttl_seconds=30.0,
                 write_events=True,
+                commit_async=True,
             )
         )
         == 2
@@ -492,3 +526,112 @@ def test_a_claimer_frozen_inside_its_limited_claim_holds_the_queue_back_only_bri
     with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
         frozen.execute("COMMIT")
     frozen.close()
+
+
+# -- complete_and_claim -------------------------------------------------------
+
+
+def test_complete_and_claim_claims_the_slots_its_completions_free(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    _enqueue(store, 10)
+    store.set_queue_limits("q", concurrency=3)
+    held = store.claim(OWNER, ["q"], 10, TTL)
+    assert len(held) == 3
+    outcome, claimed = store.complete_and_claim(held[:2], queues=["q"], limit=10, ttl=TTL)
+    assert outcome.completed == {j.id for j in held[:2]}
+    assert not outcome.cancelled and not outcome.lease_lost
+    assert len(claimed) == 2  # the two slots freed in the same transaction
+    assert {j.lease_owner for j in claimed} == {OWNER}
+    assert _leased(conn) == 3
+    assert {store.get(j.id).state for j in held[:2]} == {State.SUCCEEDED}
+
+
+def test_complete_and_claim_stores_results_and_events_like_complete_many(store: Store) -> None:
+    _enqueue(store, 2)
+    store.set_queue_limits("q", concurrency=1)
+    [job] = store.claim(OWNER, ["q"], 5, TTL)
+    _, [nxt] = store.complete_and_claim(
+        [job], results={job.id: {"n": 1}}, queues=["q"], limit=5, ttl=TTL
+    )
+    done = store.get(job.id)
+    assert done.state == State.SUCCEEDED and done.result == {"n": 1}
+    kinds = [e.kind for e in store.events(job.id)]
+    assert kinds[-2:] == [EventKind.CLAIMED, EventKind.SUCCEEDED]
+    assert store.get(nxt.id).state == State.LEASED
+
+
+def test_complete_and_claim_fences_a_stale_claim_and_claims_anyway(store: Store) -> None:
+    _enqueue(store, 3)
+    store.set_queue_limits("q", concurrency=2)
+    [first, second] = store.claim(OWNER, ["q"], 5, TTL)
+    stale = dataclasses.replace(first, lease_token=uuid.uuid4())
+    outcome, claimed = store.complete_and_claim([stale, second], queues=["q"], limit=5, ttl=TTL)
+    assert outcome.lease_lost == {first.id} and outcome.completed == {second.id}
+    assert len(claimed) == 1  # the one slot that second freed
+    assert store.get(first.id).state == State.LEASED
+
+
+def test_complete_and_claim_again_after_a_lost_reply_reports_the_jobs_completed(
+    store: Store,
+) -> None:
+    _enqueue(store, 4)
+    store.set_queue_limits("q", concurrency=1)
+    [job] = store.claim(OWNER, ["q"], 5, TTL)
+    store.complete_and_claim([job], queues=["q"], limit=5, ttl=TTL)
+    again, claimed = store.complete_and_claim([job], queues=["q"], limit=5, ttl=TTL)
+    assert again.completed == {job.id}
+    assert claimed == []  # the first call's claim holds the one slot
+
+
+def test_complete_and_claim_commits_synchronously_and_a_claim_alone_does_not(
+    store: Store, dsn: str
+) -> None:
+    _enqueue(store, 2)
+    store.set_queue_limits("q", concurrency=5)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SET synchronous_commit = on")  # the test cluster's default is off
+        for commit_async, expected in ((False, "on"), (True, "off")):
+            c.execute("BEGIN")
+            store.q.lock_queue_limits(c, queues=["q"])
+            store.q.claim_limited_jobs(
+                c,
+                queues=["q"],
+                max_jobs=1,
+                owner=OWNER,
+                ttl_seconds=30.0,
+                write_events=False,
+                commit_async=commit_async,
+            )
+            row = c.execute("SHOW synchronous_commit").fetchone()
+            c.execute("ROLLBACK")
+            assert row is not None and row[0] == expected
+
+
+@pytest.mark.parametrize(
+    ("jobs", "queues", "limit", "field"),
+    [
+        ("none", ["q"], 5, "jobs"),
+        ("held", [], 5, "queues"),
+        ("held", ["bad queue!"], 5, "queues"),
+        ("held", ["q"], 0, "limit"),
+        ("two owners", ["q"], 5, "jobs"),
+    ],
+)
+def test_complete_and_claim_refuses_bad_input_before_anything_is_written(
+    store: Store,
+    conn: psycopg.Connection[Any],
+    jobs: str,
+    queues: list[str],
+    limit: int,
+    field: str,
+) -> None:
+    _enqueue(store, 4)
+    store.set_queue_limits("q", concurrency=3)
+    held = store.claim(OWNER, ["q"], 1, TTL) + store.claim("w2", ["q"], 1, TTL)
+    given = {"none": [], "held": held[:1], "two owners": held}[jobs]
+    with pytest.raises(ValidationError) as err:
+        store.complete_and_claim(given, queues=queues, limit=limit, ttl=TTL)
+    assert err.value.field == field
+    assert _leased(conn) == 2
+    assert {store.get(j.id).state for j in held} == {State.LEASED}

@@ -15,9 +15,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobrun.job.errors import TransientError
 from jobrun.job.model import Job, NewJob
 from jobrun.postgres.store import Store
 from jobrun.worker import JobContext, Registry, Worker, WorkerConfig
+from tests.postgres.test_store_limits import _install_oracle
+from tests.runtime.conftest import FAST
 from tests.support.waiting import wait_for
 
 DEADLINE = 120.0
@@ -175,3 +178,92 @@ def test_the_start_banner_names_the_databases_limits_on_the_workers_queues(
     shared = "emails: concurrency 5, rate 100/s (in the database: for every worker)"
     assert f"  limits:      {shared}" in lines
     assert not any("elsewhere" in line for line in lines)
+
+
+# -- complete-and-claim: a worker filling a concurrency limit -----------------
+
+
+class CompletingWithClaims(Store):
+    """The real store, counting what rides on complete_and_claim; with
+    ``fail_every``, every so many of those calls fail (a database fault)
+    before anything is sent."""
+
+    def __init__(self, pool: Any, fail_every: int = 0) -> None:
+        super().__init__(pool)
+        self.fail_every = fail_every
+        self.calls = 0
+        self.completed = 0
+        self.failed = 0
+        self.lock = threading.Lock()
+
+    def complete_and_claim(self, jobs: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            self.calls += 1
+            fail = self.fail_every and self.calls % self.fail_every == 0
+            if fail:
+                self.failed += 1
+        if fail:
+            raise TransientError("injected: the connection dropped before the claim was sent")
+        outcome, claimed = super().complete_and_claim(jobs, **kwargs)
+        with self.lock:
+            self.completed += len(outcome.completed)
+        return outcome, claimed
+
+
+def _succeeded_once_each(conn: psycopg.Connection[Any], n: int) -> None:
+    rows = conn.execute(
+        "SELECT j.attempts, count(e.*) FILTER (WHERE e.kind = 'succeeded') "
+        "FROM jobrun.jobs j LEFT JOIN jobrun.job_events e ON e.job_id = j.id "
+        "WHERE j.queue = 'q' GROUP BY j.id, j.attempts"
+    ).fetchall()
+    assert len(rows) == n
+    assert {(attempts, succeeded) for attempts, succeeded in rows} == {(1, 1)}
+
+
+@pytest.mark.parametrize("fail_every", [0, 3])
+def test_a_worker_filling_a_concurrency_limit_completes_its_jobs_with_its_claims(
+    pool: Any,
+    registry: Registry,
+    conn: psycopg.Connection[Any],
+    fail_every: int,
+) -> None:
+    _install_oracle(conn)
+    store = CompletingWithClaims(pool, fail_every=fail_every)
+    registry.register("t", lambda ctx, job: {"ok": job.id.hex} if job.attempts else None)
+    store.set_queue_limits("q", concurrency=4)
+    store.enqueue_batch([NewJob(type="t", queue="q") for _ in range(300)])
+    worker = Worker(store, registry, WorkerConfig(queues={"q": None}, concurrency=4, **FAST))
+    worker.start()
+    try:
+        wait_for(lambda: states(conn, queue="q") == {"succeeded": 300}, timeout=DEADLINE)
+    finally:
+        worker.stop(timeout=5)
+    assert store.completed > 0  # most rode with claims; the rest went to the completer
+    if fail_every:
+        assert store.failed > 0  # and the completions of a failed one were not lost
+    assert conn.execute("SELECT * FROM public.limit_violations").fetchall() == []
+    _succeeded_once_each(conn, 300)
+    results = conn.execute(
+        "SELECT count(*) FROM jobrun.jobs"
+        " WHERE queue = 'q' AND result->>'ok' = replace(id::text, '-', '')"
+    ).fetchone()
+    assert results == (300,)
+
+
+def test_stopping_a_worker_that_fills_a_limit_records_every_success_it_ran(
+    pool: Any, registry: Registry, conn: psycopg.Connection[Any]
+) -> None:
+    store = CompletingWithClaims(pool)
+    registry.register("t", lambda ctx, job: time.sleep(0.01))
+    store.set_queue_limits("q", concurrency=4)
+    store.enqueue_batch([NewJob(type="t", queue="q") for _ in range(200)])
+    worker = Worker(store, registry, WorkerConfig(queues={"q": None}, concurrency=4, **FAST))
+    worker.start()
+    try:
+        wait_for(lambda: states(conn, queue="q").get("succeeded", 0) >= 20, timeout=DEADLINE)
+    finally:
+        assert worker.stop(timeout=5)
+    left = states(conn, queue="q")
+    assert "leased" not in left, left  # no success held back by the claimer
+    assert left["succeeded"] + left.get("queued", 0) == 200
+    assert store.completed > 0

@@ -203,23 +203,26 @@ WITH lim AS MATERIALIZED (
     FROM unnest($1::text[]) AS q(name)
     LEFT JOIN jobrun.queue_limits AS l ON l.queue = q.name
     WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
-      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+      AND (SELECT set_config('synchronous_commit',
+                             CASE WHEN $2::boolean THEN 'off'
+                                  ELSE current_setting('synchronous_commit') END,
+                             true)) IS NOT NULL
 ), room AS MATERIALIZED (
     SELECT lim.name, lim.per_key, lim.locked AND lim.rate_limit IS NOT NULL AS rated,
-           CASE WHEN NOT lim.limited THEN $2::int4
+           CASE WHEN NOT lim.limited THEN $3::int4
                 WHEN NOT lim.locked THEN 0
                 ELSE GREATEST(0, LEAST(
-                    $2::int4,
+                    $3::int4,
                     COALESCE(lim.concurrency - (
                         SELECT count(*) FROM jobrun.jobs AS j
                         WHERE j.state = 'leased' AND j.queue = lim.name)::int4,
-                        $2::int4),
+                        $3::int4),
                     COALESCE(lim.rate_limit - (
                         SELECT COALESCE(sum(s.jobs), 0) FROM jobrun.queue_starts AS s
                         WHERE s.queue = lim.name
                           AND s.at > statement_timestamp()
                                      - make_interval(secs => lim.rate_period_seconds))::int4,
-                        $2::int4)))
+                        $3::int4)))
            END AS n
     FROM lim
 ), busy AS MATERIALIZED (
@@ -275,14 +278,14 @@ WITH lim AS MATERIALIZED (
         SELECT keyed.id, keyed.priority, keyed.run_at FROM keyed
     ) AS u
     ORDER BY u.priority, u.run_at, u.id
-    LIMIT $2
+    LIMIT $3
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
         attempts = jobs.attempts + 1,
-        lease_owner = $3::text,
+        lease_owner = $4::text,
         lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => $4::float8),
+        lease_expires_at = now() + make_interval(secs => $5::float8),
         progress = NULL, progress_message = NULL, progress_at = NULL,
         updated_at = now()
     FROM next
@@ -291,7 +294,7 @@ WITH lim AS MATERIALIZED (
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
     SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
-    WHERE $5::boolean
+    WHERE $6::boolean
 ), started AS (
     INSERT INTO jobrun.queue_starts (queue, at, jobs)
     SELECT claimed.queue, statement_timestamp(), count(*)::int4
@@ -315,9 +318,15 @@ FROM (
 ) AS l"""
 
 
-LIMITED_QUEUES: Final = (
-    "SELECT queue FROM jobrun.queue_limits WHERE queue = ANY($1::text[]) ORDER BY queue"
-)
+LIMITED_QUEUES: Final = """\
+SELECT queue, concurrency FROM jobrun.queue_limits
+WHERE queue = ANY($1::text[]) ORDER BY queue"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LimitedQueuesRow:
+    queue: str
+    concurrency: int | None
 
 
 LIMITS_HOLD_BACK: Final = """\
@@ -1306,6 +1315,7 @@ class Queries(QueriesBase):
         conn: psycopg.Connection[Any],
         *,
         queues: list[str],
+        commit_async: bool,
         max_jobs: int,
         owner: str,
         ttl_seconds: float,
@@ -1329,12 +1339,15 @@ class Queries(QueriesBase):
         the keys behind it); the first rows of the other keys are read without
         locks (the queue's row lock keeps other claimers out), each key held to
         its room, the queue to its room, and only those rows locked and claimed.
-        The claim commits asynchronously, as in ClaimJobs.
+        The claim commits asynchronously, as in ClaimJobs, unless
+        commit_async is false: a transaction that also completes jobs
+        (complete_and_claim) keeps the session's synchronous_commit, so that the
+        completions are durable once COMMIT answers.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, max_jobs, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -1375,6 +1388,7 @@ class Queries(QueriesBase):
         conn: psycopg.Connection[Any],
         *,
         queues: list[str],
+        commit_async: bool,
         max_jobs: int,
         owner: str,
         ttl_seconds: float,
@@ -1398,7 +1412,10 @@ class Queries(QueriesBase):
         the keys behind it); the first rows of the other keys are read without
         locks (the queue's row lock keeps other claimers out), each key held to
         its room, the queue to its room, and only those rows locked and claimed.
-        The claim commits asynchronously, as in ClaimJobs.
+        The claim commits asynchronously, as in ClaimJobs, unless
+        commit_async is false: a transaction that also completes jobs
+        (complete_and_claim) keeps the session's synchronous_commit, so that the
+        completions are durable once COMMIT answers.
 
         Deferred: the statement is sent at once and its rows are read when
         the function returned is called (after what was sent meanwhile).
@@ -1407,7 +1424,7 @@ class Queries(QueriesBase):
         try:
             cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, max_jobs, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, ttl_seconds, write_events),
             )
         except BaseException:
             cur.close()
@@ -1461,13 +1478,20 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(LOCK_QUEUE_LIMITS), (queues,))
 
-    def limited_queues(self, conn: psycopg.Connection[Any], *, queues: list[str]) -> list[str]:
+    def limited_queues(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        queues: list[str],
+    ) -> list[LimitedQueuesRow]:
         """Which of the queues have limits (the store routes their claims through
-        LockQueueLimits).
+        LockQueueLimits), with each one's global concurrency (NULL: none): a
+        worker that alone holds that many leases of a queue knows, without a
+        claim, that a claim of it would get nothing.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(LIMITED_QUEUES), (queues,))
-            return [r[0] for r in cur.fetchall()]
+            return [LimitedQueuesRow(queue=r[0], concurrency=r[1]) for r in cur.fetchall()]
 
     def limits_hold_back(self, conn: psycopg.Connection[Any], *, queues: list[str]) -> float | None:
         """After a short claim: does a limit hold back ready jobs of these queues,
@@ -1932,7 +1956,8 @@ class Queries(QueriesBase):
         and events, in one statement. A job this very claim already finished (a
         batch retried after its COMMIT reply was lost: finished_token matches) is
         returned as it stands, and changes nothing. Ids not returned lost their
-        lease.
+        lease. complete_and_claim sends it first in a limited claim's
+        transaction, so that the claim counts the slots it frees.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
@@ -1948,6 +1973,53 @@ class Queries(QueriesBase):
                 ),
             )
             return [CompleteJobsRow(id=r[0], state=JobState(r[1])) for r in cur.fetchall()]
+
+    def complete_jobs_deferred(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+        tokens: list[uuid.UUID],
+        scopes: list[str],
+        keys: list[str],
+        results: list[Any],
+        owner: str,
+        finish_channel: str,
+    ) -> Callable[[], list[CompleteJobsRow]]:
+        """complete_many: every job still leased by this owner and token ends
+        succeeded (or cancelled when cancel was requested), with its effect row
+        and events, in one statement. A job this very claim already finished (a
+        batch retried after its COMMIT reply was lost: finished_token matches) is
+        returned as it stands, and changes nothing. Ids not returned lost their
+        lease. complete_and_claim sends it first in a limited claim's
+        transaction, so that the claim counts the slots it frees.
+
+        Deferred: the statement is sent at once and its rows are read when
+        the function returned is called (after what was sent meanwhile).
+        """
+        cur = psycopg.RawCursor(conn, row_factory=tuple_row)
+        try:
+            cur.execute(
+                self.sql(COMPLETE_JOBS),
+                (
+                    ids,
+                    tokens,
+                    scopes,
+                    keys,
+                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results],
+                    owner,
+                    finish_channel,
+                ),
+            )
+        except BaseException:
+            cur.close()
+            raise
+
+        def rows() -> list[CompleteJobsRow]:
+            with cur:
+                return [CompleteJobsRow(id=r[0], state=JobState(r[1])) for r in cur.fetchall()]
+
+        return rows
 
     def select_expired_leases(
         self,

@@ -69,6 +69,7 @@ from jobrun.postgres.sqlc.jobs import (
     CountByStateRow,
     EnqueueJobRow,
     EnqueueKeyedJobRow,
+    LimitedQueuesRow,
     ListQueueLimitsRow,
     NotifyQueueBlockersRow,
     QueueDepthRow,
@@ -522,6 +523,7 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         queues: list[str],
+        commit_async: bool,
         max_jobs: int,
         owner: str,
         ttl_seconds: float,
@@ -545,12 +547,15 @@ class AsyncQueries(QueriesBase):
         the keys behind it); the first rows of the other keys are read without
         locks (the queue's row lock keeps other claimers out), each key held to
         its room, the queue to its room, and only those rows locked and claimed.
-        The claim commits asynchronously, as in ClaimJobs.
+        The claim commits asynchronously, as in ClaimJobs, unless
+        commit_async is false: a transaction that also completes jobs
+        (complete_and_claim) keeps the session's synchronous_commit, so that the
+        completions are durable once COMMIT answers.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, max_jobs, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -591,6 +596,7 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         queues: list[str],
+        commit_async: bool,
         max_jobs: int,
         owner: str,
         ttl_seconds: float,
@@ -614,7 +620,10 @@ class AsyncQueries(QueriesBase):
         the keys behind it); the first rows of the other keys are read without
         locks (the queue's row lock keeps other claimers out), each key held to
         its room, the queue to its room, and only those rows locked and claimed.
-        The claim commits asynchronously, as in ClaimJobs.
+        The claim commits asynchronously, as in ClaimJobs, unless
+        commit_async is false: a transaction that also completes jobs
+        (complete_and_claim) keeps the session's synchronous_commit, so that the
+        completions are durable once COMMIT answers.
 
         Deferred: the statement is sent at once and its rows are read when
         the function returned is called (after what was sent meanwhile).
@@ -623,7 +632,7 @@ class AsyncQueries(QueriesBase):
         try:
             await cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, max_jobs, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, ttl_seconds, write_events),
             )
         except BaseException:
             await cur.close()
@@ -687,13 +696,15 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         queues: list[str],
-    ) -> list[str]:
+    ) -> list[LimitedQueuesRow]:
         """Which of the queues have limits (the store routes their claims through
-        LockQueueLimits).
+        LockQueueLimits), with each one's global concurrency (NULL: none): a
+        worker that alone holds that many leases of a queue knows, without a
+        claim, that a claim of it would get nothing.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(LIMITED_QUEUES), (queues,))
-            return [r[0] for r in await cur.fetchall()]
+            return [LimitedQueuesRow(queue=r[0], concurrency=r[1]) for r in await cur.fetchall()]
 
     async def limits_hold_back(
         self,
@@ -1166,7 +1177,8 @@ class AsyncQueries(QueriesBase):
         and events, in one statement. A job this very claim already finished (a
         batch retried after its COMMIT reply was lost: finished_token matches) is
         returned as it stands, and changes nothing. Ids not returned lost their
-        lease.
+        lease. complete_and_claim sends it first in a limited claim's
+        transaction, so that the claim counts the slots it frees.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
@@ -1182,6 +1194,55 @@ class AsyncQueries(QueriesBase):
                 ),
             )
             return [CompleteJobsRow(id=r[0], state=JobState(r[1])) for r in await cur.fetchall()]
+
+    async def complete_jobs_deferred(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+        tokens: list[uuid.UUID],
+        scopes: list[str],
+        keys: list[str],
+        results: list[Any],
+        owner: str,
+        finish_channel: str,
+    ) -> Callable[[], Awaitable[list[CompleteJobsRow]]]:
+        """complete_many: every job still leased by this owner and token ends
+        succeeded (or cancelled when cancel was requested), with its effect row
+        and events, in one statement. A job this very claim already finished (a
+        batch retried after its COMMIT reply was lost: finished_token matches) is
+        returned as it stands, and changes nothing. Ids not returned lost their
+        lease. complete_and_claim sends it first in a limited claim's
+        transaction, so that the claim counts the slots it frees.
+
+        Deferred: the statement is sent at once and its rows are read when
+        the function returned is called (after what was sent meanwhile).
+        """
+        cur = psycopg.AsyncRawCursor(conn, row_factory=tuple_row)
+        try:
+            await cur.execute(
+                self.sql(COMPLETE_JOBS),
+                (
+                    ids,
+                    tokens,
+                    scopes,
+                    keys,
+                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results],
+                    owner,
+                    finish_channel,
+                ),
+            )
+        except BaseException:
+            await cur.close()
+            raise
+
+        async def rows() -> list[CompleteJobsRow]:
+            async with cur:
+                return [
+                    CompleteJobsRow(id=r[0], state=JobState(r[1])) for r in await cur.fetchall()
+                ]
+
+        return rows
 
     async def select_expired_leases(
         self,
