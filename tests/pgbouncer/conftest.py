@@ -33,12 +33,17 @@ def _users(server: TestServer) -> dict[str, str]:
     return users
 
 
-def _bouncer(server: TestServer, mode: str) -> Iterator[PgBouncer]:
+def require_pgbouncer() -> None:
+    """Skip the test when pgbouncer is not installed (fail it under CI=true)."""
     if pgbouncer_binary() is None:
         message = "pgbouncer is not installed (apt-get install pgbouncer)"
         if ci():
             pytest.fail(f"{message}; CI=true: the pooler suite must run", pytrace=False)
         pytest.skip(message)
+
+
+def _bouncer(server: TestServer, mode: str) -> Iterator[PgBouncer]:
+    require_pgbouncer()
     bouncer = PgBouncer(server.admin_dsn, pool_mode=mode, users=_users(server))
     bouncer.start()
     try:

@@ -129,6 +129,9 @@ def test_prepared_statements_through_pgbouncer_raise_a_pooler_error_naming_the_s
     pg_server: TestServer, direct_dsn: str, conn: psycopg.Connection[Any]
 ) -> None:
     """Two clients, one server session: the second prepares a name the first left there."""
+    from tests.pgbouncer.conftest import require_pgbouncer  # noqa: PLC0415
+
+    require_pgbouncer()  # a PgBouncer of its own (one server connection), not the suite's
     bouncer = PgBouncer(pg_server.admin_dsn, pool_size=1, users=_users(pg_server))
     bouncer.start()
     try:
