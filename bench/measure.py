@@ -801,9 +801,9 @@ DRAIN_LIMITS: dict[str, dict[str, Any]] = {
 """The queue limits of ``limits`` (issue 14): a global limit of 50 (the issue's), one
 job at a time per key over 1,000 keys, a rate far above what the machine reaches,
 and a global limit of 1,000 that nothing reaches. 50 is more than the 32 threads
-but not more than the leases a worker holds: a lease lasts until the completer's
-batch commits, and the unlimited drain holds about 64 on average (``leased_mean``),
-so 50 binds; 1,000 shows what the limited claim costs when no limit binds."""
+but not more than the leases a worker holds: a lease lasts until the job's success
+commits, and the unlimited drain holds about 85 on average (``leased_mean``), so 50
+binds; 1,000 shows what the limited claim costs when no limit binds."""
 CLAIM_LIMITS: dict[str, dict[str, Any]] = {
     "none": {},
     "concurrency": {"concurrency": 64},

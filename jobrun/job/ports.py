@@ -119,9 +119,10 @@ class Store(Schedules, Protocol):
         """Whether a queue limit applies to one of ``queues`` (cached: cheap)."""
         ...
 
-    def concurrency_limits(self, queues: Sequence[str]) -> dict[str, int]:
-        """The global concurrency limit of each of ``queues`` that has one
-        (cached like :meth:`queues_limited`: possibly a second old)."""
+    def limited_queues(self, queues: Sequence[str]) -> dict[str, int | None]:
+        """The limited queues among ``queues``, each with its global
+        concurrency limit or None (cached like :meth:`queues_limited`:
+        possibly a second old)."""
         ...
 
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:

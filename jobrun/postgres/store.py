@@ -972,14 +972,15 @@ class Store(SchedulesMixin):
         names = [validate.queue_name(name, "queues") for name in queues]
         return bool(names) and self._any_limited(names)
 
-    def concurrency_limits(self, queues: Sequence[str]) -> dict[str, int]:
-        """The global concurrency limit of each of ``queues`` that has one, as
-        this store last read it (at most LIMITED_QUEUES_TTL seconds ago, or
-        since this store last changed a limit): no round trip most times."""
+    def limited_queues(self, queues: Sequence[str]) -> dict[str, int | None]:
+        """The limited queues among ``queues``, each with its global
+        concurrency limit (None: limited otherwise), as this store last read
+        them (at most LIMITED_QUEUES_TTL seconds ago, or since this store last
+        changed a limit): no round trip most times."""
         names = [validate.queue_name(name, "queues") for name in queues]
         if not names:
             return {}
-        return {q: n for q, n in self._limits_of(names).items() if n is not None}
+        return dict(self._limits_of(names))
 
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:
         """Whether a limit (not a lack of work) holds back ready jobs of ``queues``.

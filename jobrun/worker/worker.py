@@ -159,22 +159,27 @@ up to the poll interval, while such claims get nothing), or at
 once when its completer flushes (a flushed batch freed its slots), instead
 of waiting for a notification or the poll interval.
 
-Complete-and-claim (a queue with a global concurrency limit): a lease lasts
-until the job's success is recorded, so a worker whose completions and
-claims alternate (a completion frees slots while the previous claim is on
-its way; the next claim comes a round trip later) holds far fewer leases
-than the limit allows, and drains such a queue at two thirds of its speed.
-So the plain successes of those queues go to the claimer, not the
-completer, while the claimer is claiming: its next claim of the queue
-completes them in the same transaction (``Store.complete_and_claim``, one
-round trip, committed synchronously), and the slots they free are claimed
-again there. The claimer hands what it holds to the completer whenever it
-is about to wait for anything other than a freed slot (no work, a fault,
-the stop), or when no thread frees within ``complete_flush_interval``; a
-complete-and-claim that fails hands its completions over too (completing
-again is safe). A queue whose limit this worker's own leases fill is not
-claimed at all (the claim would get nothing), and the completer then
-flushes its jobs at once instead of collecting a batch.
+Complete-and-claim (a limited queue): a lease lasts until the job's success
+is recorded, so a worker whose completions and claims alternate (a
+completion frees slots while the previous claim is on its way; the next
+claim comes a round trip later) holds far fewer leases than a concurrency
+or per-key limit allows, and drains such a queue at two thirds of its
+speed; and a limited claim is a transaction of its own anyway. So the
+plain successes of limited queues go to the claimer, not the completer,
+while the claimer is claiming: its next claim of the queue completes them
+in the same transaction (``Store.complete_and_claim``, one round trip,
+committed synchronously), and the slots they free are claimed again there,
+at once (no waiting for more threads to free). As many jobs as rode along
+may then wait for a thread (many when jobs are short: they run while the
+next claim is on its way; next to none when they are long), so such a
+worker holds at most twice ``concurrency`` leases. The claimer hands what
+it holds to the completer whenever it is about to wait for anything other
+than a freed thread (no work, a fault, the stop), or when no thread frees
+within ``complete_flush_interval``; a complete-and-claim that fails hands
+its completions over too (completing again is safe). A queue whose global
+concurrency limit this worker's own leases fill is not claimed at all (the
+claim would get nothing), and the completer then flushes its jobs at once
+instead of collecting a batch. Commit callables are always the completer's.
 
 Console (see :mod:`jobrun.worker.logs` for the formats): a start banner
 (version, database, queues with their limits, concurrency, registered job
@@ -724,9 +729,11 @@ class Worker:
         self._done: queue.SimpleQueue[_Finished | _FlushNow | None] = queue.SimpleQueue()
         self._slot_freed = threading.Event()
         # Set while a queue's global concurrency limit is full of this worker's
-        # own leases: a batch window would only keep the claimer waiting.
+        # own leases: a batch window would only keep the claimer waiting. The
+        # limited queues among this worker's (as the store last read them):
+        # their plain successes ride with the claims (complete-and-claim).
         self._eager_flush = threading.Event()
-        self._concurrency_limited: frozenset[str] = frozenset()
+        self._limited: frozenset[str] = frozenset()
         # Plain successes of those queues that the claimer completes with its
         # next claim of them (complete_and_claim), while it is set to.
         self._claimer_done: list[_Finished] = []
@@ -1060,25 +1067,28 @@ class Worker:
         slower than the handlers (commit callables run one after another)
         slows claiming down instead of letting leased jobs pile up without
         bound, while a completer that keeps up is never waited for. A worker
-        holds at most ``concurrency`` plus that allowance of leases.
+        holds at most ``concurrency`` plus that allowance of leases, and
+        while its claimer holds completions of a limited queue, as many more
+        again (at most ``concurrency``) may wait for a thread: see
+        complete-and-claim in the module docstring.
 
         A queue whose global concurrency limit this worker's own leases fill
         (running, or finished and waiting for the completer) is left out: a
-        claim of it would get nothing (unless the claimer holds completions
-        of it to send along: see complete-and-claim in the module
-        docstring). The completer then flushes at once instead of collecting
-        a batch, since the freed slots are what the next claim waits for
-        (the limit as the store last read it, at most a second old: a limit
-        raised since is seen within that second).
+        claim of it would get nothing, unless the claimer holds completions
+        of it to send along. The completer then flushes at once instead of
+        collecting a batch, since the freed slots are what the next claim
+        waits for (the limit as the store last read it, at most a second
+        old: a limit raised since is seen within that second).
         """
-        limits = self._concurrency_limits()
-        self._concurrency_limited = frozenset(limits)
+        limits = self._queue_limits()
+        self._limited = frozenset(limits)
         with self._lock:
             completing = {done.job.queue for done in self._claimer_done}
             full = {
                 name
                 for name, limit in limits.items()
-                if self._inflight_by_queue.get(name, 0) + self._unflushed_by_queue.get(name, 0)
+                if limit is not None
+                and self._inflight_by_queue.get(name, 0) + self._unflushed_by_queue.get(name, 0)
                 >= limit
                 and name not in completing
             }
@@ -1089,6 +1099,11 @@ class Worker:
             allowance = max(self.config.concurrency, self.config.complete_batch_size)
             backlog = max(len(self._unflushed) - allowance, 0)
             free = self.config.concurrency - self._inflight - backlog
+            if completing:
+                # As many jobs as finished since the last claim may wait for
+                # a thread: many when jobs are short (they run while the
+                # claim is on its way), next to none when they are long.
+                free += min(len(self._claimer_done), self.config.concurrency)
             plan: list[tuple[list[str], int]] = []
             unlimited: list[str] = []
             for name, limit in self.config.queues.items():
@@ -1107,14 +1122,15 @@ class Worker:
                 plan.append((unlimited, free))
             return plan
 
-    def _concurrency_limits(self) -> dict[str, int]:
-        """The queues' global concurrency limits as the store last read them
-        (none known when it cannot tell: the claims then find out)."""
-        self._claimer_activity.busy("reading the concurrency limits of its queues")
+    def _queue_limits(self) -> dict[str, int | None]:
+        """The limited queues among this worker's, each with its global
+        concurrency limit (None: none), as the store last read them (none
+        known when it cannot tell: the claims then find out)."""
+        self._claimer_activity.busy("reading the limits of its queues")
         try:
-            return self.store.concurrency_limits(self._queue_names)
+            return self.store.limited_queues(self._queue_names)
         except JobrunError as exc:
-            self._log.debug("reading the queues' concurrency limits failed: %s", exc)
+            self._log.debug("reading the queues' limits failed: %s", exc)
             return {}
 
     def _claim_loop(self) -> None:
@@ -1146,7 +1162,7 @@ class Worker:
                 self._slot_freed.clear()
                 continue
             coalesce_until = time.monotonic() + CLAIM_COALESCE
-            while sum(n for _, n in plan) < batch and self._busy():
+            while sum(n for _, n in plan) < batch and self._busy() and not self._holding():
                 left = coalesce_until - time.monotonic()
                 if left <= 0:
                     break
@@ -1213,6 +1229,11 @@ class Worker:
                 self._wait_for_work()
         self._hand_over_completions()
 
+    def _holding(self) -> bool:
+        """Whether the claimer holds completions to send with its next claim."""
+        with self._lock:
+            return bool(self._claimer_done)
+
     def _take_completions(self, queues: list[str]) -> list[_Finished]:
         """The plain successes of ``queues`` held for the claimer, at most one
         completion batch and one claim per job (a job that finished under two
@@ -1248,8 +1269,8 @@ class Worker:
         self, finished: list[_Finished], queues: list[str], n: int
     ) -> list[Job]:
         """Complete ``finished`` and claim up to ``n`` jobs of ``queues`` in one
-        transaction (Store.complete_and_claim): their slots under the queue's
-        concurrency limit are claimed again at once. On any error the
+        transaction (Store.complete_and_claim): the slots they hold under the
+        queue's limits are claimed again at once. On any error the
         completions go to the completer, which retries them alone (safe: a
         completion that committed after all reports completed)."""
         jobs = [done.job for done in finished]
@@ -1639,11 +1660,7 @@ class Worker:
         with self._lock:
             self._unflushed[_claim(job)] = job
             self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
-            to_claimer = (
-                commit is None
-                and self._claimer_completes
-                and job.queue in self._concurrency_limited
-            )
+            to_claimer = commit is None and self._claimer_completes and job.queue in self._limited
             if to_claimer:
                 self._claimer_done.append(finished)
         if not to_claimer:
@@ -1985,7 +2002,7 @@ class Worker:
                 assert isinstance(first, _Finished)
                 batch = [first]
             eager = self._eager_flush.is_set() or (
-                isinstance(first, _Finished) and first.job.queue in self._concurrency_limited
+                isinstance(first, _Finished) and first.job.queue in self._limited
             )  # then flush what has come by now
             deadline = time.monotonic() + (0.0 if eager else flush_after)
             while len(batch) < size:

@@ -87,7 +87,7 @@ def test_a_claimer_waiting_for_a_pool_with_no_free_connection_says_so(
         worker.start()
         [warning] = wait_for(lambda: warnings_about(caplog, "jobrun-claimer")[:1], 10)
         # Its first call: the queues' limits (cached for a second), before any claim.
-        assert "reading the concurrency limits of its queues" in warning
+        assert "reading the limits of its queues" in warning
         assert "getconn (pool.py" in warning  # waiting for a pooled connection
         pool.putconn(held)
         wait_for(lambda: store.get(job.id).state is State.SUCCEEDED)

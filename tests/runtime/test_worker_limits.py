@@ -220,18 +220,29 @@ def _succeeded_once_each(conn: psycopg.Connection[Any], n: int) -> None:
     assert {(attempts, succeeded) for attempts, succeeded in rows} == {(1, 1)}
 
 
-@pytest.mark.parametrize("fail_every", [0, 3])
-def test_a_worker_filling_a_concurrency_limit_completes_its_jobs_with_its_claims(
+@pytest.mark.parametrize(
+    ("limits", "fail_every"),
+    [
+        ({"concurrency": 4}, 0),
+        ({"concurrency": 4}, 3),
+        ({"per_key": 1}, 0),
+        ({"rate": "100000/s"}, 3),
+    ],
+)
+def test_a_worker_on_a_limited_queue_completes_its_jobs_with_its_claims(
     pool: Any,
     registry: Registry,
     conn: psycopg.Connection[Any],
+    limits: dict[str, Any],
     fail_every: int,
 ) -> None:
     _install_oracle(conn)
     store = CompletingWithClaims(pool, fail_every=fail_every)
     registry.register("t", lambda ctx, job: {"ok": job.id.hex} if job.attempts else None)
-    store.set_queue_limits("q", concurrency=4)
-    store.enqueue_batch([NewJob(type="t", queue="q") for _ in range(300)])
+    store.set_queue_limits("q", **limits)
+    store.enqueue_batch(
+        [NewJob(type="t", queue="q", concurrency_key=f"k{n % 7}") for n in range(300)]
+    )
     worker = Worker(store, registry, WorkerConfig(queues={"q": None}, concurrency=4, **FAST))
     worker.start()
     try:
