@@ -1190,6 +1190,7 @@ class Worker:
                         if wait is not None:
                             held_back = wait if held_back is None else min(held_back, wait)
                 failures = 0
+                self._hand_over_unplanned({name for queues, _ in plan for name in queues})
             except JobrunError as exc:
                 activity.idle()
                 self._hand_over_completions()
@@ -1263,6 +1264,16 @@ class Worker:
             self._claimer_completes = False
             held, self._claimer_done = self._claimer_done, []
         for done in held:
+            self._done.put(done)
+
+    def _hand_over_unplanned(self, planned: set[str]) -> None:
+        """Give the completer the completions of queues this round did not
+        claim (a per-worker limit left no room): no claim is due to take them."""
+        with self._lock:
+            unplanned = [done for done in self._claimer_done if done.job.queue not in planned]
+            if unplanned:
+                self._claimer_done = [d for d in self._claimer_done if d.job.queue in planned]
+        for done in unplanned:
             self._done.put(done)
 
     def _complete_and_claim(
@@ -1654,8 +1665,7 @@ class Worker:
                 )
                 return
         # Completed in a batch by the completer thread, or with the claimer's
-        # next claim of a queue with a global concurrency limit; heartbeated
-        # until then.
+        # next claim of a limited queue; heartbeated until then.
         finished = _Finished(job, commit, result, time.monotonic() - started)
         with self._lock:
             self._unflushed[_claim(job)] = job

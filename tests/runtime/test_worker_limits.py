@@ -278,3 +278,22 @@ def test_stopping_a_worker_that_fills_a_limit_records_every_success_it_ran(
     assert "leased" not in left, left  # no success held back by the claimer
     assert left["succeeded"] + left.get("queued", 0) == 200
     assert store.completed > 0
+
+
+def test_a_limited_queue_with_a_per_worker_limit_beside_a_busy_free_queue_finishes_both(
+    pool: Any, registry: Registry, conn: psycopg.Connection[Any]
+) -> None:
+    store = CompletingWithClaims(pool)
+    registry.register("t", lambda ctx, job: None)
+    store.set_queue_limits("a", concurrency=5)
+    store.enqueue_batch([NewJob(type="t", queue="a") for _ in range(50)])
+    store.enqueue_batch([NewJob(type="t", queue="b") for _ in range(300)])
+    config = WorkerConfig(queues={"a": 1, "b": None}, concurrency=4, **FAST)
+    worker = Worker(store, registry, config)
+    worker.start()
+    try:
+        wait_for(lambda: states(conn, queue="a") == {"succeeded": 50}, timeout=DEADLINE)
+        wait_for(lambda: states(conn, queue="b") == {"succeeded": 300}, timeout=DEADLINE)
+    finally:
+        worker.stop(timeout=5)
+    assert store.completed > 0
