@@ -119,7 +119,7 @@ class Store(Schedules, Protocol):
         """Whether a queue limit applies to one of ``queues`` (cached: cheap)."""
         ...
 
-    def limited_queues(self, queues: Sequence[str]) -> dict[str, int | None]:
+    def limited_queues(self, queues: Sequence[str]) -> Mapping[str, int | None]:
         """The limited queues among ``queues``, each with its global
         concurrency limit or None (cached like :meth:`queues_limited`:
         possibly a second old)."""

@@ -902,11 +902,8 @@ class Store(SchedulesMixin):
 
             def locked(c: psycopg.Connection[Any], committing: list[bool]) -> list[models.Job]:
                 with c.pipeline():
-                    self._begin_limited(c)
-                    self.q.lock_queue_limits(c, queues=names)
-                    claimed = self.q.claim_limited_jobs_deferred(c, **args, commit_async=True)
-                    committing[0] = True
-                    c.execute("COMMIT")
+                    c.execute("BEGIN")
+                    claimed = self._limited_claim(c, names, args, committing, commit_async=True)
                     return claimed()
 
             rows = self._with_explicit_tx(locked)
@@ -930,11 +927,20 @@ class Store(SchedulesMixin):
             write_events=self.event_mode is EventMode.ALL,
         )
 
-    def _begin_limited(self, c: psycopg.Connection[Any]) -> None:
-        """Open a limited claim's transaction, in a pipeline: BEGIN and a generic
-        plan for the claim (planning it afresh costs more than running it).
+    def _limited_claim(
+        self,
+        c: psycopg.Connection[Any],
+        names: builtins.list[str],
+        args: dict[str, Any],
+        committing: list[bool],
+        *,
+        commit_async: bool,
+    ) -> Callable[[], builtins.list[models.Job]]:
+        """Send the rest of a limited claim's transaction, in the pipeline its
+        caller opened with BEGIN, and COMMIT; the claim's rows come later.
 
-        The limits rows' lock comes next, then the claim (a statement of its
+        A generic plan for the claim (planning it afresh costs more than
+        running it), the limits rows' lock, then the claim (a statement of its
         own: its snapshot is taken once the lock is granted), sent deferred
         so that COMMIT leaves with it: one round trip in all. The queue's
         lock is held until COMMIT arrives; a client frozen in between (a
@@ -942,9 +948,13 @@ class Store(SchedulesMixin):
         queue, so the server ends such a transaction (rolling the claim back)
         after a while.
         """
-        c.execute("BEGIN")
         c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         c.execute(_LIMITED_CLAIM_IDLE_TIMEOUT)
+        self.q.lock_queue_limits(c, queues=names)
+        claimed = self.q.claim_limited_jobs_deferred(c, **args, commit_async=commit_async)
+        committing[0] = True
+        c.execute("COMMIT")
+        return claimed
 
     def _any_limited(self, names: builtins.list[str]) -> bool:
         """Whether a limit applies to one of the queues (cached, see _limits_of)."""
@@ -969,18 +979,15 @@ class Store(SchedulesMixin):
     def queues_limited(self, queues: Sequence[str]) -> bool:
         """Whether a limit applies to one of ``queues``, as this store last read
         it (at most LIMITED_QUEUES_TTL seconds ago): no round trip most times."""
-        names = [validate.queue_name(name, "queues") for name in queues]
-        return bool(names) and self._any_limited(names)
+        return bool(self.limited_queues(queues))
 
-    def limited_queues(self, queues: Sequence[str]) -> dict[str, int | None]:
+    def limited_queues(self, queues: Sequence[str]) -> Mapping[str, int | None]:
         """The limited queues among ``queues``, each with its global
         concurrency limit (None: limited otherwise), as this store last read
         them (at most LIMITED_QUEUES_TTL seconds ago, or since this store last
         changed a limit): no round trip most times."""
         names = [validate.queue_name(name, "queues") for name in queues]
-        if not names:
-            return {}
-        return dict(self._limits_of(names))
+        return self._limits_of(names) if names else {}
 
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:
         """Whether a limit (not a lack of work) holds back ready jobs of ``queues``.
@@ -1378,12 +1385,7 @@ class Store(SchedulesMixin):
             with c.pipeline():
                 c.execute("BEGIN")
                 completed = self.q.complete_jobs_deferred(c, **completing)
-                c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-                c.execute(_LIMITED_CLAIM_IDLE_TIMEOUT)
-                self.q.lock_queue_limits(c, queues=names)
-                claimed = self.q.claim_limited_jobs_deferred(c, **args, commit_async=False)
-                committing[0] = True
-                c.execute("COMMIT")
+                claimed = self._limited_claim(c, names, args, committing, commit_async=False)
                 return completed(), claimed()
 
         rows, claimed = self._with_explicit_tx(both)

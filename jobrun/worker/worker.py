@@ -728,11 +728,9 @@ class Worker:
         # Handler successes waiting for their batch.
         self._done: queue.SimpleQueue[_Finished | _FlushNow | None] = queue.SimpleQueue()
         self._slot_freed = threading.Event()
-        # Set while a queue's global concurrency limit is full of this worker's
-        # own leases: a batch window would only keep the claimer waiting. The
-        # limited queues among this worker's (as the store last read them):
-        # their plain successes ride with the claims (complete-and-claim).
-        self._eager_flush = threading.Event()
+        # The limited queues among this worker's (as the store last read them):
+        # their plain successes ride with the claims (complete-and-claim), or
+        # the completer flushes them at once (their slots are what claims wait for).
         self._limited: frozenset[str] = frozenset()
         # Plain successes of those queues that the claimer completes with its
         # next claim of them (complete_and_claim), while it is set to.
@@ -1092,10 +1090,6 @@ class Worker:
                 >= limit
                 and name not in completing
             }
-            if full:
-                self._eager_flush.set()
-            else:
-                self._eager_flush.clear()
             allowance = max(self.config.concurrency, self.config.complete_batch_size)
             backlog = max(len(self._unflushed) - allowance, 0)
             free = self.config.concurrency - self._inflight - backlog
@@ -1122,7 +1116,7 @@ class Worker:
                 plan.append((unlimited, free))
             return plan
 
-    def _queue_limits(self) -> dict[str, int | None]:
+    def _queue_limits(self) -> Mapping[str, int | None]:
         """The limited queues among this worker's, each with its global
         concurrency limit (None: none), as the store last read them (none
         known when it cannot tell: the claims then find out)."""
@@ -1149,9 +1143,7 @@ class Worker:
             plan = self._claim_plan()
             if not plan:
                 activity.idle()
-                with self._lock:
-                    holding = bool(self._claimer_done)
-                if holding:
+                if self._holding():
                     # A slot freed soon takes them along with its claim; if
                     # none frees within a batch window, the completer does.
                     window = self.config.complete_flush_interval.total_seconds()
@@ -2011,9 +2003,8 @@ class Worker:
             else:
                 assert isinstance(first, _Finished)
                 batch = [first]
-            eager = self._eager_flush.is_set() or (
-                isinstance(first, _Finished) and first.job.queue in self._limited
-            )  # then flush what has come by now
+            # A limited queue's slots wait for it: then flush what has come by now.
+            eager = isinstance(first, _Finished) and first.job.queue in self._limited
             deadline = time.monotonic() + (0.0 if eager else flush_after)
             while len(batch) < size:
                 wait = deadline - time.monotonic()
