@@ -338,7 +338,7 @@ def payload(value: object) -> tuple[Any, str]:
     if len(text) > MAX_PAYLOAD_INT_DIGITS:
         _check_ints(value)
     if utf8_size("payload", text) > MAX_PAYLOAD_BYTES:
-        raise ValidationError("payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
+        raise _too_large()
     if "\\u0000" in text:  # or a string that spells it with a backslash: look closer
         _check_no_nul(value)
     return value, text
@@ -429,8 +429,14 @@ def _check_tree(root: dict[Any, Any]) -> bool:
     Returns False when it meets a value that is JSON only once converted (a
     tuple, a subclass): the caller then checks a plain copy instead. A cycle
     shows up as nesting past MAX_PAYLOAD_DEPTH; the node budget stops a small
-    DAG of shared references from standing for a huge document. Strings and
-    ints are not looked at: :func:`payload` checks them on the JSON text.
+    DAG of shared references from standing for a huge document.
+
+    The budget is a lower bound of the JSON text's size, counted as the walk
+    goes: a byte per entry, a byte per character of every key and string
+    (UTF-8 and escapes only add). Once it is spent the payload is refused
+    then and there, so a payload far over the limit is never serialised (a
+    50 MB string would otherwise be copied twice before being refused).
+    Strings and ints are not read: :func:`payload` checks them on the text.
     """
     stack: list[tuple[Any, int]] = [(root, 1)]
     budget = MAX_PAYLOAD_BYTES
@@ -440,19 +446,23 @@ def _check_tree(root: dict[Any, Any]) -> bool:
             raise ValidationError("payload", f"is nested deeper than {MAX_PAYLOAD_DEPTH} levels")
         budget -= len(node)
         if budget < 0:
-            raise ValidationError("payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
+            raise _too_large()
         if type(node) is dict:
             for key in node:
                 if type(key) is not str:
                     if isinstance(key, str):
                         return False
                     raise _bad_key(key)
+            budget -= sum(map(len, node))
             items = node.values()
         else:
             items = node
         for item in items:
             kind = type(item)
-            if kind is str or kind is int or kind is bool or item is None:
+            if kind is str:
+                budget -= len(item)
+                continue
+            if kind is int or kind is bool or item is None:
                 continue
             if kind is dict or kind is list:
                 stack.append((item, depth + 1))
@@ -463,6 +473,8 @@ def _check_tree(root: dict[Any, Any]) -> bool:
                 return False
             else:
                 raise _not_json(item)
+        if budget < 0:
+            raise _too_large()
     return True
 
 
@@ -472,7 +484,8 @@ def _plain_copy(root: dict[Any, Any]) -> dict[str, Any]:
     Each subclass is read through its base type's own code (``dict.items``,
     ``list.copy``, ``str.__str__``...), never through what it overrides, so
     the copy is what gets checked, serialised and stored. Tuples become
-    lists. Iterative, and bounded like :func:`_check_tree`.
+    lists. Iterative, and bounded like :func:`_check_tree` (a string's
+    length counts before it is copied).
     """
     out: dict[str, Any] = {}
     stack: list[tuple[Any, Any, int]] = [(root, out, 1)]
@@ -485,12 +498,13 @@ def _plain_copy(root: dict[Any, Any]) -> dict[str, Any]:
             pairs = list(dict.items(node))
             budget -= len(pairs)
             if budget < 0:
-                raise ValidationError(
-                    "payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON"
-                )
+                raise _too_large()
             for key, item in pairs:
                 if not isinstance(key, str):
                     raise _bad_key(key)
+                budget -= str.__len__(key) + _str_len(item)
+                if budget < 0:
+                    raise _too_large()
                 target[str.__str__(key)] = _plain_item(item, stack, depth)
         else:
             items = (
@@ -498,12 +512,22 @@ def _plain_copy(root: dict[Any, Any]) -> dict[str, Any]:
             )
             budget -= len(items)
             if budget < 0:
-                raise ValidationError(
-                    "payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON"
-                )
+                raise _too_large()
             for item in items:
+                budget -= _str_len(item)
+                if budget < 0:
+                    raise _too_large()
                 target.append(_plain_item(item, stack, depth))
     return out
+
+
+def _str_len(item: object) -> int:
+    """The length of the text a string carries (its own ``__len__`` is not asked), else 0."""
+    return str.__len__(item) if isinstance(item, str) else 0
+
+
+def _too_large() -> ValidationError:
+    return ValidationError("payload", f"is larger than {MAX_PAYLOAD_BYTES} bytes as JSON")
 
 
 def _plain_item(item: object, stack: list[tuple[Any, Any, int]], depth: int) -> object:

@@ -14,6 +14,7 @@ import decimal
 import enum
 import json
 import sys
+import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -304,6 +305,65 @@ def test_a_payload_of_exactly_the_size_limit_is_accepted() -> None:
     assert len(text.encode()) <= validate.MAX_PAYLOAD_BYTES
     with pytest.raises(ValidationError, match="payload"):
         validate.payload({"x": "é" * ((validate.MAX_PAYLOAD_BYTES - overhead) // 2 + 1)})
+
+
+BIG = 50_000_000
+"""50 MB: a payload fifty times the limit, as a careless caller might send."""
+
+
+class Tagged(str):
+    """A str subclass: the payload check copies the plain value it carries."""
+
+    __slots__ = ()
+
+
+def _big_payloads() -> dict[str, Callable[[], Any]]:
+    return {
+        "one ASCII string": lambda: {"blob": "x" * BIG},
+        "one non-ASCII string": lambda: {"blob": "\u00e9" * (BIG // 2)},
+        "one huge key": lambda: {"k" * BIG: 1},
+        "many strings": lambda: {"parts": ["y" * 1_000_000] * (BIG // 1_000_000)},
+        "a str subclass": lambda: {"blob": Tagged("z" * BIG)},
+        "a tuple of strings": lambda: {"parts": ("w" * 1_000_000,) * (BIG // 1_000_000)},
+    }
+
+
+@pytest.mark.parametrize("case", list(_big_payloads()))
+def test_refusing_a_50_mb_payload_stays_well_under_its_size_in_memory(case: str) -> None:
+    payload = _big_payloads()[case]()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValidationError) as caught:
+            NewJob(type="t", payload=payload)  # what Client.enqueue builds
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert str(caught.value) == (
+        f"payload: is larger than {validate.MAX_PAYLOAD_BYTES} bytes as JSON"
+    )
+    assert peak < BIG // 20, f"refusing it peaked at {peak:,} bytes"
+
+
+def test_a_handler_result_of_50_mb_is_refused_without_a_copy() -> None:
+    value = ["r" * BIG]
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValidationError) as caught:
+            validate.result(value)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert str(caught.value) == f"result: is larger than {validate.MAX_RESULT_BYTES} bytes as JSON"
+    assert peak < BIG // 20, f"refusing it peaked at {peak:,} bytes"
+
+
+def test_a_payload_whose_escapes_pass_the_limit_is_still_refused() -> None:
+    # Fewer characters than the limit, but each control character is six
+    # bytes of JSON (\u0001): only the encoded text can tell.
+    with pytest.raises(ValidationError, match="larger than"):
+        validate.payload({"x": "\x01" * (validate.MAX_PAYLOAD_BYTES // 5)})
+    text = validate.payload({"x": "\x01" * (validate.MAX_PAYLOAD_BYTES // 7)})[1]
+    assert len(text.encode()) <= validate.MAX_PAYLOAD_BYTES
 
 
 # -- against PostgreSQL: nothing is written ----------------------------------------------
