@@ -85,8 +85,10 @@ by every command that is not a long-running process) JSON on stdout: objects
 with stable keys, ISO-8601 UTC timestamps and UUIDs as strings; list commands
 print an array.
 
-Errors are one line on stderr, ``jobrun: <message>`` (never a traceback, never
-a password), with a distinct exit code:
+Errors are one line on stderr, ``jobrun: <message>`` (never a password, and
+never a traceback but one: at ``--log-level debug``, an ``--app`` that fails
+to import shows its traceback above that line, the app's frames without
+jobrun's or importlib's), with a distinct exit code:
 
 ====  ==========================================================================
 code  meaning
@@ -124,6 +126,7 @@ import math
 import os
 import re
 import sys
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -210,11 +213,16 @@ _ERROR_CODES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...],
 
 
 class CommandError(Exception):
-    """A failure the command itself detected, with the exit code to end with."""
+    """A failure the command itself detected, with the exit code to end with.
 
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+    ``details`` (a traceback) go on stderr before the one line, at
+    ``--log-level debug`` only: the one line stays the message by default.
+    """
+
+    def __init__(self, message: str, code: int = EXIT_ERROR, *, details: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.details = details
 
 
 class _UsageError(Exception):
@@ -255,7 +263,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - the one place every error becomes a line and a code
-        return _fail(_message(exc), exit_code(exc))
+        message = _message(exc)
+        if isinstance(exc, CommandError) and exc.details and hasattr(args, "log_level"):
+            if args.log_level == "debug":
+                sys.stderr.write(redact(exc.details))
+            else:
+                message += " (--log-level debug shows where)"
+        return _fail(message, exit_code(exc))
 
 
 def exit_code(exc: BaseException) -> int:
@@ -1246,9 +1260,14 @@ def load_app(spec: str, *, need_registry: bool = True) -> Any:
             raise ValidationError(
                 "--app", f"no module named {module_name!r} (looked in {cwd} and sys.path)"
             ) from None
-        raise CommandError(f"importing {module_name} failed: {exc}") from None
+        raise CommandError(
+            f"importing {module_name} failed: {exc}", details=app_traceback(exc)
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the application's own import error, reported
-        raise CommandError(f"importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+        raise CommandError(
+            f"importing {module_name} failed: {type(exc).__name__}: {exc}",
+            details=app_traceback(exc),
+        ) from None
     if not attr:
         return None
     missing_attr = object()
@@ -1260,6 +1279,41 @@ def load_app(spec: str, *, need_registry: bool = True) -> Any:
             "--app", f"{module_name}:{attr} is a {type(value).__name__}, not a jobrun Registry"
         )
     return value
+
+
+_IMPORT_MACHINERY = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # jobrun
+    os.path.dirname(os.path.abspath(importlib.__file__)) + os.sep,
+)
+
+
+def app_traceback(exc: BaseException) -> str:
+    """The traceback of an app's import error, with the app's frames only.
+
+    jobrun's and importlib's frames are the way into the app, the same for
+    every app, and hide where it failed; they are left out (also between
+    the app's own modules). Frames of the libraries the app called are kept.
+    """
+    shown = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    todo = [shown]
+    while todo:
+        part = todo.pop()
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        part.stack = traceback.StackSummary.from_list(
+            [frame for frame in part.stack if not _import_machinery(frame.filename)]
+        )
+        todo.extend(p for p in (part.__cause__, part.__context__) if p is not None)
+        todo.extend(part.exceptions or ())
+    return "".join(shown.format())
+
+
+def _import_machinery(filename: str) -> bool:
+    if filename.startswith("<frozen importlib"):
+        return True
+    return os.path.abspath(filename).startswith(_IMPORT_MACHINERY)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

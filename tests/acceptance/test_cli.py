@@ -911,6 +911,62 @@ def test_worker_app_that_fails_to_import_is_reported_in_one_line(
     assert_one_line_error(result, cli.EXIT_ERROR, "RuntimeError", "app is broken")
 
 
+def _broken_app(where: Path) -> tuple[Path, Path]:
+    """An app whose import fails two modules deep, in a function of its own."""
+    app = where / "cli_failing_app.py"
+    helper = where / "cli_failing_settings.py"
+    app.write_text("import cli_failing_settings\n\nregistry = None\n")
+    helper.write_text(
+        "def load():\n    raise KeyError('SECRET_KEY is not set')\n\n\nSETTINGS = load()\n"
+    )
+    return app, helper
+
+
+def _run_in(where: Path, dsn: str, *args: str) -> Result:
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobrun.cli", *args],
+        env={**_env(dsn), "PYTHONPATH": str(ROOT)},
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_worker_app_that_fails_to_import_shows_its_own_frames_at_debug_level(
+    dsn: str, tmp_path: Path
+) -> None:
+    app, helper = _broken_app(tmp_path)
+    result = _run_in(
+        tmp_path, dsn, "worker", "--app", "cli_failing_app:registry", "--log-level", "debug"
+    )
+    assert result.code == cli.EXIT_ERROR, result
+    lines = result.err.splitlines()
+    assert lines[-1] == (
+        "jobrun: importing cli_failing_app failed: KeyError: 'SECRET_KEY is not set'"
+    )
+    assert lines[0] == "Traceback (most recent call last):"
+    frames = [line.strip() for line in lines if line.strip().startswith("File ")]
+    assert frames == [
+        f'File "{app}", line 1, in <module>',
+        f'File "{helper}", line 5, in <module>',
+        f'File "{helper}", line 2, in load',
+    ]
+    assert "raise KeyError('SECRET_KEY is not set')" in result.err  # the source line
+    assert lines[-2] == "KeyError: 'SECRET_KEY is not set'"
+    assert result.out == ""
+
+
+def test_worker_app_that_fails_to_import_says_in_one_line_how_to_see_where(
+    dsn: str, tmp_path: Path
+) -> None:
+    _broken_app(tmp_path)
+    result = _run_in(tmp_path, dsn, "worker", "--app", "cli_failing_app:registry")
+    assert_one_line_error(result, cli.EXIT_ERROR, "KeyError", "SECRET_KEY", "--log-level debug")
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "field"),
     [
