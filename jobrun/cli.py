@@ -106,6 +106,11 @@ code  meaning
 8     the jobrun schema is missing, or at another version than this jobrun
       needs: run ``jobrun migrate`` (or upgrade jobrun when it is newer)
 130   interrupted (Ctrl-C during a short command)
+128+N ``jobrun worker`` or ``jobrun scheduler`` stopped by signal N before its
+      work was done: while starting (importing the app, opening its pools),
+      or by a second signal that cut the graceful drain short (143 for
+      SIGTERM, 130 for SIGINT; see :mod:`jobrun.worker.stop_signals`). A graceful
+      stop (one signal, drained) exits 0.
 ====  ==========================================================================
 """
 
@@ -177,8 +182,10 @@ from jobrun.postgres.store import MAX_LIST_LIMIT
 from jobrun.postgres.web import MAX_PAGE as WEB_MAX_PAGE
 from jobrun.postgres.web import DashboardReads, JobFilter
 from jobrun.worker import logs as worker_logs
+from jobrun.worker.stop_signals import Interrupted, StopSignals
 
 if TYPE_CHECKING:
+    from jobrun.runtime import Runtime
     from jobrun.worker.registry import Registry
 
 EXIT_OK = 0
@@ -191,6 +198,8 @@ EXIT_UNAVAILABLE = 6
 EXIT_VALIDATION = 7
 EXIT_SCHEMA = 8
 EXIT_INTERRUPTED = 130
+EXIT_SIGNALLED = 128
+"""Plus the signal's number: a worker or scheduler stopped by a signal before its work was done."""
 
 PROG = "jobrun"
 DASHBOARD_BIND = "127.0.0.1:8080"
@@ -262,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
+    except Interrupted as exc:  # a worker or scheduler stopped by a signal while it started
+        return _fail(str(exc), EXIT_SIGNALLED + exc.signum)
     except Exception as exc:  # noqa: BLE001 - the one place every error becomes a line and a code
         message = _message(exc)
         if isinstance(exc, CommandError) and exc.details and hasattr(args, "log_level"):
@@ -1317,6 +1328,12 @@ def _import_machinery(filename: str) -> bool:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    with StopSignals() as signals:  # first: a signal while it starts stops it there
+        _worker_runtime(args).run()
+    return _stopped(signals)
+
+
+def _worker_runtime(args: argparse.Namespace) -> Runtime:
     from jobrun.runtime import Runtime  # noqa: PLC0415
     from jobrun.worker.worker import parse_queues  # noqa: PLC0415
 
@@ -1336,12 +1353,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _with_tracing(settings, args)
     _configure_logging(args.log_level, args.log_format, args.log_success)
     url = database_url(settings)
-    runtime = Runtime(settings, registry, database_url=url, scheduler=not args.no_scheduler)
-    runtime.run()
-    return EXIT_OK
+    return Runtime(settings, registry, database_url=url, scheduler=not args.no_scheduler)
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
+    with StopSignals() as signals:  # first: a signal while it starts stops it there
+        _scheduler_runtime(args).run()
+    return _stopped(signals)
+
+
+def _scheduler_runtime(args: argparse.Namespace) -> Runtime:
     from jobrun.runtime import Runtime  # noqa: PLC0415
 
     if args.app:
@@ -1354,8 +1375,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     settings = _with_tracing(settings, args)
     _configure_logging(args.log_level, args.log_format, args.log_success)
     url = database_url(settings)
-    Runtime(settings, None, database_url=url, worker=False).run()
-    return EXIT_OK
+    return Runtime(settings, None, database_url=url, worker=False)
+
+
+def _stopped(signals: StopSignals) -> int:
+    """A process's exit code once run() returned: 0 drained, 128 + the signal that cut it short."""
+    return EXIT_OK if signals.forced_by is None else EXIT_SIGNALLED + signals.forced_by
 
 
 def _off_or_duration(args: argparse.Namespace, *names: str) -> dict[str, Any]:

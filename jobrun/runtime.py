@@ -56,11 +56,11 @@ that fallback belongs to the ``jobrun`` command and to ``Client.connect()``
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import signal
 import threading
 from collections.abc import Callable, Sequence
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import ConnectionPool
@@ -79,6 +79,7 @@ from jobrun.postgres.store import Store
 from jobrun.scheduler.service import SchedulerService
 from jobrun.worker.hooks import WorkerHooks
 from jobrun.worker.registry import Registry
+from jobrun.worker.stop_signals import StopSignals
 from jobrun.worker.worker import Worker
 
 if TYPE_CHECKING:
@@ -330,33 +331,32 @@ class Runtime:
 
         With ``install_signals`` (what ``jobrun worker`` does) SIGTERM and
         SIGINT stop it, a second signal at once; the previous handlers are
-        put back on return. Only the main thread can install them. Without,
-        the program keeps its own signal handling and ends ``run`` by calling
-        :meth:`stop` (from a signal handler or another thread).
+        put back on return. Only the main thread can install them. A program
+        that entered :class:`~jobrun.worker.stop_signals.StopSignals` before
+        building the Runtime (so that a signal during start-up stops it
+        cleanly, as ``jobrun worker`` does) keeps them: run() attaches to
+        them, and their ``forced_by`` then says whether a second signal cut
+        the drain short.
+        Without, the program keeps its own signal handling and ends ``run``
+        by calling :meth:`stop` (from a signal handler or another thread).
         """
         if install_signals and threading.current_thread() is not threading.main_thread():
             raise RuntimeError(
                 "Runtime.run() installs signal handlers, which only the main thread can; "
                 "pass install_signals=False and call stop() yourself"
             )
-        signals = 0
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            nonlocal signals
-            signals += 1
-            if signals == 1:
-                log.info("signal %d: stopping gracefully (again to stop at once)", signum)
-                self._stop_requested.set()
-            else:
-                log.warning("second signal: stopping at once")
-                self._kill()
-
-        previous: dict[int, Any] = {}
-        if install_signals:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                previous[signum] = signal.signal(signum, on_signal)
-        try:
-            self.start()
+        with contextlib.ExitStack() as own:
+            signals = StopSignals.installed() if install_signals else None
+            if install_signals and signals is None:
+                signals = own.enter_context(StopSignals())
+            try:
+                if signals is not None:
+                    signals.attach(self._stop_requested.set, self._kill)
+                self.start()
+            except BaseException:
+                if not self._started:  # interrupted before it started: release what is open
+                    self.stop(timeout=0)
+                raise
             while not self._stop_requested.wait(0.5):
                 pass
             # The graceful stop runs on a thread of its own, so that a second
@@ -367,9 +367,6 @@ class Runtime:
                 done.join(0.2)
             if self._killed.is_set():
                 self._release()  # leadership and connections go now; leases expire
-        finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
 
     def _kill(self) -> None:
         """Stop at once: nothing more is claimed, completed or heartbeated (leases expire)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from jobrun.job.model import Backoff, NewJob, ScheduleSpec, State
 from jobrun.postgres.embedded import throwaway_cluster
@@ -19,6 +20,7 @@ from jobrun.postgres.migrate import migrate
 from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
 from tests.acceptance.conftest import FAST_ENV, TABLES, WorkerProcess
+from tests.support.proxy import TcpProxy
 from tests.support.waiting import wait_for
 
 QUICK_RETRY = Backoff(kind="constant", base=0.0, jitter=0.0)
@@ -78,6 +80,49 @@ def test_a_second_sigterm_stops_at_once(
     worker.wait(15)  # far less than the job's 60 s or the 120 s grace
     assert observed(conn, "finished") == []
     assert store.get(job.id).state is State.LEASED  # its lease expires; the reaper takes it
+
+
+@pytest.mark.parametrize(
+    ("second", "code"),
+    [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)],
+    ids=["SIGTERM", "SIGINT"],
+)
+def test_a_forced_stop_exits_with_128_plus_the_second_signal(
+    store: Store,
+    conn: Any,
+    tables: None,
+    start_worker: Callable[..., WorkerProcess],
+    second: signal.Signals,
+    code: int,
+) -> None:
+    store.enqueue(NewJob(type="sleep", payload={"seconds": 60}))
+    worker = start_worker("--no-scheduler", env={"JOBRUN_SHUTDOWN_GRACE": "120s"})
+    wait_for(lambda: observed(conn, "started"))
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: "stopping gracefully" in worker.output())
+    worker.signal(second)
+    assert worker.wait(30) == code, worker.output()  # the job was cut short: not a success
+    assert observed(conn, "finished") == []
+
+
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)],
+    ids=["SIGTERM", "SIGINT"],
+)
+def test_a_signal_while_the_runtime_opens_its_pools_stops_it_there(
+    dsn: str, start_worker: Callable[..., WorkerProcess], sig: signal.Signals, code: int
+) -> None:
+    with TcpProxy(dsn) as proxy:
+        proxy.hold_new()  # the server accepts and never answers: opening the pools hangs
+        url = f"{proxy.url()} connect_timeout=300"  # longer than this test waits
+        worker = start_worker(env={"DATABASE_URL": url})
+        wait_for(lambda: proxy.held() > 0)  # the worker is connecting
+        worker.signal(sig)
+        assert worker.wait(30) == code, worker.output()
+    lines = worker.output().splitlines()
+    assert lines[-1] == f"jobrun: interrupted by {sig.name} while starting", lines
+    assert "Traceback" not in worker.output()
 
 
 def test_cancel_from_the_cli_reaches_the_running_handler_and_ends_the_job_cancelled(

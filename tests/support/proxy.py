@@ -314,6 +314,11 @@ class TcpProxy:
         """While on, new connections are accepted and never answered."""
         self._holding = on
 
+    def held(self) -> int:
+        """How many connections ``hold_new`` accepted and holds unanswered now."""
+        with self._lock:
+            return len(self._held)
+
     def drop_reply(
         self,
         match: str | Callable[[str], bool],
