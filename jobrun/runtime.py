@@ -336,9 +336,9 @@ class Runtime:
         building the Runtime (so that a signal during start-up stops it
         cleanly, as ``jobrun worker`` does) keeps them: run() attaches to
         them, and their ``forced_by`` then says whether a second signal cut
-        the drain short.
-        Without, the program keeps its own signal handling and ends ``run``
-        by calling :meth:`stop` (from a signal handler or another thread).
+        the drain short. Without ``install_signals``, the program keeps its
+        own signal handling and ends ``run`` by calling :meth:`stop` (from a
+        signal handler or another thread).
         """
         if install_signals and threading.current_thread() is not threading.main_thread():
             raise RuntimeError(
