@@ -15,7 +15,16 @@
 -- while idle in a long transaction keeps it from draining, and a full queue
 -- fails every COMMIT that notifies), no notification is sent and workers
 -- find the job by polling. notify_queue_usage tells the caller the queue's
--- usage (0 when no wake-up was due). trace_context is the job's creation
+-- usage (0 on a replay).
+--
+-- Every new job is announced, a delayed one too (the spec: one notification
+-- per enqueue). The payload of a job due now is its queue's name; a delayed
+-- job's is <queue>@<milliseconds until run_at>, by the database clock at
+-- this statement and rounded up, so that a worker can wake when the job is
+-- due (never before: the delay is counted from a moment before the COMMIT
+-- that delivers it). A worker of an older version ignores such a payload,
+-- as it ignores anything that is not a queue name, and polls as before.
+-- trace_context is the job's creation
 -- context (the enqueueing span's W3C carrier; NULL when tracing is off).
 --
 -- It returns only what the database decided (run_at from the delay by its
@@ -38,9 +47,14 @@ WITH ins AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE sqlc.arg(write_event)::boolean
 ), usage AS (
-    SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
+    SELECT pg_notification_queue_usage() AS used,
+           ceil(1000 * extract(epoch FROM ins.run_at - clock_timestamp()))::int8 AS delay_ms
+    FROM ins
 ), wake AS (
-    SELECT pg_notify(sqlc.arg(channel)::text, ins.queue) FROM ins, usage
+    SELECT pg_notify(sqlc.arg(channel)::text,
+                     CASE WHEN usage.delay_ms > 0 THEN ins.queue || '@' || usage.delay_ms
+                          ELSE ins.queue END)
+    FROM ins, usage
     WHERE usage.used < sqlc.arg(max_notify_usage)::float8
 )
 SELECT ins.id, ins.run_at, ins.created_at, ins.updated_at,
@@ -67,9 +81,14 @@ WITH ins AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE sqlc.arg(write_event)::boolean
 ), usage AS (
-    SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
+    SELECT pg_notification_queue_usage() AS used,
+           ceil(1000 * extract(epoch FROM ins.run_at - clock_timestamp()))::int8 AS delay_ms
+    FROM ins
 ), wake AS (
-    SELECT pg_notify(sqlc.arg(channel)::text, ins.queue) FROM ins, usage
+    SELECT pg_notify(sqlc.arg(channel)::text,
+                     CASE WHEN usage.delay_ms > 0 THEN ins.queue || '@' || usage.delay_ms
+                          ELSE ins.queue END)
+    FROM ins, usage
     WHERE usage.used < sqlc.arg(max_notify_usage)::float8
 )
 SELECT ins.id, ins.run_at, ins.created_at, ins.updated_at,
@@ -808,11 +827,19 @@ SELECT now()::timestamptz AS now;
 -- name: Notify :one
 -- A wake-up inside the caller's transaction (delivered at its COMMIT),
 -- skipped when the notification queue is max_notify_usage full (see
--- EnqueueJob). Returns the queue's usage.
+-- EnqueueJob). With a run_at still ahead of the database clock, the payload
+-- carries the delay as EnqueueJob's does: <payload>@<milliseconds, rounded
+-- up>. Returns the queue's usage.
 WITH usage AS (
-    SELECT pg_notification_queue_usage() AS used
+    SELECT pg_notification_queue_usage() AS used,
+           ceil(1000 * extract(epoch FROM sqlc.narg(run_at)::timestamptz - clock_timestamp()))::int8
+               AS delay_ms
 ), wake AS (
-    SELECT pg_notify(sqlc.arg(channel)::text, sqlc.arg(payload)::text) FROM usage
+    SELECT pg_notify(sqlc.arg(channel)::text,
+                     CASE WHEN usage.delay_ms > 0
+                          THEN sqlc.arg(payload)::text || '@' || usage.delay_ms
+                          ELSE sqlc.arg(payload)::text END)
+    FROM usage
     WHERE usage.used < sqlc.arg(max_notify_usage)::float8
 )
 SELECT usage.used::float8 AS notify_queue_usage FROM usage

@@ -49,7 +49,8 @@ RETURNING *;
 
 -- name: DueSchedules :many
 -- Defensive against two leaders: rows another leader holds are skipped. The
--- durable guard is the sched:<id>:<occurrence> idempotency key of the job.
+-- durable guard is the sched:<id>:<next_run> idempotency key of the job
+-- (next_run_at as read here, whichever occurrence a misfire runs).
 SELECT * FROM jobrun.schedules
 WHERE NOT paused AND next_run_at <= sqlc.arg(now)::timestamptz
 ORDER BY next_run_at, id

@@ -107,6 +107,7 @@ from jobrun.postgres.store import (
     MAX_NOTIFY_QUEUE_USAGE,
     NOTIFY_WARNING_INTERVAL,
     BatchSplit,
+    BatchWakeups,
     _check_batch,
     _check_id,
     _chunks,
@@ -471,7 +472,7 @@ class AsyncStore:
         write_events = self.event_mode is EventMode.ALL
         shared: Jsonb | None = None  # no producer span: no carrier shared by the batch
         split = BatchSplit()
-        queues: set[str] = set()
+        wakeups = BatchWakeups(db_now)
         inserted = 0
         replayed: list[Job] = []
         for chunk in _chunks(jobs, BATCH_CHUNK):
@@ -481,7 +482,7 @@ class AsyncStore:
             fresh_plain = await self._copy_chunk(conn, plain, db_now, replayed, shared)
             if write_events and fresh_plain:
                 await self.q.copy_events(conn, enqueued_events(fresh_plain))
-            queues.update(j.queue for j in fresh_plain)
+            wakeups.add(fresh_plain)
             inserted += len(fresh_plain)
         for chunk in _chunks(iter(split.keyed()), BATCH_CHUNK):
             new_ids = set(await self._insert_keyed(conn, chunk, db_now, shared))
@@ -501,10 +502,10 @@ class AsyncStore:
             fresh = [j for j in chunk if j.id in new_ids]
             if fresh and write_events:
                 await self._record(conn, enqueued_event_rows(fresh))
-            queues.update(j.queue for j in fresh)
+            wakeups.add(fresh)
             inserted += len(fresh)
-        for queue in sorted(queues):
-            await self._notify(conn, queue)
+        for queue, run_at in wakeups.plan():
+            await self._notify(conn, queue, run_at)
         return BatchResult(inserted=inserted, replayed=tuple(replayed))
 
     async def _insert_keyed(
@@ -577,10 +578,14 @@ class AsyncStore:
         if args is not None:
             await self.q.insert_events(conn, **args)
 
-    async def _notify(self, conn: psycopg.AsyncConnection[Any], queue: str) -> None:
-        """Wake the workers of ``queue`` when this transaction commits (if the queue has room)."""
+    async def _notify(
+        self, conn: psycopg.AsyncConnection[Any], queue: str, run_at: dt.datetime | None = None
+    ) -> None:
+        """Wake the workers of ``queue`` when this transaction commits (if the
+        queue has room); with ``run_at``, carrying the delay (see Store._notify)."""
         usage = await self.q.notify(
             conn,
+            run_at=run_at,
             channel=self.notify_channel,
             payload=queue,
             max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,

@@ -2,7 +2,8 @@
 
 The store sends ``pg_notify(channel, queue)`` in the same transaction as the
 row it announces, so PostgreSQL delivers the notification only at COMMIT (a
-rolled-back enqueue wakes no one) and the payload is a queue name. Here one
+rolled-back enqueue wakes no one) and the payload is a queue name (with
+the time left for a delayed job, see below). Here one
 **dedicated listener connection** (never from the pool: a pool would recycle
 it and lose the LISTEN) runs ``LISTEN <channel>`` and a daemon thread
 (``jobrun-listener``) turns notifications into wake-ups.
@@ -18,10 +19,22 @@ Waiters
     over a per-thread, per-queue-set waiter created on first use (so it
     inherits the same "kept while busy" guarantee from its second call on).
 
+Delayed jobs
+    A delayed job's enqueue sends ``<queue>@<ms>``: the milliseconds until
+    its ``run_at``, counted by the database before the COMMIT that delivers
+    the notification and rounded up. The waiters of that queue note the due
+    time (``ms`` after the notification arrived, on this process's monotonic
+    clock: no wall clock is compared with the database's) and their ``wait``
+    ends then, so an idle worker claims the job when it is due instead of at
+    its next poll. A waiter keeps its :data:`MAX_DUE_TIMES` soonest due
+    times (to the millisecond); later ones are found by polling. Workers of
+    older versions ignore such payloads (they are not queue names) and poll.
+
 Notifications are hints
     Workers poll as well. A payload is only ever compared with the queue
-    names the waiters registered; anything else (another role's garbage, an
-    unknown queue, an empty or oversize payload) is counted and ignored. A
+    names the waiters registered (and its delay parsed as digits); anything
+    else (another role's garbage, an unknown queue, an empty or oversize
+    payload) is counted and ignored. A
     payload the driver cannot even decode (possible only in a ``SQL_ASCII``
     database) is treated like a connection fault: reconnect and wake everyone.
 
@@ -56,6 +69,7 @@ Disabled mode
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import logging
@@ -95,6 +109,12 @@ DEFAULT_BACKOFF_MAX = 5.0
 
 _TICK = 0.5
 """Longest the listener thread blocks before looking at its stop flag."""
+
+MAX_DUE_TIMES = 1024
+"""How many due times of delayed jobs a waiter keeps (the soonest)."""
+
+DELAYED_PAYLOAD = re.compile(rf"({validate.QUEUE_NAME_PATTERN.pattern})@([0-9]{{1,15}})")
+"""A delayed job's notification: ``<queue>@<milliseconds until it is due>``."""
 
 
 def validate_channel(name: object, field: str = "channel") -> str:
@@ -204,31 +224,66 @@ class Waiter:
 
     def __init__(self, hub: _Hub, queues: frozenset[str]) -> None:
         self.queues = queues
-        self._slot = threading.Event()
+        self._cond = threading.Condition(threading.Lock())
+        self._slot = False
+        self._due: list[float] = []
+        """Due times of delayed jobs (``time.monotonic()``, on a 1 ms grid), sorted."""
         self._hub: _Hub | None = hub
         self.wakeups = 0
         """How many times :meth:`wait` returned True."""
 
     def wait(self, timeout: float) -> bool:
         """Block until a notification for one of :attr:`queues` (or a reconnect)
-        arrived since the previous ``wait`` returned, or ``timeout`` seconds pass.
+        arrived since the previous ``wait`` returned, a delayed job announced to
+        this waiter is due, or ``timeout`` seconds pass.
 
-        True when woken (the slot is consumed), False on timeout.
+        True when woken (the slot and the due times passed are consumed),
+        False on timeout.
         """
         seconds = check_seconds(timeout, "timeout", allow_zero=True)
-        if not self._slot.wait(seconds):
-            return False
-        self._slot.clear()
-        self.wakeups += 1
-        return True
+        end = time.monotonic() + seconds
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._slot or (self._due and self._due[0] <= now):
+                    self._slot = False
+                    del self._due[: bisect.bisect_right(self._due, now)]
+                    self.wakeups += 1
+                    return True
+                left = end - now
+                if left <= 0:
+                    return False
+                if self._due:
+                    left = min(left, self._due[0] - now)
+                self._cond.wait(left)
 
     def pending(self) -> bool:
-        """Whether a wake-up is waiting in the slot (without consuming it)."""
-        return self._slot.is_set()
+        """Whether a wake-up is waiting (without consuming it)."""
+        with self._cond:
+            return self._slot or bool(self._due and self._due[0] <= time.monotonic())
 
     def wake(self) -> None:
         """Set the slot (idempotent: wake-ups coalesce)."""
-        self._slot.set()
+        with self._cond:
+            self._slot = True
+            self._cond.notify_all()
+
+    def wake_at(self, when: float) -> None:
+        """Wake at ``when`` (a ``time.monotonic()`` reading): a delayed job is due then.
+
+        Rounded up to the millisecond, so that a burst of such jobs costs at
+        most one entry per millisecond; only the :data:`MAX_DUE_TIMES`
+        soonest are kept.
+        """
+        at = math.ceil(when * 1000) / 1000
+        with self._cond:
+            i = bisect.bisect_left(self._due, at)
+            if i >= MAX_DUE_TIMES or (i < len(self._due) and self._due[i] == at):
+                return
+            self._due.insert(i, at)
+            del self._due[MAX_DUE_TIMES:]
+            if i == 0:
+                self._cond.notify_all()  # a wait in progress ends sooner
 
     def close(self) -> None:
         """Unsubscribe; safe to call twice. ``wait`` then only sleeps."""
@@ -290,6 +345,11 @@ class _Hub:
                 woken += 1
         return woken
 
+    def _wake_queue_at(self, queue: str, when: float) -> None:
+        for waiter in self._snapshot():
+            if queue in waiter.queues:
+                waiter.wake_at(when)
+
     def wait(self, queues: Sequence[str], timeout: float) -> bool:
         """The ``Dispatcher`` port: wait on this thread's waiter for ``queues``.
 
@@ -345,7 +405,7 @@ class NotifierStats:
     received: int
     """Notifications read on the channel."""
     ignored: int
-    """Notifications whose payload is not a queue name (never trusted)."""
+    """Notifications whose payload is not a queue name or a delayed job's (never trusted)."""
 
 
 class _Gone(Exception):
@@ -595,10 +655,15 @@ class Notifier(_Hub):
         self._received += 1
         # Untrusted: any role that can connect can NOTIFY. The payload is only
         # compared with the queue names waiters registered, never used otherwise.
-        if not validate.QUEUE_NAME_PATTERN.fullmatch(payload):
+        if validate.QUEUE_NAME_PATTERN.fullmatch(payload):
+            self._wake_queue(payload)
+            return
+        delayed = DELAYED_PAYLOAD.fullmatch(payload)
+        if delayed is None:
             self._ignored += 1
             return
-        self._wake_queue(payload)
+        # Counted from its arrival: the delay was measured before the COMMIT.
+        self._wake_queue_at(delayed[1], time.monotonic() + int(delayed[2]) / 1000)
 
     # -- the Dispatcher port ----------------------------------------------------
 
@@ -613,6 +678,8 @@ class Notifier(_Hub):
 
 __all__ = [
     "DEFAULT_CHANNEL",
+    "DELAYED_PAYLOAD",
+    "MAX_DUE_TIMES",
     "Notifier",
     "NotifierStats",
     "NullDispatcher",

@@ -6,8 +6,8 @@ The leader asks :meth:`due_schedules` (``SELECT ... FOR UPDATE SKIP LOCKED``
 in its own short transaction, defensive against two leaders), then calls
 :meth:`materialize` for each. One materialisation is ONE transaction::
 
-    1. enqueue the occurrence's job, idempotency key sched:<id>:<occurrence>
-       (a replay when that occurrence was already enqueued)
+    1. enqueue the occurrence's job, idempotency key sched:<id>:<next_run>
+       of the row as read (a replay when it was already enqueued)
     2. advance next_run_at from the value read to the first occurrence after
        now, as a compare-and-set (WHERE next_run_at = <value read>)
     3. commit -- or, when the compare-and-set matched nothing (another
@@ -17,13 +17,18 @@ No occurrence is lost: until the commit nothing moved, and a crash before it
 leaves next_run_at where it was, so the next tick enqueues the same
 occurrence again. None runs twice: the enqueue and the advance commit
 together, so an advanced schedule never re-enqueues an old occurrence; and
-two leaders racing on one occurrence compute the same key, so the second
-insert is a replay of the first, and the loser's compare-and-set fails and
-rolls its transaction back. The key is the durable guard; the row locks and
-the compare-and-set only keep the losers cheap.
+two leaders racing on one stored row compute the same key (from the row,
+whatever ``now`` each read), so the second insert is a replay of the first,
+and the loser's compare-and-set fails and rolls its transaction back. The
+key is the durable guard; the row locks and the compare-and-set only keep
+the losers cheap.
 
 Misfires: after downtime spanning several periods only the latest due
-occurrence is enqueued (coalesced, never a burst), keyed by that occurrence.
+occurrence is enqueued (coalesced, never a burst), at that occurrence's
+time but keyed by the stored ``next_run_at`` it stands for
+(``sched:<id>:<next_run>``, the spec's durable guard): the latest due
+occurrence depends on the ``now`` each materialiser read, the stored value
+does not, so two leaders straddling a cron boundary key the misfire alike.
 A tick that is merely late (an every-second cron whose leader ticked a few
 milliseconds after the next second, a statement that waited behind a
 pooler) is not downtime: occurrences late by less than
@@ -205,6 +210,9 @@ class SchedulesMixin:
     def materialize(self, schedule: Schedule, now: dt.datetime) -> Job | None:
         """Enqueue the latest due occurrence of ``schedule`` and advance it (one transaction).
 
+        The job is keyed by ``schedule.next_run_at`` (the row as read), not by
+        the occurrence ``now`` selects (see the module docs on misfires).
+
         Returns the occurrence's job (possibly a replay), or None when nothing
         was due or another leader advanced the schedule first.
         """
@@ -214,12 +222,17 @@ class SchedulesMixin:
         if occurrence is None:
             return None
         following = cron.next_after(now)
-        occurrences: list[dt.datetime] = []
+        # (when it runs, the occurrence its key names)
+        occurrences: list[tuple[dt.datetime, dt.datetime]] = []
         late = schedule.next_run_at
         while late < occurrence and now - late < MISFIRE_GRACE and len(occurrences) < 10:
-            occurrences.append(late)  # a late tick, not downtime: still run
+            occurrences.append((late, late))  # a late tick, not downtime: still run
             late = cron.next_after(late)
-        occurrences.append(occurrence)
+        # The latest due occurrence stands for every one from ``late`` on: it
+        # is keyed by that first one, which ``now`` does not move (the stored
+        # next run when nothing ran before it), so leaders that read different
+        # nows key the same misfire the same way.
+        occurrences.append((occurrence, late))
         jobs = [
             NewJob(
                 type=schedule.type,
@@ -229,9 +242,9 @@ class SchedulesMixin:
                 max_attempts=schedule.max_attempts,
                 backoff=schedule.backoff,
                 run_at=when,
-                idempotency_key=schedule.occurrence_key(when),
+                idempotency_key=schedule.occurrence_key(keyed),
             )
-            for when in occurrences
+            for when, keyed in occurrences
         ]
 
         def run(c: psycopg.Connection[Any]) -> Job:

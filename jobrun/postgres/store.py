@@ -12,7 +12,8 @@ enqueue                   one statement: INSERT ... ON CONFLICT DO NOTHING +
                           its event + pg_notify (then a re-read on a replay)
 enqueue_batch             SELECT now() + COPY jobs + COPY job_events, the keyed
                           jobs by INSERT ... ON CONFLICT in key order, one
-                          pg_notify per distinct queue
+                          pg_notify per distinct queue (and one more carrying
+                          the delay of its soonest delayed job)
 claim                     one statement: the FOR UPDATE SKIP LOCKED claim CTE,
                           attempts + 1, new lease token, claimed events
 complete                  BEGIN; one statement: set_config(statement_timeout,
@@ -716,13 +717,14 @@ class Store(SchedulesMixin):
         db_now = self.q.db_now(conn)
         assert db_now is not None
         write_events = self.event_mode is EventMode.ALL
+        run_at = _run_at(template, db_now)
         shared = dict(
             queue=template.queue,
             type=template.type,
             priority=template.priority,
             max_attempts=template.max_attempts,
             backoff=backoff_json(template.backoff),
-            run_at=_run_at(template, db_now),
+            run_at=run_at,
             trace_context=_trace_json(template, _carrier_json(carrier)),
             concurrency_key=template.concurrency_key,
         )
@@ -737,7 +739,7 @@ class Store(SchedulesMixin):
                     (eq.CopyEventsParams(job_id=i, kind="enqueued", attempt=0) for i in ids),
                 )
             inserted += len(ids)
-        self._notify(conn, template.queue)
+        self._notify(conn, template.queue, None if run_at <= db_now else run_at)
         return BatchResult(inserted=inserted)
 
     def _enqueue_batch_on(
@@ -751,7 +753,7 @@ class Store(SchedulesMixin):
         write_events = self.event_mode is EventMode.ALL
         shared = _carrier_json(carrier)  # serialised once for the whole batch
         split = BatchSplit()
-        queues: set[str] = set()
+        wakeups = BatchWakeups(db_now)
         inserted = 0
         replayed: list[Job] = []
         while (first := next(jobs, _END)) is not _END:
@@ -771,7 +773,7 @@ class Store(SchedulesMixin):
                         for j in fresh_plain
                     ),
                 )
-            queues.update(j.queue for j in fresh_plain)
+            wakeups.add(fresh_plain)
             inserted += len(fresh_plain)
         for chunk in _chunks(iter(split.keyed()), BATCH_CHUNK):
             new_ids = set(self._insert_keyed(conn, chunk, db_now, shared))
@@ -796,16 +798,23 @@ class Store(SchedulesMixin):
                     self.event_mode,
                     (EventRow(j.id, EventKind.ENQUEUED, 0) for j in fresh),
                 )
-            queues.update(j.queue for j in fresh)
+            wakeups.add(fresh)
             inserted += len(fresh)
-        for queue in sorted(queues):
-            self._notify(conn, queue)
+        for queue, run_at in wakeups.plan():
+            self._notify(conn, queue, run_at)
         return BatchResult(inserted=inserted, replayed=tuple(replayed))
 
-    def _notify(self, conn: psycopg.Connection[Any], queue: str) -> None:
-        """Wake the workers of ``queue`` when this transaction commits (if the queue has room)."""
+    def _notify(
+        self, conn: psycopg.Connection[Any], queue: str, run_at: dt.datetime | None = None
+    ) -> None:
+        """Wake the workers of ``queue`` when this transaction commits (if the queue has room).
+
+        With ``run_at`` (a delayed job's), the wake-up carries the time left
+        until then, by the database clock (see Notify).
+        """
         usage = self.q.notify(
             conn,
+            run_at=run_at,
             channel=self.notify_channel,
             payload=queue,
             max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
@@ -2062,6 +2071,34 @@ def _many_rows(
         job_id = new_job_id()
         ids.append(job_id)
         yield q.CopyJobsParams(id=job_id, payload=raw_json(text), **shared)
+
+
+class BatchWakeups:
+    """The wake-ups a batch sends when it commits: per queue, one for its jobs
+    due now and one for its soonest delayed job (whose payload carries the
+    delay, see Notify). Later delayed jobs of the batch are found by polling
+    or by the claims the soonest one's wake-up starts.
+    """
+
+    def __init__(self, db_now: dt.datetime) -> None:
+        self._db_now = db_now
+        self._due: set[str] = set()
+        self._soonest: dict[str, dt.datetime] = {}
+
+    def add(self, jobs: Iterable[NewJob]) -> None:
+        """Count the new jobs ``jobs`` (the ones actually inserted)."""
+        for job in jobs:
+            run_at = _run_at(job, self._db_now)
+            if run_at <= self._db_now:
+                self._due.add(job.queue)
+            elif (soonest := self._soonest.get(job.queue)) is None or run_at < soonest:
+                self._soonest[job.queue] = run_at
+
+    def plan(self) -> builtins.list[tuple[str, dt.datetime | None]]:
+        """(queue, run_at of the soonest delayed job or None for the due ones), sorted."""
+        wakeups: builtins.list[tuple[str, dt.datetime | None]] = [(q, None) for q in self._due]
+        wakeups += self._soonest.items()
+        return sorted(wakeups, key=lambda w: (w[0], w[1] is not None, w[1] or self._db_now))
 
 
 class BatchSplit:

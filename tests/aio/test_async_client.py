@@ -222,6 +222,25 @@ def test_enqueue_batch_copies_unkeyed_jobs_and_inserts_keyed_ones_with_one_wakeu
     assert [j.id for j in aio(aclient.list(queue="a"))] == [j.id for j in jobs[:3]]
 
 
+def test_delayed_jobs_enqueued_async_announce_the_time_left(
+    aio: Aio, aclient: AsyncClient, dsn: str
+) -> None:
+    """As the sync Store: one enqueue notifies <queue>@<ms>, a batch its soonest per queue."""
+    batch = [
+        new_job(queue="a", delay=dt.timedelta(minutes=2)),
+        new_job(queue="a", delay=dt.timedelta(minutes=1), idempotency_key="k"),
+        new_job(queue="b"),
+    ]
+    with listen(dsn) as listener:
+        aio(aclient.enqueue("t", queue="one", delay=dt.timedelta(seconds=30)))
+        aio(aclient.enqueue_batch(batch))
+        payloads = pending(listener)
+    assert [p.split("@")[0] for p in payloads] == ["one", "a", "b"]
+    one, a = (int(p.split("@")[1]) for p in payloads[:2])
+    assert 20_000 < one <= 30_000
+    assert 50_000 < a <= 60_000
+
+
 def test_enqueue_batch_of_20k_jobs_from_a_generator(
     aio: Aio, aclient: AsyncClient, conn: psycopg.Connection[Any]
 ) -> None:

@@ -179,6 +179,53 @@ def test_a_notification_arriving_while_the_worker_is_busy_is_kept(
         assert notifier.wait(["default"], 0)
 
 
+def test_a_delayed_jobs_notification_wakes_the_waiter_when_the_job_is_due(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """``<queue>@<ms>`` (a delayed job's enqueue) wakes the waiter ``ms`` after it
+    arrived, never before; a sooner due time re-arms a wait in progress, and a
+    plain wake-up in between leaves the due times for later."""
+    with listening(dsn) as notifier:
+        waiter = subscribed(notifier, "default")
+        other = subscribed(notifier, "other")
+        started = time.monotonic()
+        notify(conn, "default@3000")
+        assert eventually(lambda: notifier.stats.received == 1)
+        assert not waiter.pending()
+        notify(conn, "default@400")
+        assert waiter.wait(DEADLINE)
+        assert 0.4 <= time.monotonic() - started < 2.5
+        notify(conn, "default")
+        assert waiter.wait(DEADLINE)  # the plain wake-up, at once
+        assert time.monotonic() - started < 2.5
+        assert waiter.wait(DEADLINE)  # the 3 s one is still there
+        assert 3.0 <= time.monotonic() - started < 3.0 + DEADLINE / 2
+        assert not waiter.wait(QUIET)
+        assert not other.pending()
+        assert notifier.stats.ignored == 0
+
+
+def test_malformed_delayed_payloads_are_ignored(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    garbage = [
+        "default@",
+        "@100",
+        "default@-5",
+        "default@1e3",
+        "default@1.5",
+        "Default@100",
+        "default@100@100",
+        "default@ 100",
+        "default@" + "9" * 16,
+    ]
+    with listening(dsn) as notifier:
+        waiter = subscribed(notifier, "default")
+        for payload in garbage:
+            notify(conn, payload)
+        assert eventually(lambda: notifier.stats.received == len(garbage))
+        assert notifier.stats.ignored == len(garbage)
+        assert not waiter.wait(QUIET)
+
+
 def test_garbage_payloads_are_ignored_and_the_listener_survives(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:

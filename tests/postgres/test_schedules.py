@@ -200,6 +200,75 @@ def test_after_five_missed_periods_the_schedule_fires_once_for_the_latest(
     assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (1,)
 
 
+def test_a_misfire_is_keyed_by_the_stored_next_run_whatever_now_each_leader_read(
+    store: Store, conn: Any, dsn: str
+) -> None:
+    """Two leaders materialise the same stored row at nows on either side of 16:00.
+
+    The one that reads 16:00:00.1 would run the 16:00 occurrence, the other
+    the 15:00 one; both key the misfire by the stored next run (10:00), so
+    whichever commits, it is one job under one key that any materialiser of
+    this row computes.
+    """
+    other_pool = open_pool(dsn, concurrency=2)
+    other = Store(other_pool)
+    try:
+        store.create_schedule(spec(cron="0 * * * *"))
+        stored = dt.datetime(2026, 6, 1, 10, tzinfo=UTC)
+        set_next_run(conn, "nightly", stored)
+        boundary = dt.datetime(2026, 6, 1, 16, tzinfo=UTC)
+        step = dt.timedelta(milliseconds=100)
+        nows = (boundary - step, boundary + step)
+        row = store.get_schedule("nightly")  # both read the row before either materialises
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def leader(s: Store, now: dt.datetime) -> None:
+            try:
+                barrier.wait()
+                s.materialize(row, now)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=leader, args=(s, now))
+            for s, now in zip((store, other), nows, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        keys = [r[0] for r in conn.execute("SELECT idempotency_key FROM jobrun.jobs")]
+        assert keys == ["sched:nightly:2026-06-01T10:00:00Z"]
+    finally:
+        other_pool.close()
+
+
+def test_the_key_alone_keeps_a_misfire_single_when_the_advance_is_undone(
+    store: Store, conn: Any
+) -> None:
+    """The same due row materialised at two nows straddling a cron boundary.
+
+    With the compare-and-set out of the way (the schedule put back where it
+    was, as a restored row or a materialiser whose advance never landed would
+    leave it), the occurrence's idempotency key is the only guard left, and
+    it holds: the second materialisation is a replay of the first.
+    """
+    store.create_schedule(spec(cron="0 * * * *"))
+    stored = dt.datetime(2026, 6, 1, 10, tzinfo=UTC)
+    set_next_run(conn, "nightly", stored)
+    (row,) = store.due_schedules(dt.datetime(2026, 6, 1, 15, 59, 59, tzinfo=UTC), 10)
+    first = store.materialize(row, dt.datetime(2026, 6, 1, 15, 59, 59, 900000, tzinfo=UTC))
+    set_next_run(conn, "nightly", stored)
+    again = store.materialize(row, dt.datetime(2026, 6, 1, 16, 0, 0, 100000, tzinfo=UTC))
+    assert first is not None and again is not None
+    assert again.id == first.id
+    assert first.idempotency_key == "sched:nightly:2026-06-01T10:00:00Z"
+    assert first.run_at == dt.datetime(2026, 6, 1, 15, tzinfo=UTC)  # the latest due, coalesced
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (1,)
+
+
 def test_a_crash_between_enqueue_and_advance_loses_and_repeats_nothing(
     store: Store, conn: Any
 ) -> None:

@@ -75,10 +75,37 @@ def test_enqueue_notifies_the_queue_name_on_the_store_channel(store: Store, dsn:
         assert pending_notifies(listener) == ["emails"]
 
 
-def test_enqueue_of_a_delayed_job_notifies_nobody(store: Store, dsn: str) -> None:
+def delays(payloads: list[str], queue: str = "default") -> list[int]:
+    """The milliseconds carried by ``<queue>@<ms>`` payloads (a delayed job's wake-up)."""
+    return [int(p.split("@")[1]) for p in payloads if p.startswith(f"{queue}@")]
+
+
+def test_enqueue_of_a_delayed_job_notifies_its_queue_with_the_delay_left(
+    store: Store, dsn: str
+) -> None:
+    """The spec notifies every enqueue; a delayed job's payload carries the
+    milliseconds until its run_at by the database clock (rounded up), so a
+    worker can wake when it is due. A job due now keeps the plain payload."""
     with listen(dsn) as listener:
         store.enqueue(new_job(delay=dt.timedelta(hours=1)))
+        store.enqueue(new_job(run_at=store.now() - dt.timedelta(seconds=5)))  # already due
+        store.enqueue(new_job(delay=dt.timedelta(seconds=2), idempotency_key="k"))
+        payloads = pending_notifies(listener)
+    assert len(payloads) == 3 and payloads[1] == "default"
+    hour, keyed = delays(payloads)
+    assert 3_590_000 < hour <= 3_600_000
+    assert 1_000 < keyed <= 2_000
+
+
+def test_a_delayed_job_enqueued_in_a_callers_transaction_notifies_at_its_commit(
+    store: Store, dsn: str
+) -> None:
+    with listen(dsn) as listener, psycopg.connect(dsn) as caller:
+        store.enqueue(new_job(queue="later", delay=dt.timedelta(minutes=1)), conn=caller)
         assert pending_notifies(listener) == []
+        caller.commit()
+        (ms,) = delays(pending_notifies(listener), "later")
+    assert 50_000 < ms <= 60_000
 
 
 def test_notify_channel_option_changes_the_channel(make_store: Any, dsn: str) -> None:
@@ -282,6 +309,33 @@ def test_enqueue_batch_inserts_every_job_with_events_and_one_notification_per_qu
     ).fetchone() == (5,)
     stored = store.get(jobs[0].id)
     assert stored.run_at == stored.created_at
+
+
+def test_enqueue_batch_wakes_each_queue_for_its_due_jobs_and_its_soonest_delayed_one(
+    store: Store, dsn: str
+) -> None:
+    jobs = [
+        new_job(queue="a"),
+        new_job(queue="a", delay=dt.timedelta(minutes=5)),
+        new_job(queue="a", delay=dt.timedelta(minutes=1), idempotency_key="k"),
+        new_job(queue="b", delay=dt.timedelta(seconds=30)),
+    ]
+    with listen(dsn) as listener:
+        store.enqueue_batch(jobs)
+        payloads = pending_notifies(listener)
+    assert sorted(p.split("@")[0] for p in payloads) == ["a", "a", "b"]
+    assert "a" in payloads
+    (a_ms,) = delays(payloads, "a")
+    (b_ms,) = delays(payloads, "b")
+    assert 50_000 < a_ms <= 60_000
+    assert 20_000 < b_ms <= 30_000
+
+
+def test_enqueue_many_of_delayed_jobs_notifies_their_delay(store: Store, dsn: str) -> None:
+    with listen(dsn) as listener:
+        store.enqueue_many(new_job(queue="m", delay=dt.timedelta(seconds=10)), [{}, {}, {}])
+        (ms,) = delays(pending_notifies(listener), "m")
+    assert 5_000 < ms <= 10_000
 
 
 def test_enqueue_batch_keeps_payloads_backoffs_and_delays(store: Store) -> None:

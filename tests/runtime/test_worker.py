@@ -267,6 +267,34 @@ def test_a_notification_wakes_an_idle_worker_long_before_its_poll_interval(
     assert done.wait(30)  # the poll interval is a minute: only the notification can do this
 
 
+def test_an_idle_worker_runs_a_delayed_job_when_it_is_due_not_at_its_next_poll(
+    store: Store, registry: Registry, make_worker: Callable[..., Worker], notifier: Notifier
+) -> None:
+    """The delayed job's notification carries its delay: the worker's wait ends
+    when the job is due, although its poll interval is 30 s."""
+    ran_at: list[float] = []
+    done = threading.Event()
+
+    def handler(ctx: JobContext, job: Job) -> None:
+        ran_at.append(time.monotonic())
+        done.set()
+
+    registry.register("t", handler)
+    assert notifier.wait_connected(10)
+    make_worker(
+        dispatcher=notifier,
+        poll_interval=dt.timedelta(seconds=30),
+        lease_ttl=dt.timedelta(seconds=300),
+    )
+    time.sleep(0.5)  # the worker has claimed nothing and waits
+    before = time.monotonic()
+    enqueue(store, delay=dt.timedelta(milliseconds=500))
+    after = time.monotonic()
+    assert done.wait(10)  # its next poll is 30 s away: only the carried delay can do this
+    assert ran_at[0] - before >= 0.45  # never before it is due (the database's 500 ms)
+    assert ran_at[0] - after < 0.5 + 1.0  # within a generous second of being due
+
+
 def test_without_notifications_the_worker_polls(
     store: Store, registry: Registry, make_worker: Callable[..., Worker]
 ) -> None:

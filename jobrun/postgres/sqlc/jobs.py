@@ -33,9 +33,14 @@ WITH ins AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $12::boolean
 ), usage AS (
-    SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
+    SELECT pg_notification_queue_usage() AS used,
+           ceil(1000 * extract(epoch FROM ins.run_at - clock_timestamp()))::int8 AS delay_ms
+    FROM ins
 ), wake AS (
-    SELECT pg_notify($13::text, ins.queue) FROM ins, usage
+    SELECT pg_notify($13::text,
+                     CASE WHEN usage.delay_ms > 0 THEN ins.queue || '@' || usage.delay_ms
+                          ELSE ins.queue END)
+    FROM ins, usage
     WHERE usage.used < $14::float8
 )
 SELECT ins.id, ins.run_at, ins.created_at, ins.updated_at,
@@ -68,9 +73,14 @@ WITH ins AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $13::boolean
 ), usage AS (
-    SELECT pg_notification_queue_usage() AS used FROM ins WHERE ins.run_at <= now()
+    SELECT pg_notification_queue_usage() AS used,
+           ceil(1000 * extract(epoch FROM ins.run_at - clock_timestamp()))::int8 AS delay_ms
+    FROM ins
 ), wake AS (
-    SELECT pg_notify($14::text, ins.queue) FROM ins, usage
+    SELECT pg_notify($14::text,
+                     CASE WHEN usage.delay_ms > 0 THEN ins.queue || '@' || usage.delay_ms
+                          ELSE ins.queue END)
+    FROM ins, usage
     WHERE usage.used < $15::float8
 )
 SELECT ins.id, ins.run_at, ins.created_at, ins.updated_at,
@@ -800,10 +810,16 @@ DB_NOW: Final = "SELECT now()::timestamptz AS now"
 
 NOTIFY: Final = """\
 WITH usage AS (
-    SELECT pg_notification_queue_usage() AS used
+    SELECT pg_notification_queue_usage() AS used,
+           ceil(1000 * extract(epoch FROM $1::timestamptz - clock_timestamp()))::int8
+               AS delay_ms
 ), wake AS (
-    SELECT pg_notify($1::text, $2::text) FROM usage
-    WHERE usage.used < $3::float8
+    SELECT pg_notify($2::text,
+                     CASE WHEN usage.delay_ms > 0
+                          THEN $3::text || '@' || usage.delay_ms
+                          ELSE $3::text END)
+    FROM usage
+    WHERE usage.used < $4::float8
 )
 SELECT usage.used::float8 AS notify_queue_usage FROM usage
 WHERE (SELECT count(*) FROM wake) >= 0"""
@@ -925,7 +941,16 @@ class Queries(QueriesBase):
         while idle in a long transaction keeps it from draining, and a full queue
         fails every COMMIT that notifies), no notification is sent and workers
         find the job by polling. notify_queue_usage tells the caller the queue's
-        usage (0 when no wake-up was due). trace_context is the job's creation
+        usage (0 on a replay).
+
+        Every new job is announced, a delayed one too (the spec: one notification
+        per enqueue). The payload of a job due now is its queue's name; a delayed
+        job's is <queue>@<milliseconds until run_at>, by the database clock at
+        this statement and rounded up, so that a worker can wake when the job is
+        due (never before: the delay is counted from a moment before the COMMIT
+        that delivers it). A worker of an older version ignores such a payload,
+        as it ignores anything that is not a queue name, and polls as before.
+        trace_context is the job's creation
         context (the enqueueing span's W3C carrier; NULL when tracing is off).
 
         It returns only what the database decided (run_at from the delay by its
@@ -2369,16 +2394,19 @@ class Queries(QueriesBase):
         self,
         conn: psycopg.Connection[Any],
         *,
+        run_at: datetime.datetime | None,
         channel: str,
         payload: str,
         max_notify_usage: float,
     ) -> float | None:
         """A wake-up inside the caller's transaction (delivered at its COMMIT),
         skipped when the notification queue is max_notify_usage full (see
-        EnqueueJob). Returns the queue's usage.
+        EnqueueJob). With a run_at still ahead of the database clock, the payload
+        carries the delay as EnqueueJob's does: <payload>@<milliseconds, rounded
+        up>. Returns the queue's usage.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(NOTIFY), (channel, payload, max_notify_usage))
+            cur.execute(self.sql(NOTIFY), (run_at, channel, payload, max_notify_usage))
             r = cur.fetchone()
         if r is None:
             return None

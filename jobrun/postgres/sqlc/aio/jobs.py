@@ -121,7 +121,16 @@ class AsyncQueries(QueriesBase):
         while idle in a long transaction keeps it from draining, and a full queue
         fails every COMMIT that notifies), no notification is sent and workers
         find the job by polling. notify_queue_usage tells the caller the queue's
-        usage (0 when no wake-up was due). trace_context is the job's creation
+        usage (0 on a replay).
+
+        Every new job is announced, a delayed one too (the spec: one notification
+        per enqueue). The payload of a job due now is its queue's name; a delayed
+        job's is <queue>@<milliseconds until run_at>, by the database clock at
+        this statement and rounded up, so that a worker can wake when the job is
+        due (never before: the delay is counted from a moment before the COMMIT
+        that delivers it). A worker of an older version ignores such a payload,
+        as it ignores anything that is not a queue name, and polls as before.
+        trace_context is the job's creation
         context (the enqueueing span's W3C carrier; NULL when tracing is off).
 
         It returns only what the database decided (run_at from the delay by its
@@ -1597,16 +1606,19 @@ class AsyncQueries(QueriesBase):
         self,
         conn: psycopg.AsyncConnection[Any],
         *,
+        run_at: datetime.datetime | None,
         channel: str,
         payload: str,
         max_notify_usage: float,
     ) -> float | None:
         """A wake-up inside the caller's transaction (delivered at its COMMIT),
         skipped when the notification queue is max_notify_usage full (see
-        EnqueueJob). Returns the queue's usage.
+        EnqueueJob). With a run_at still ahead of the database clock, the payload
+        carries the delay as EnqueueJob's does: <payload>@<milliseconds, rounded
+        up>. Returns the queue's usage.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(NOTIFY), (channel, payload, max_notify_usage))
+            await cur.execute(self.sql(NOTIFY), (run_at, channel, payload, max_notify_usage))
             r = await cur.fetchone()
         if r is None:
             return None

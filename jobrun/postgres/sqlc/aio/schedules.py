@@ -235,7 +235,8 @@ class AsyncQueries(QueriesBase):
         max_schedules: int,
     ) -> list[Schedule]:
         """Defensive against two leaders: rows another leader holds are skipped. The
-        durable guard is the sched:<id>:<occurrence> idempotency key of the job.
+        durable guard is the sched:<id>:<next_run> idempotency key of the job
+        (next_run_at as read here, whichever occurrence a misfire runs).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(DUE_SCHEDULES), (now, max_schedules))
