@@ -214,6 +214,7 @@ import threading
 import time
 import traceback
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -429,7 +430,9 @@ class _Timeouts(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(name="jobrun-timeouts", daemon=True)
-        self._heap: list[tuple[float, int, JobContext]] = []
+        # Weak: a job's context (its job, an async job's task) is not kept
+        # until its deadline once the job is over.
+        self._heap: list[tuple[float, int, weakref.ref[JobContext]]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stopped = False
@@ -438,7 +441,7 @@ class _Timeouts(threading.Thread):
         if ctx.deadline is None:
             return
         with self._cond:
-            heapq.heappush(self._heap, (ctx.deadline, next(self._seq), ctx))
+            heapq.heappush(self._heap, (ctx.deadline, next(self._seq), weakref.ref(ctx)))
             self._cond.notify()
 
     def stop(self) -> None:
@@ -452,14 +455,16 @@ class _Timeouts(threading.Thread):
                 if not self._heap:
                     self._cond.wait()
                     continue
-                deadline, _, ctx = self._heap[0]
+                deadline, _, ref = self._heap[0]
                 wait = deadline - time.monotonic()
                 if wait > 0:
                     self._cond.wait(wait)
                     continue
                 heapq.heappop(self._heap)
-                if not ctx.is_cancelled:
+                ctx = ref()
+                if ctx is not None and not ctx.is_cancelled:
                     ctx.cancel("timeout")
+                del ctx
 
 
 class _Activity:
@@ -1488,6 +1493,7 @@ class Worker:
                 self._run_one(running)
             except BaseException as exc:
                 self._unrecorded(job, exc)
+                _let_go(exc)
             finally:
                 self._release(job, on_thread=True)
 
@@ -1524,7 +1530,14 @@ class Worker:
                     hooks.job_returned(job, sys.exc_info()[1])
         except Exception as exc:
             error = exc
-        self._settle(running, registration, started, value, error)
+        try:
+            self._settle(running, registration, started, value, error)
+        finally:
+            # Recorded (or given up on): what the handler held goes now, not
+            # when the cyclic collector runs (this frame is on the error's
+            # traceback, and held the error: a cycle).
+            _let_go(error)
+            error = value = None
 
     async def _run_async(
         self, running: _Running, registration: Registration, io: concurrent.futures.Executor
@@ -1552,21 +1565,30 @@ class Worker:
             if written is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wrap_future(written)
-            if error is None and value is None and not ctx.is_cancelled:
-                # The common case needs no write of its own: it joins the batch here.
-                self._settle(running, registration, started, value, error)
-            else:
-                await loop.run_in_executor(
-                    io,
-                    self._settle,
-                    running,
-                    registration,
-                    started,
-                    value,
-                    error,
-                )
+            try:
+                if error is None and value is None and not ctx.is_cancelled:
+                    # The common case needs no write of its own: it joins the batch here.
+                    self._settle(running, registration, started, value, error)
+                else:
+                    await loop.run_in_executor(
+                        io,
+                        self._settle,
+                        running,
+                        registration,
+                        started,
+                        value,
+                        error,
+                    )
+            finally:
+                # Recorded: drop the error (its traceback holds the handler's
+                # frames, and this one, which held it) and the task (which
+                # keeps its exception), as _run_one does.
+                ctx._on_cancel = None
+                _let_go(error)
+                del error, value, task
         except BaseException as exc:
             self._unrecorded(job, exc)
+            _let_go(exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -2086,6 +2108,7 @@ class Worker:
                     exc=exc,
                     started=time.monotonic() - done.duration,
                 )
+                _let_go(exc)  # the callable's frames: the store keeps the error in a cycle
         self._flushed(batch)
 
     def _flushed(self, batch: Sequence[_Finished]) -> None:
@@ -2411,6 +2434,28 @@ def _iso(when: dt.datetime) -> str:
 _JOBRUN_DIR = str(Path(__file__).resolve().parents[1])
 TRACEBACK_FRAMES = 8
 """Frames kept of a failed job's traceback (the innermost): last_error is capped anyway."""
+
+
+def _let_go(error: BaseException | None) -> None:
+    """Free what a recorded exception holds: the locals of the finished frames
+    its traceback (and those of its cause and context) passed through.
+
+    Called once the outcome is recorded (its text written, the hooks and the
+    log line given the exception). A handler's exception keeps its frames,
+    and so every object the handler held (a 300 MB buffer), for as long as
+    the exception lives; through a cycle (a frame that holds the exception
+    it is on the traceback of) that is until the cyclic collector runs. The
+    frames still executing (the worker's own) are left alone.
+    """
+    pending = [error]
+    seen: set[int] = set()
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        pending += (exc.__cause__, exc.__context__)
 
 
 def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:
