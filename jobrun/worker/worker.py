@@ -52,6 +52,17 @@ queue, and keeps the attempt it burned); flush the completer; stop
 heartbeats last. A handler that ignores cancellation is abandoned: its lease
 expires and the reaper requeues it. A second signal stops at once.
 
+Completions within the lease: the worker reckons when each lease it holds
+ends on its own monotonic clock (the time its claim, or the last heartbeat
+that kept it, was sent, plus the lease TTL: never later than the database's
+end) and the completer bounds each try of a completion by the first end
+among its jobs (``Store.bounded``: the watchdog, the wait for a connection
+and the statement_timeout are cut to it). A completion stuck on a half-open
+connection is therefore given up when its lease runs out, not after
+``call_timeout`` + ``commit_timeout``; faults are retried until then, and
+past it the jobs are abandoned as lease lost (the reaper requeues them; the
+work is redone at most once, as at-least-once allows).
+
 A handler's exception never kills its thread; a database error never kills
 a loop (it is logged, and the loop backs off and tries again).
 
@@ -204,6 +215,7 @@ import heapq
 import inspect
 import itertools
 import logging
+import math
 import os
 import queue
 import re
@@ -723,6 +735,12 @@ class Worker:
         # stale handler has not returned yet), and each must be tracked alone.
         self._running: dict[uuid.UUID, _Running] = {}
         self._unflushed: dict[uuid.UUID, Job] = {}
+        # When each claim's lease ends by this worker's own reckoning
+        # (time.monotonic): the time its claim or last heartbeat was sent,
+        # plus the lease TTL, an end never later than the database's. The
+        # completer gives up on a completion by then (see _retrying).
+        self._lease_until: dict[uuid.UUID, float] = {}
+        self._claim_sent = 0.0  # when the claimer's latest claim was sent
         self._unflushed_by_queue: dict[str, int] = {}
         self._inflight = 0  # claimed and not yet returned by its handler
         self._inflight_by_queue: dict[str, int] = dict.fromkeys(self.config.queues, 0)
@@ -1283,6 +1301,7 @@ class Worker:
         completion that committed after all reports completed)."""
         jobs = [done.job for done in finished]
         results = {d.job.id: d.result for d in finished if d.result is not None} or None
+        self._claim_sent = time.monotonic()
         try:
             outcome, claimed = self._call(
                 "claim",
@@ -1390,6 +1409,7 @@ class Worker:
                 after = page[-1].id
         if not lost:
             return []
+        self._claim_sent = time.monotonic()  # the heartbeat below is their lease
         until = self.store.now() + self.config.lease_ttl
         kept = self.store.heartbeat(self.owner, [(job.id, _claim(job)) for job in lost], until)
         adopted = [job for job in lost if job.id in kept]
@@ -1445,8 +1465,10 @@ class Worker:
         timeout = self.registry.timeout_for(registration)
         if timeout is not None:
             ctx.deadline = time.monotonic() + timeout.total_seconds()
+        lease_from = self._claim_sent or time.monotonic()
         with self._lock:
             self._running[_claim(job)] = running
+            self._lease_until[_claim(job)] = lease_from + self.config.lease_ttl.total_seconds()
             self._inflight += 1
             self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
         self._timeouts.add(ctx)
@@ -1472,6 +1494,8 @@ class Worker:
         """The job's run is over (its outcome recorded or handed on): free its slot."""
         with self._lock:
             self._running.pop(_claim(job), None)
+            if _claim(job) not in self._unflushed:  # its success waits for the completer
+                self._lease_until.pop(_claim(job), None)
             self._inflight -= 1
             self._inflight_by_queue[job.queue] -= 1
             if on_thread:
@@ -2078,7 +2102,7 @@ class Worker:
                 lambda: self._call(
                     "complete", len(jobs), lambda: self.store.complete_many(jobs, results=results)
                 ),
-                len(jobs),
+                jobs,
             )
             self._account(outcome, plain)
             if outcome is None:
@@ -2093,7 +2117,7 @@ class Worker:
                     len(items),
                     lambda: self.store.complete_many_tx(items, results=results),
                 ),
-                len(items),
+                [job for job, _ in items],
             )
             self._account(outcome, with_commit)
             if outcome is None:
@@ -2118,15 +2142,37 @@ class Worker:
             for done in batch:
                 if self._unflushed.pop(_claim(done.job), None) is not None:
                     self._unflushed_by_queue[done.job.queue] -= 1
+                    if _claim(done.job) not in self._running:
+                        self._lease_until.pop(_claim(done.job), None)
         self._slot_freed.set()  # the backlog shrank: the claimer may claim again
 
     def _retrying(
-        self, complete: Callable[[], CompleteManyResult], size: int
+        self, complete: Callable[[], CompleteManyResult], jobs: Sequence[Job]
     ) -> CompleteManyResult | None:
+        """``complete()`` of ``jobs``, within their leases: each try is given up
+        when the first of their leases ends by this worker's reckoning, and
+        database faults are retried until then. None: not completed (the
+        caller abandons them; their leases expire and the reaper requeues
+        them)."""
+        size = len(jobs)
         failures = 0
         while not self._hard_stop.is_set():
+            left = self._lease_left(jobs)
+            if left <= 0:
+                self._count("lease_lost", size)
+                self._log.warning(
+                    "completing %d job(s) given up: their lease ran out before the database "
+                    "answered (lease TTL %s; the first of them ended %s ago by this worker's "
+                    "clock); another worker may run them again",
+                    size,
+                    _seconds(self.config.lease_ttl.total_seconds()),
+                    _seconds(-left),
+                )
+                return None
+            bound = self.store.bounded(left) if left < math.inf else contextlib.nullcontext()
             try:
-                return complete()
+                with bound:
+                    return complete()
             except DatabaseError as exc:  # a fault: retrying is safe
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
@@ -2140,6 +2186,13 @@ class Worker:
                 )
                 return None
         return None
+
+    def _lease_left(self, jobs: Sequence[Job]) -> float:
+        """Seconds until the first of these leases ends by this worker's reckoning."""
+        now = time.monotonic()
+        with self._lock:
+            ends = [self._lease_until.get(_claim(job)) for job in jobs]
+        return min((end for end in ends if end is not None), default=math.inf) - now
 
     def _abandon(self, jobs: Sequence[Job]) -> None:
         """These claims ran but their outcome is not recorded: they stay leased
@@ -2261,11 +2314,17 @@ class Worker:
         if not newest:
             return
         leases = [(job.id, _claim(job)) for job in newest.values()]
+        sent_at = time.monotonic()
         until = self.store.now() + self.config.lease_ttl
         kept = self._call(
             "heartbeat", len(leases), lambda: self.store.heartbeat(self.owner, leases, until)
         )
         sent = {token for _, token in leases}
+        lease_until = sent_at + self.config.lease_ttl.total_seconds()
+        with self._lock:
+            for job_id, token in leases:
+                if job_id in kept and token in self._lease_until:
+                    self._lease_until[token] = max(self._lease_until[token], lease_until)
         for r in running:
             token = _claim(r.job)
             if token in sent and r.job.id not in kept and not r.ctx.is_cancelled:
@@ -2275,6 +2334,7 @@ class Worker:
     # -- hooks ---------------------------------------------------------------------
 
     def _claim_call(self, queues: list[str], limit: int) -> list[Job]:
+        self._claim_sent = time.monotonic()  # the leases it grants start after this
         return self._call(
             "claim",
             len,  # the jobs it got
