@@ -49,8 +49,11 @@ Shutdown (``stop``, or SIGTERM/SIGINT through :meth:`run`): stop claiming;
 let running handlers finish until the grace period ends; cancel the rest and
 give them a moment to return (an interrupted job is failed back to the
 queue, and keeps the attempt it burned); flush the completer; stop
-heartbeats last. A handler that ignores cancellation is abandoned: its lease
-expires and the reaper requeues it. A second signal stops at once.
+heartbeats last. A handler that ignores cancellation is abandoned, and its
+job failed back to the queue at once, its attempt kept (it did run), with
+a "retrying" event saying why, instead of staying leased to an exiting
+process until its lease expires (``Worker._give_back_abandoned``). A second
+signal stops at once (then the leases expire and the reaper requeues).
 
 Completions within the lease: the worker reckons when each lease it holds
 ends on its own monotonic clock (the time its claim, or the last heartbeat
@@ -114,7 +117,7 @@ plain handlers:
   ends, then their tasks are cancelled and the interrupted jobs failed back
   to the queue with their attempt kept; the loop stops last but one, before
   the heartbeats. A coroutine that ignores cancellation is abandoned like a
-  thread (its lease expires).
+  thread (its job failed back to the queue at once, attempt kept).
 
 Unknown job types: a job whose type this worker has no handler for is not
 failed (which would burn its attempts into a dead job while a newer worker
@@ -282,6 +285,9 @@ run it: a request stuck in a dead link is delivered when the link heals, for
 as long as the kernel retransmits it (``tcp_user_timeout``, 20 s by default).
 The claimer looks for lost claims this long plus one lease TTL."""
 _LIST_PAGE = 1000
+ABANDONED_RELEASE_BOUND = 5.0
+"""Seconds a stopping worker spends at most giving back the jobs of handlers
+that ignored cancellation (see ``Worker._give_back_abandoned``)."""
 DEFAULT_UNKNOWN_TYPE_DELAY = dt.timedelta(seconds=60)
 DEFAULT_UNKNOWN_TYPE_RELEASES = 24
 UNKNOWN_TYPE_DELAY_GROWTH = 10
@@ -936,6 +942,8 @@ class Worker:
         self._done.put(None)
         self._threads[1].join(30)  # the completer flushes what it holds
         self._stop_loop(5.0)  # coroutines that ignored cancellation are abandoned
+        if not drained:
+            self._give_back_abandoned()
         self._heartbeat_stop.set()
         self._threads[2].join(10)
         self._timeouts.stop()
@@ -949,6 +957,33 @@ class Worker:
             "drained" if drained else "abandoned handlers that ignored cancellation",
         )
         return drained
+
+    def _give_back_abandoned(self) -> None:
+        """Fail the jobs whose handlers ignored cancellation back to their queue,
+        at once: the process is exiting, so their leases would only keep them
+        from running elsewhere until they expire.
+
+        Their attempt is kept (it did run): ``Store.fail`` with no backoff,
+        fenced by the claim, so a job out of attempts is dead and a cancel
+        requested wins, as the reaper would decide, only sooner; its
+        "retrying" event and ``last_error`` say why. Bounded, so that a
+        database that is gone cannot hold the exit up (then the leases expire
+        as before).
+        """
+        with self._lock:
+            abandoned = [r.job for r in self._running.values()]
+        if not abandoned or self._hard_stop.is_set():
+            return
+        grace = _seconds(self.config.shutdown_grace.total_seconds())
+        with self.store.bounded(ABANDONED_RELEASE_BOUND):
+            for job in abandoned:
+                self._fail(
+                    job,
+                    "abandoned at shutdown: its handler ignored cancellation after the "
+                    f"shutdown grace ({grace}); queued again at once by the exiting worker "
+                    f"{self.owner} (attempt kept)",
+                    at_once=True,
+                )
 
     def kill(self) -> None:
         """Stop at once: nothing more is claimed, completed or heartbeated.
@@ -1722,12 +1757,18 @@ class Worker:
         permanent: bool = False,
         exc: BaseException | None = None,
         started: float | None = None,
+        at_once: bool = False,
     ) -> None:
-        """Record a failed attempt (retried, dead or cancelled) and log its outcome."""
+        """Record a failed attempt (retried, dead or cancelled) and log its outcome.
+
+        ``at_once``: retried now, without the job's backoff (not the job's fault).
+        """
         duration = None if started is None else time.monotonic() - started
 
         def write() -> Job:
-            retry_at = None if permanent else self.store.now() + job.backoff.delay(job.attempts)
+            retry_at = (
+                None if permanent or at_once else self.store.now() + job.backoff.delay(job.attempts)
+            )
             return self._call(
                 "fail", 1, lambda: self.store.fail(job, error, retry_at, permanent=permanent)
             )

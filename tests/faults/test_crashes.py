@@ -361,9 +361,15 @@ def test_a_grace_period_too_short_leaves_no_job_leased_past_its_ttl(
     for job in polite:
         assert store.get(job.id).state is State.QUEUED
         assert kinds(store, job)[-1] == "retrying"
-    # The abandoned ones are leased only until their TTL; a reaper requeues them.
+    # The abandoned ones (their handlers ignored cancellation) were failed back
+    # to the queue by the exiting worker, at once, not when their lease expired,
+    # with the attempt they burned kept (it did run).
     for job in stubborn:
-        assert store.get(job.id).state is State.LEASED
+        stored = store.get(job.id)
+        assert stored.state is State.QUEUED, stored
+        assert stored.attempts == 1
+        assert "ignored cancellation" in (stored.last_error or "")
+        assert kinds(store, job)[-1] == "retrying"
     workers.start(scheduler=True)
     wait_until(lambda: states(conn) == {"succeeded": 4}, 60, "every job finishes elsewhere")
     for job in [*stubborn, *polite]:
