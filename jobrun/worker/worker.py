@@ -380,10 +380,14 @@ class WorkerConfig:
         if self.stall_warning is not None:
             validate.positive_duration("stall_warning", self.stall_warning)
         if self.heartbeat_interval * 3 > self.lease_ttl:
+            # Refused, not warned: with fewer than three heartbeats per lease,
+            # one late or lost heartbeat loses leases of healthy jobs, which
+            # then run twice; no deployment wants that.
             raise ValidationError(
                 "heartbeat_interval",
-                f"must be at most a third of the lease TTL ({self.lease_ttl.total_seconds()} s), "
-                "so that one lost heartbeat never loses a lease",
+                f"{_seconds(self.heartbeat_interval.total_seconds())} must be at most a third "
+                f"of lease_ttl ({_seconds(self.lease_ttl.total_seconds())}), so that one lost "
+                "heartbeat never loses a lease",
             )
         b = self.complete_batch_size
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 10_000:
@@ -812,6 +816,7 @@ class Worker:
         self._started = True
         self._success_level = logs.success_level(self.config.success_log_level)
         self._log_banner()
+        self._warn_contradictions()
         if self.dispatcher is not None:
             self._waiter = self.dispatcher.subscribe(self._queue_names)
             probe = getattr(self.dispatcher, "activity", None)
@@ -890,6 +895,28 @@ class Worker:
                 "job_types": types,
             },
         )
+
+    def _warn_contradictions(self) -> None:
+        """One WARNING line for settings that contradict each other but can run.
+
+        A commit timeout longer than the lease: the completer gives a
+        completion up when its lease runs out (see the module docstring), so
+        a commit callable never gets the whole commit timeout. Warned, not
+        refused: nothing runs twice because of it, and the default commit
+        timeout (30 s) would otherwise refuse every worker configured with
+        only a shorter lease.
+        """
+        commit = getattr(self.store, "commit_timeout", None)
+        ttl = self.config.lease_ttl
+        if isinstance(commit, dt.timedelta) and commit > ttl:
+            self._log.warning(
+                "commit_timeout (JOBRUN_COMMIT_TIMEOUT, %s) is longer than lease_ttl "
+                "(JOBRUN_LEASE_TTL, %s): a completion is given up when its lease runs out, so "
+                "a commit callable never gets the whole commit timeout; set it to at most the "
+                "lease TTL",
+                _seconds(commit.total_seconds()),
+                _seconds(ttl.total_seconds()),
+            )
 
     def _shared_limits(self) -> str:
         """The database's limits on this worker's queues, for the banner ("" when
@@ -2194,11 +2221,17 @@ class Worker:
         when the first of their leases ends by this worker's reckoning, and
         database faults are retried until then. None: not completed (the
         caller abandons them; their leases expire and the reaper requeues
-        them)."""
+        them).
+
+        The end is taken once, before the first try: a heartbeat skips a row
+        that a completion holds locked (and still reports it live), so a
+        heartbeat sent meanwhile may not have extended it.
+        """
         size = len(jobs)
         failures = 0
+        lease_ends = time.monotonic() + self._lease_left(jobs)
         while not self._hard_stop.is_set():
-            left = self._lease_left(jobs)
+            left = lease_ends - time.monotonic()
             if left <= 0:
                 self._count("lease_lost", size)
                 self._log.warning(
