@@ -1002,8 +1002,16 @@ class Worker:
         if not abandoned or self._hard_stop.is_set():
             return
         grace = _seconds(self.config.shutdown_grace.total_seconds())
+        end = time.monotonic() + ABANDONED_RELEASE_BOUND
         with self.store.bounded(ABANDONED_RELEASE_BOUND):
-            for job in abandoned:
+            for n, job in enumerate(abandoned):
+                if time.monotonic() >= end:
+                    self._log.warning(
+                        "%d job(s) of handlers that ignored cancellation stay leased until "
+                        "their leases expire (the database did not answer in time)",
+                        len(abandoned) - n,
+                    )
+                    return
                 self._fail(
                     job,
                     "abandoned at shutdown: its handler ignored cancellation after the "
@@ -1555,13 +1563,17 @@ class Worker:
     def _release(self, job: Job, *, on_thread: bool = False) -> None:
         """The job's run is over (its outcome recorded or handed on): free its slot."""
         with self._lock:
-            self._running.pop(_claim(job), None)
+            running = self._running.pop(_claim(job), None)
             if _claim(job) not in self._unflushed:  # its success waits for the completer
                 self._lease_until.pop(_claim(job), None)
             self._inflight -= 1
             self._inflight_by_queue[job.queue] -= 1
             if on_thread:
                 self._on_threads -= 1
+        if running is not None:
+            # The context and its progress writer refer to each other: a cycle
+            # (with the job and its payload) the collector alone would free.
+            running.ctx._progress_sink = None
         self._slot_freed.set()
 
     # -- running -----------------------------------------------------------------
@@ -1582,6 +1594,7 @@ class Worker:
                 _let_go(exc)
             finally:
                 self._release(job, on_thread=True)
+            job = running = None  # not kept while this thread waits for the next job
 
     def _unrecorded(self, job: Job, exc: BaseException) -> None:
         extra = {**job_fields(job), "owner": self.owner, "outcome": "unrecorded"}

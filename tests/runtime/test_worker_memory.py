@@ -169,3 +169,31 @@ def test_a_failed_commit_callables_memory_is_released_without_a_garbage_collecti
     make_worker(concurrency=1)
     wait_recorded(store, job, states={State.DEAD})
     assert refs and all(released_soon(ref) for ref in refs), _holders(refs[0])
+
+
+@pytest.mark.parametrize("kind", ["plain", "async"])
+def test_a_finished_jobs_context_and_job_are_released_without_a_garbage_collection(
+    kind: str,
+    no_gc: None,
+    store: Store,
+    registry: Registry,
+    make_worker: Callable[..., Worker],
+) -> None:
+    """What the worker keeps per job (its context, the job and its payload)
+    goes with the job, not at the next collection: a context and its
+    progress writer referred to each other."""
+    refs: list[weakref.ref[Any]] = []
+
+    def plain(ctx: JobContext, job: Job) -> None:
+        refs.append(weakref.ref(ctx))
+        ctx.progress(0.5)
+
+    async def coroutine(ctx: JobContext, job: Job) -> None:
+        refs.append(weakref.ref(ctx))
+        ctx.progress(0.5)
+
+    registry.register("t", plain if kind == "plain" else coroutine, timeout=dt.timedelta(hours=1))
+    job = store.enqueue(NewJob(type="t", backoff=NO_WAIT, payload={"blob": "x" * 1000}))
+    make_worker(concurrency=1)
+    wait_recorded(store, job, states={State.SUCCEEDED})
+    assert refs and released_soon(refs[0]), _holders(refs[0])
