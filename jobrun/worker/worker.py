@@ -1538,7 +1538,9 @@ class Worker:
         lease_from = self._claim_sent or time.monotonic()
         with self._lock:
             self._running[_claim(job)] = running
-            self._lease_until[_claim(job)] = lease_from + self.config.lease_ttl.total_seconds()
+            if self._started:  # drain() sends no heartbeats: no reckoning, no bound
+                ttl = self.config.lease_ttl.total_seconds()
+                self._lease_until[_claim(job)] = lease_from + ttl
             self._inflight += 1
             self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
         self._timeouts.add(ctx)
@@ -2238,14 +2240,20 @@ class Worker:
 
         The end is taken once, before the first try: a heartbeat skips a row
         that a completion holds locked (and still reports it live), so a
-        heartbeat sent meanwhile may not have extended it.
+        heartbeat sent meanwhile may not have extended it. A first try when
+        that end has passed already (heartbeats failed for a while) still
+        gets one heartbeat interval: the database's fence decides then (the
+        job completes unless the reaper took it).
         """
         size = len(jobs)
         failures = 0
         lease_ends = time.monotonic() + self._lease_left(jobs)
+        floor = self.config.heartbeat_interval.total_seconds()
         while not self._hard_stop.is_set():
             left = lease_ends - time.monotonic()
-            if left <= 0:
+            if failures == 0:
+                left = max(left, floor)
+            elif left <= 0:
                 self._count("lease_lost", size)
                 self._log.warning(
                     "completing %d job(s) given up: their lease ran out before the database "

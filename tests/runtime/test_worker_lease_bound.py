@@ -92,8 +92,32 @@ def test_a_completion_stuck_on_a_half_open_connection_is_given_up_within_the_lea
         assert worker.stats["succeeded"] == 0
     finally:
         proxy.hold_new(False)
-        proxy.reset()  # the stuck claim and heartbeat fail at once
+        proxy.reset_blackholed()  # the stuck claim and heartbeat fail at once
         worker.stop(timeout=2)
     # The lease logic decides: the job is the reaper's (still leased to this
     # worker, or already requeued), never completed by the abandoned call.
     assert store.get(job.id).state in (State.LEASED, State.QUEUED)
+
+
+def test_drain_sends_no_heartbeats_and_so_never_bounds_a_completion_by_the_lease(
+    store: Store, registry: Registry
+) -> None:
+    """``drain()`` (``jobrun.testing.run_jobs``) runs jobs in the caller's thread
+    without heartbeats: a handler slower than the lease still completes (the
+    database's fence decides, and no reaper runs in such a test)."""
+
+    def slow(ctx: JobContext, job: Job) -> None:
+        time.sleep(0.6)
+
+    registry.register("t", slow)
+    job = store.enqueue(NewJob(type="t", backoff=NO_WAIT))
+    worker = Worker(
+        store,
+        registry,
+        WorkerConfig(
+            lease_ttl=dt.timedelta(milliseconds=300),
+            heartbeat_interval=dt.timedelta(milliseconds=100),
+        ),
+    )
+    assert worker.drain() == 1
+    assert store.get(job.id).state is State.SUCCEEDED
