@@ -67,7 +67,12 @@ past it the jobs are abandoned as lease lost (the reaper requeues them; the
 work is redone at most once, as at-least-once allows).
 
 A handler's exception never kills its thread; a database error never kills
-a loop (it is logged, and the loop backs off and tries again).
+a loop (it is logged, and the loop backs off and tries again). Nothing of a
+finished job is kept by reference cycles: once its outcome is recorded (the
+hooks and the log line had the exception) the frames on its exception's
+traceback are cleared (``_let_go``) and the worker drops its references, so
+what a failed handler allocated is freed at once, not at the next run of
+the cyclic collector.
 
 Results: a handler's return value other than None, a callable or
 :class:`~jobrun.worker.registry.Done` is the job's result (see
