@@ -65,6 +65,11 @@ fencing term (:mod:`jobrun.postgres.leader`).
 
 Durations are ``250ms``, ``30s``, ``5m``, ``2h``, ``7d`` or plain seconds.
 Invalid settings raise ValidationError naming the variable, at start.
+Settings that contradict each other: ``JOBRUN_HEARTBEAT_INTERVAL`` above a
+third of ``JOBRUN_LEASE_TTL`` is refused (one late heartbeat would lose
+healthy leases); ``JOBRUN_COMMIT_TIMEOUT`` above ``JOBRUN_LEASE_TTL`` is a
+WARNING when the worker starts (a completion is given up when its lease runs
+out, so the commit timeout never applies in full).
 ``DATABASE_URL`` takes every form :mod:`jobrun.postgres.dsn` accepts; the
 repr of :class:`Settings` masks its password.
 """

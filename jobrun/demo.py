@@ -165,6 +165,7 @@ def _run(console: Console, args: argparse.Namespace, database_url: str) -> int:
         queues={queue: None},
         lease_ttl=dt.timedelta(seconds=15),
         heartbeat_interval=dt.timedelta(seconds=3),
+        commit_timeout=dt.timedelta(seconds=15),  # at most the lease (see jobrun.config)
         poll_interval=dt.timedelta(milliseconds=500),
     )
     migrate(database_url, schema=settings.schema)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from jobrun.job.model import (
@@ -50,6 +51,11 @@ class Store(Schedules, Protocol):
     def fenced(self, term: LeaderTerm) -> Store:
         """This store with every transaction fenced by ``term``: each checks the
         term first and raises ``LeaderLost`` (nothing done) once it is over."""
+        ...
+
+    def bounded(self, seconds: float) -> AbstractContextManager[None]:
+        """Give up on the calls this thread makes inside the block ``seconds``
+        from now (the worker completes jobs within their leases)."""
         ...
 
     def enqueue(self, job: NewJob, *, conn: Any = None) -> Job: ...

@@ -250,8 +250,39 @@ class Store(SchedulesMixin):
         self._notify_warned_at = -math.inf
         self._notify_warn_lock = threading.Lock()
         self._limited: dict[tuple[str, ...], tuple[float, dict[str, int | None]]] = {}
+        self._bounds = threading.local()  # .until: this thread's deadline (see bounded)
 
     # -- transactions ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def bounded(self, seconds: float) -> Iterator[None]:
+        """Give up on the calls this thread makes inside the block ``seconds`` from now.
+
+        Each call's client-side bound (the watchdog, the wait for a pooled
+        connection) and a Complete's statement_timeout are cut to what is
+        left; a call begun past it raises TransientError before anything is
+        sent. The worker completes jobs within their leases this way: a
+        completion stuck on a half-open connection is given up when the
+        lease it completes runs out, not after ``commit_timeout`` and
+        ``call_timeout``. Nested blocks keep the earlier deadline.
+        """
+        until = time.monotonic() + seconds
+        outer: float | None = getattr(self._bounds, "until", None)
+        self._bounds.until = until if outer is None else min(until, outer)
+        try:
+            yield
+        finally:
+            self._bounds.until = outer
+
+    def _left(self, timeout: float | None) -> float | None:
+        """``timeout`` cut to this thread's deadline (see :meth:`bounded`)."""
+        until: float | None = getattr(self._bounds, "until", None)
+        if until is None:
+            return timeout
+        left = until - time.monotonic()
+        if left <= 0:
+            raise TransientError("the caller's deadline passed before the call was sent")
+        return left if timeout is None else min(timeout, left)
 
     def fenced(self, term: LeaderTerm) -> Store:
         """This store (same pool and settings) with every transaction fenced by ``term``.
@@ -297,8 +328,10 @@ class Store(SchedulesMixin):
         out here is one a later child will sever (:mod:`jobrun.postgres.forksafe`).
         """
         forksafe.check_pool(self.pool)
+        timeout = self._left(timeout)
+        bounded = getattr(self._bounds, "until", None) is not None
         for _ in range(self.pool.max_size + 1):
-            with self.pool.connection() as conn:
+            with self.pool.connection(timeout=timeout if bounded else None) as conn:
                 forksafe.track(conn)
                 if _stale(conn):
                     conn.close()
@@ -1539,9 +1572,11 @@ class Store(SchedulesMixin):
         Sent as one simple-protocol string (one round trip), so the timeout
         is in force before Complete's first statement waits for the row lock.
         """
-        if self.commit_timeout is None:
+        seconds = None if self.commit_timeout is None else self.commit_timeout.total_seconds()
+        seconds = self._left(seconds)  # within the caller's deadline (see bounded)
+        if seconds is None:
             return "BEGIN"
-        ms = statement_timeout_setting(self.commit_timeout.total_seconds())
+        ms = statement_timeout_setting(seconds)
         return f"BEGIN; SET LOCAL statement_timeout = {ms}"
 
     def fail(

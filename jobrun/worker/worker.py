@@ -49,11 +49,30 @@ Shutdown (``stop``, or SIGTERM/SIGINT through :meth:`run`): stop claiming;
 let running handlers finish until the grace period ends; cancel the rest and
 give them a moment to return (an interrupted job is failed back to the
 queue, and keeps the attempt it burned); flush the completer; stop
-heartbeats last. A handler that ignores cancellation is abandoned: its lease
-expires and the reaper requeues it. A second signal stops at once.
+heartbeats last. A handler that ignores cancellation is abandoned, and its
+job failed back to the queue at once, its attempt kept (it did run), with
+a "retrying" event saying why, instead of staying leased to an exiting
+process until its lease expires (``Worker._give_back_abandoned``). A second
+signal stops at once (then the leases expire and the reaper requeues).
+
+Completions within the lease: the worker reckons when each lease it holds
+ends on its own monotonic clock (the time its claim, or the last heartbeat
+that kept it, was sent, plus the lease TTL: never later than the database's
+end) and the completer bounds each try of a completion by the first end
+among its jobs (``Store.bounded``: the watchdog, the wait for a connection
+and the statement_timeout are cut to it). A completion stuck on a half-open
+connection is therefore given up when its lease runs out, not after
+``call_timeout`` + ``commit_timeout``; faults are retried until then, and
+past it the jobs are abandoned as lease lost (the reaper requeues them; the
+work is redone at most once, as at-least-once allows).
 
 A handler's exception never kills its thread; a database error never kills
-a loop (it is logged, and the loop backs off and tries again).
+a loop (it is logged, and the loop backs off and tries again). Nothing of a
+finished job is kept by reference cycles: once its outcome is recorded (the
+hooks and the log line had the exception) the frames on its exception's
+traceback are cleared (``_let_go``) and the worker drops its references, so
+what a failed handler allocated is freed at once, not at the next run of
+the cyclic collector.
 
 Results: a handler's return value other than None, a callable or
 :class:`~jobrun.worker.registry.Done` is the job's result (see
@@ -103,7 +122,7 @@ plain handlers:
   ends, then their tasks are cancelled and the interrupted jobs failed back
   to the queue with their attempt kept; the loop stops last but one, before
   the heartbeats. A coroutine that ignores cancellation is abandoned like a
-  thread (its lease expires).
+  thread (its job failed back to the queue at once, attempt kept).
 
 Unknown job types: a job whose type this worker has no handler for is not
 failed (which would burn its attempts into a dead job while a newer worker
@@ -204,6 +223,7 @@ import heapq
 import inspect
 import itertools
 import logging
+import math
 import os
 import queue
 import re
@@ -214,6 +234,7 @@ import threading
 import time
 import traceback
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -269,6 +290,9 @@ run it: a request stuck in a dead link is delivered when the link heals, for
 as long as the kernel retransmits it (``tcp_user_timeout``, 20 s by default).
 The claimer looks for lost claims this long plus one lease TTL."""
 _LIST_PAGE = 1000
+ABANDONED_RELEASE_BOUND = 5.0
+"""Seconds a stopping worker spends at most giving back the jobs of handlers
+that ignored cancellation (see ``Worker._give_back_abandoned``)."""
 DEFAULT_UNKNOWN_TYPE_DELAY = dt.timedelta(seconds=60)
 DEFAULT_UNKNOWN_TYPE_RELEASES = 24
 UNKNOWN_TYPE_DELAY_GROWTH = 10
@@ -361,10 +385,14 @@ class WorkerConfig:
         if self.stall_warning is not None:
             validate.positive_duration("stall_warning", self.stall_warning)
         if self.heartbeat_interval * 3 > self.lease_ttl:
+            # Refused, not warned: with fewer than three heartbeats per lease,
+            # one late or lost heartbeat loses leases of healthy jobs, which
+            # then run twice; no deployment wants that.
             raise ValidationError(
                 "heartbeat_interval",
-                f"must be at most a third of the lease TTL ({self.lease_ttl.total_seconds()} s), "
-                "so that one lost heartbeat never loses a lease",
+                f"{_seconds(self.heartbeat_interval.total_seconds())} must be at most a third "
+                f"of lease_ttl ({_seconds(self.lease_ttl.total_seconds())}), so that one lost "
+                "heartbeat never loses a lease",
             )
         b = self.complete_batch_size
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 10_000:
@@ -429,7 +457,9 @@ class _Timeouts(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(name="jobrun-timeouts", daemon=True)
-        self._heap: list[tuple[float, int, JobContext]] = []
+        # Weak: a job's context (its job, an async job's task) is not kept
+        # until its deadline once the job is over.
+        self._heap: list[tuple[float, int, weakref.ref[JobContext]]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stopped = False
@@ -438,7 +468,7 @@ class _Timeouts(threading.Thread):
         if ctx.deadline is None:
             return
         with self._cond:
-            heapq.heappush(self._heap, (ctx.deadline, next(self._seq), ctx))
+            heapq.heappush(self._heap, (ctx.deadline, next(self._seq), weakref.ref(ctx)))
             self._cond.notify()
 
     def stop(self) -> None:
@@ -452,14 +482,16 @@ class _Timeouts(threading.Thread):
                 if not self._heap:
                     self._cond.wait()
                     continue
-                deadline, _, ctx = self._heap[0]
+                deadline, _, ref = self._heap[0]
                 wait = deadline - time.monotonic()
                 if wait > 0:
                     self._cond.wait(wait)
                     continue
                 heapq.heappop(self._heap)
-                if not ctx.is_cancelled:
+                ctx = ref()
+                if ctx is not None and not ctx.is_cancelled:
                     ctx.cancel("timeout")
+                del ctx
 
 
 class _Activity:
@@ -718,6 +750,12 @@ class Worker:
         # stale handler has not returned yet), and each must be tracked alone.
         self._running: dict[uuid.UUID, _Running] = {}
         self._unflushed: dict[uuid.UUID, Job] = {}
+        # When each claim's lease ends by this worker's own reckoning
+        # (time.monotonic): the time its claim or last heartbeat was sent,
+        # plus the lease TTL, an end never later than the database's. The
+        # completer gives up on a completion by then (see _retrying).
+        self._lease_until: dict[uuid.UUID, float] = {}
+        self._claim_sent = 0.0  # when the claimer's latest claim was sent
         self._unflushed_by_queue: dict[str, int] = {}
         self._inflight = 0  # claimed and not yet returned by its handler
         self._inflight_by_queue: dict[str, int] = dict.fromkeys(self.config.queues, 0)
@@ -783,6 +821,7 @@ class Worker:
         self._started = True
         self._success_level = logs.success_level(self.config.success_log_level)
         self._log_banner()
+        self._warn_contradictions()
         if self.dispatcher is not None:
             self._waiter = self.dispatcher.subscribe(self._queue_names)
             probe = getattr(self.dispatcher, "activity", None)
@@ -862,6 +901,28 @@ class Worker:
             },
         )
 
+    def _warn_contradictions(self) -> None:
+        """One WARNING line for settings that contradict each other but can run.
+
+        A commit timeout longer than the lease: the completer gives a
+        completion up when its lease runs out (see the module docstring), so
+        a commit callable never gets the whole commit timeout. Warned, not
+        refused: nothing runs twice because of it, and the default commit
+        timeout (30 s) would otherwise refuse every worker configured with
+        only a shorter lease.
+        """
+        commit = getattr(self.store, "commit_timeout", None)
+        ttl = self.config.lease_ttl
+        if isinstance(commit, dt.timedelta) and commit > ttl:
+            self._log.warning(
+                "commit_timeout (JOBRUN_COMMIT_TIMEOUT, %s) is longer than lease_ttl "
+                "(JOBRUN_LEASE_TTL, %s): a completion is given up when its lease runs out, so "
+                "a commit callable never gets the whole commit timeout; set it to at most the "
+                "lease TTL",
+                _seconds(commit.total_seconds()),
+                _seconds(ttl.total_seconds()),
+            )
+
     def _shared_limits(self) -> str:
         """The database's limits on this worker's queues, for the banner ("" when
         none, or when they cannot be read now: the claims apply them anyway)."""
@@ -913,6 +974,8 @@ class Worker:
         self._done.put(None)
         self._threads[1].join(30)  # the completer flushes what it holds
         self._stop_loop(5.0)  # coroutines that ignored cancellation are abandoned
+        if not drained:
+            self._give_back_abandoned()
         self._heartbeat_stop.set()
         self._threads[2].join(10)
         self._timeouts.stop()
@@ -926,6 +989,41 @@ class Worker:
             "drained" if drained else "abandoned handlers that ignored cancellation",
         )
         return drained
+
+    def _give_back_abandoned(self) -> None:
+        """Fail the jobs whose handlers ignored cancellation back to their queue,
+        at once: the process is exiting, so their leases would only keep them
+        from running elsewhere until they expire.
+
+        Their attempt is kept (it did run): ``Store.fail`` with no backoff,
+        fenced by the claim, so a job out of attempts is dead and a cancel
+        requested wins, as the reaper would decide, only sooner; its
+        "retrying" event and ``last_error`` say why. Bounded, so that a
+        database that is gone cannot hold the exit up (then the leases expire
+        as before).
+        """
+        with self._lock:
+            abandoned = [r.job for r in self._running.values()]
+        if not abandoned or self._hard_stop.is_set():
+            return
+        grace = _seconds(self.config.shutdown_grace.total_seconds())
+        end = time.monotonic() + ABANDONED_RELEASE_BOUND
+        with self.store.bounded(ABANDONED_RELEASE_BOUND):
+            for n, job in enumerate(abandoned):
+                if time.monotonic() >= end:
+                    self._log.warning(
+                        "%d job(s) of handlers that ignored cancellation stay leased until "
+                        "their leases expire (the database did not answer in time)",
+                        len(abandoned) - n,
+                    )
+                    return
+                self._fail(
+                    job,
+                    "abandoned at shutdown: its handler ignored cancellation after the "
+                    f"shutdown grace ({grace}); queued again at once by the exiting worker "
+                    f"{self.owner} (attempt kept)",
+                    at_once=True,
+                )
 
     def kill(self) -> None:
         """Stop at once: nothing more is claimed, completed or heartbeated.
@@ -1278,6 +1376,7 @@ class Worker:
         completion that committed after all reports completed)."""
         jobs = [done.job for done in finished]
         results = {d.job.id: d.result for d in finished if d.result is not None} or None
+        self._claim_sent = time.monotonic()
         try:
             outcome, claimed = self._call(
                 "claim",
@@ -1385,6 +1484,7 @@ class Worker:
                 after = page[-1].id
         if not lost:
             return []
+        self._claim_sent = time.monotonic()  # the heartbeat below is their lease
         until = self.store.now() + self.config.lease_ttl
         kept = self.store.heartbeat(self.owner, [(job.id, _claim(job)) for job in lost], until)
         adopted = [job for job in lost if job.id in kept]
@@ -1440,8 +1540,12 @@ class Worker:
         timeout = self.registry.timeout_for(registration)
         if timeout is not None:
             ctx.deadline = time.monotonic() + timeout.total_seconds()
+        lease_from = self._claim_sent or time.monotonic()
         with self._lock:
             self._running[_claim(job)] = running
+            if self._started:  # drain() sends no heartbeats: no reckoning, no bound
+                ttl = self.config.lease_ttl.total_seconds()
+                self._lease_until[_claim(job)] = lease_from + ttl
             self._inflight += 1
             self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
         self._timeouts.add(ctx)
@@ -1466,11 +1570,17 @@ class Worker:
     def _release(self, job: Job, *, on_thread: bool = False) -> None:
         """The job's run is over (its outcome recorded or handed on): free its slot."""
         with self._lock:
-            self._running.pop(_claim(job), None)
+            running = self._running.pop(_claim(job), None)
+            if _claim(job) not in self._unflushed:  # its success waits for the completer
+                self._lease_until.pop(_claim(job), None)
             self._inflight -= 1
             self._inflight_by_queue[job.queue] -= 1
             if on_thread:
                 self._on_threads -= 1
+        if running is not None:
+            # The context and its progress writer refer to each other: a cycle
+            # (with the job and its payload) the collector alone would free.
+            running.ctx._progress_sink = None
         self._slot_freed.set()
 
     # -- running -----------------------------------------------------------------
@@ -1488,8 +1598,10 @@ class Worker:
                 self._run_one(running)
             except BaseException as exc:
                 self._unrecorded(job, exc)
+                _let_go(exc)
             finally:
                 self._release(job, on_thread=True)
+            job = running = None  # not kept while this thread waits for the next job
 
     def _unrecorded(self, job: Job, exc: BaseException) -> None:
         extra = {**job_fields(job), "owner": self.owner, "outcome": "unrecorded"}
@@ -1524,7 +1636,14 @@ class Worker:
                     hooks.job_returned(job, sys.exc_info()[1])
         except Exception as exc:
             error = exc
-        self._settle(running, registration, started, value, error)
+        try:
+            self._settle(running, registration, started, value, error)
+        finally:
+            # Recorded (or given up on): what the handler held goes now, not
+            # when the cyclic collector runs (this frame is on the error's
+            # traceback, and held the error: a cycle).
+            _let_go(error)
+            error = value = None
 
     async def _run_async(
         self, running: _Running, registration: Registration, io: concurrent.futures.Executor
@@ -1552,21 +1671,30 @@ class Worker:
             if written is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wrap_future(written)
-            if error is None and value is None and not ctx.is_cancelled:
-                # The common case needs no write of its own: it joins the batch here.
-                self._settle(running, registration, started, value, error)
-            else:
-                await loop.run_in_executor(
-                    io,
-                    self._settle,
-                    running,
-                    registration,
-                    started,
-                    value,
-                    error,
-                )
+            try:
+                if error is None and value is None and not ctx.is_cancelled:
+                    # The common case needs no write of its own: it joins the batch here.
+                    self._settle(running, registration, started, value, error)
+                else:
+                    await loop.run_in_executor(
+                        io,
+                        self._settle,
+                        running,
+                        registration,
+                        started,
+                        value,
+                        error,
+                    )
+            finally:
+                # Recorded: drop the error (its traceback holds the handler's
+                # frames, and this one, which held it) and the task (which
+                # keeps its exception), as _run_one does.
+                ctx._on_cancel = None
+                _let_go(error)
+                del error, value, task
         except BaseException as exc:
             self._unrecorded(job, exc)
+            _let_go(exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -1676,12 +1804,18 @@ class Worker:
         permanent: bool = False,
         exc: BaseException | None = None,
         started: float | None = None,
+        at_once: bool = False,
     ) -> None:
-        """Record a failed attempt (retried, dead or cancelled) and log its outcome."""
+        """Record a failed attempt (retried, dead or cancelled) and log its outcome.
+
+        ``at_once``: retried now, without the job's backoff (not the job's fault).
+        """
         duration = None if started is None else time.monotonic() - started
 
         def write() -> Job:
-            retry_at = None if permanent else self.store.now() + job.backoff.delay(job.attempts)
+            retry_at = (
+                None if permanent or at_once else self.store.now() + job.backoff.delay(job.attempts)
+            )
             return self._call(
                 "fail", 1, lambda: self.store.fail(job, error, retry_at, permanent=permanent)
             )
@@ -2056,7 +2190,7 @@ class Worker:
                 lambda: self._call(
                     "complete", len(jobs), lambda: self.store.complete_many(jobs, results=results)
                 ),
-                len(jobs),
+                jobs,
             )
             self._account(outcome, plain)
             if outcome is None:
@@ -2071,7 +2205,7 @@ class Worker:
                     len(items),
                     lambda: self.store.complete_many_tx(items, results=results),
                 ),
-                len(items),
+                [job for job, _ in items],
             )
             self._account(outcome, with_commit)
             if outcome is None:
@@ -2086,6 +2220,7 @@ class Worker:
                     exc=exc,
                     started=time.monotonic() - done.duration,
                 )
+                _let_go(exc)  # the callable's frames: the store keeps the error in a cycle
         self._flushed(batch)
 
     def _flushed(self, batch: Sequence[_Finished]) -> None:
@@ -2095,15 +2230,49 @@ class Worker:
             for done in batch:
                 if self._unflushed.pop(_claim(done.job), None) is not None:
                     self._unflushed_by_queue[done.job.queue] -= 1
+                    if _claim(done.job) not in self._running:
+                        self._lease_until.pop(_claim(done.job), None)
         self._slot_freed.set()  # the backlog shrank: the claimer may claim again
 
     def _retrying(
-        self, complete: Callable[[], CompleteManyResult], size: int
+        self, complete: Callable[[], CompleteManyResult], jobs: Sequence[Job]
     ) -> CompleteManyResult | None:
+        """``complete()`` of ``jobs``, within their leases: each try is given up
+        when the first of their leases ends by this worker's reckoning, and
+        database faults are retried until then. None: not completed (the
+        caller abandons them; their leases expire and the reaper requeues
+        them).
+
+        The end is taken once, before the first try: a heartbeat skips a row
+        that a completion holds locked (and still reports it live), so a
+        heartbeat sent meanwhile may not have extended it. A first try when
+        that end has passed already (heartbeats failed for a while) still
+        gets one heartbeat interval: the database's fence decides then (the
+        job completes unless the reaper took it).
+        """
+        size = len(jobs)
         failures = 0
+        lease_ends = time.monotonic() + self._lease_left(jobs)
+        floor = self.config.heartbeat_interval.total_seconds()
         while not self._hard_stop.is_set():
+            left = lease_ends - time.monotonic()
+            if failures == 0:
+                left = max(left, floor)
+            elif left <= 0:
+                self._count("lease_lost", size)
+                self._log.warning(
+                    "completing %d job(s) given up: their lease ran out before the database "
+                    "answered (lease TTL %s; the first of them ended %s ago by this worker's "
+                    "clock); another worker may run them again",
+                    size,
+                    _seconds(self.config.lease_ttl.total_seconds()),
+                    _seconds(-left),
+                )
+                return None
+            bound = self.store.bounded(left) if left < math.inf else contextlib.nullcontext()
             try:
-                return complete()
+                with bound:
+                    return complete()
             except DatabaseError as exc:  # a fault: retrying is safe
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
@@ -2117,6 +2286,13 @@ class Worker:
                 )
                 return None
         return None
+
+    def _lease_left(self, jobs: Sequence[Job]) -> float:
+        """Seconds until the first of these leases ends by this worker's reckoning."""
+        now = time.monotonic()
+        with self._lock:
+            ends = [self._lease_until.get(_claim(job)) for job in jobs]
+        return min((end for end in ends if end is not None), default=math.inf) - now
 
     def _abandon(self, jobs: Sequence[Job]) -> None:
         """These claims ran but their outcome is not recorded: they stay leased
@@ -2238,11 +2414,17 @@ class Worker:
         if not newest:
             return
         leases = [(job.id, _claim(job)) for job in newest.values()]
+        sent_at = time.monotonic()
         until = self.store.now() + self.config.lease_ttl
         kept = self._call(
             "heartbeat", len(leases), lambda: self.store.heartbeat(self.owner, leases, until)
         )
         sent = {token for _, token in leases}
+        lease_until = sent_at + self.config.lease_ttl.total_seconds()
+        with self._lock:
+            for job_id, token in leases:
+                if job_id in kept and token in self._lease_until:
+                    self._lease_until[token] = max(self._lease_until[token], lease_until)
         for r in running:
             token = _claim(r.job)
             if token in sent and r.job.id not in kept and not r.ctx.is_cancelled:
@@ -2252,6 +2434,7 @@ class Worker:
     # -- hooks ---------------------------------------------------------------------
 
     def _claim_call(self, queues: list[str], limit: int) -> list[Job]:
+        self._claim_sent = time.monotonic()  # the leases it grants start after this
         return self._call(
             "claim",
             len,  # the jobs it got
@@ -2411,6 +2594,28 @@ def _iso(when: dt.datetime) -> str:
 _JOBRUN_DIR = str(Path(__file__).resolve().parents[1])
 TRACEBACK_FRAMES = 8
 """Frames kept of a failed job's traceback (the innermost): last_error is capped anyway."""
+
+
+def _let_go(error: BaseException | None) -> None:
+    """Free what a recorded exception holds: the locals of the finished frames
+    its traceback (and those of its cause and context) passed through.
+
+    Called once the outcome is recorded (its text written, the hooks and the
+    log line given the exception). A handler's exception keeps its frames,
+    and so every object the handler held (a 300 MB buffer), for as long as
+    the exception lives; through a cycle (a frame that holds the exception
+    it is on the traceback of) that is until the cyclic collector runs. The
+    frames still executing (the worker's own) are left alone.
+    """
+    pending = [error]
+    seen: set[int] = set()
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        pending += (exc.__cause__, exc.__context__)
 
 
 def _describe(exc: BaseException, *, with_traceback: bool = False) -> str:

@@ -361,13 +361,45 @@ def test_a_grace_period_too_short_leaves_no_job_leased_past_its_ttl(
     for job in polite:
         assert store.get(job.id).state is State.QUEUED
         assert kinds(store, job)[-1] == "retrying"
-    # The abandoned ones are leased only until their TTL; a reaper requeues them.
+    # The abandoned ones (their handlers ignored cancellation) were failed back
+    # to the queue by the exiting worker, at once, not when their lease expired,
+    # with the attempt they burned kept (it did run).
     for job in stubborn:
-        assert store.get(job.id).state is State.LEASED
+        stored = store.get(job.id)
+        assert stored.state is State.QUEUED, stored
+        assert stored.attempts == 1
+        assert "ignored cancellation" in (stored.last_error or "")
+        assert kinds(store, job)[-1] == "retrying"
     workers.start(scheduler=True)
     wait_until(lambda: states(conn) == {"succeeded": 4}, 60, "every job finishes elsewhere")
     for job in [*stubborn, *polite]:
         assert store.get(job.id).attempts == 2
+    oracle.watch(oracle.default_url, settled=True)
+
+
+def test_a_coroutine_deaf_to_cancellation_at_shutdown_has_its_job_queued_again_at_once(
+    store: Store,
+    conn: psycopg.Connection[Any],
+    workers: Workers,
+    side_log: Any,
+    oracle: Oracle,
+) -> None:
+    """An async handler that swallows its cancellation is abandoned like a thread:
+    its job is failed back to the queue as the process exits, attempt kept."""
+    app = ("--app", "tests.faults.async_app:registry")
+    job = store.enqueue(NewJob(type="async.deaf", backoff=QUICK_RETRY))
+    oracle.enqueued([job])
+    worker = workers.start(*app, concurrency=2, env={"JOBRUN_SHUTDOWN_GRACE": "1s"})
+    wait_until(lambda: started(side_log, 1), 30, "the coroutine runs")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    stored = store.get(job.id)
+    assert stored.state is State.QUEUED, stored
+    assert stored.attempts == 1
+    assert "ignored cancellation" in (stored.last_error or "")
+    workers.start(*app, scheduler=True)
+    wait_until(lambda: states(conn) == {"succeeded": 1}, 60, "the job runs again elsewhere")
+    assert store.get(job.id).attempts == 2
     oracle.watch(oracle.default_url, settled=True)
 
 

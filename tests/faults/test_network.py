@@ -32,7 +32,7 @@ from tests.faults.harness import (
     terminate_role,
     wait_until,
 )
-from tests.faults.oracle import Oracle
+from tests.faults.oracle import Oracle, side_log_records
 from tests.support.proxy import TcpProxy
 
 
@@ -226,6 +226,58 @@ def test_a_worker_whose_pool_connections_go_half_open_recovers_within_a_bound(
     )
     worker.signal(signal.SIGTERM)
     assert worker.wait(40) == 0
+
+
+def test_a_completion_stuck_on_a_half_open_connection_is_given_up_within_its_lease(
+    store: Store,
+    proxy: TcpProxy,
+    conn: psycopg.Connection[Any],
+    workers: Workers,
+    side_log: Any,
+    oracle: Oracle,
+) -> None:
+    """The completer never waits past the lease it completes: it used to wait
+    call_timeout + commit_timeout (here 60 s) on a half-open connection while
+    the job was reaped and run again elsewhere after its 5 s lease."""
+    worker = workers.start(
+        url=proxy.conninfo,
+        concurrency=1,
+        env={
+            "JOBRUN_LEASE_TTL": "5s",
+            "JOBRUN_CALL_TIMEOUT": "30s",
+            "JOBRUN_COMMIT_TIMEOUT": "30s",
+        },
+    )
+    job = store.enqueue(
+        NewJob(type="tx.work", payload={"sleep": 1, "honour_cancel": False}, backoff=QUICK_RETRY)
+    )
+    oracle.enqueued([job])
+    wait_until(
+        lambda: any(r["event"] == "start" for r in side_log_records(side_log)),
+        30,
+        "the handler runs",
+    )
+    # Half-open while the handler sleeps: its completion (and every other
+    # call of the worker) waits for answers that never come.
+    proxy.hold_new()
+    assert proxy.blackhole("jobrun-worker") >= 1
+    began = time.monotonic()
+    wait_until(
+        lambda: "given up: their lease ran out" in worker.output(),
+        40,
+        "the completer gives the completion up",
+    )
+    elapsed = time.monotonic() - began
+    assert elapsed < 5 + 3, (elapsed, worker.output()[-3000:])
+    # The network heals; the job is the reaper's, and runs once more elsewhere.
+    proxy.hold_new(False)
+    proxy.cut()
+    workers.start(scheduler=True)
+    wait_until(lambda: states(conn) == {"succeeded": 1}, 60, "the job runs again elsewhere")
+    assert store.get(job.id).attempts == 2
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(40) == 0, worker.output()[-3000:]
+    oracle.watch(oracle.default_url, settled=True)
 
 
 @pytest.fixture

@@ -161,3 +161,30 @@ def test_a_call_on_a_half_open_connection_is_bounded_client_side(dsn: str) -> No
             assert store.now() is not None  # a fresh connection, through the proxy again
         finally:
             pool.close()
+
+
+def test_a_call_inside_bounded_is_given_up_at_the_callers_deadline(dsn: str) -> None:
+    """``Store.bounded`` cuts the store's own bounds (here 30 s) to the caller's
+    deadline, and a call begun past it is refused before anything is sent."""
+    import time  # noqa: PLC0415
+
+    from tests.support.proxy import TcpProxy  # noqa: PLC0415
+
+    with TcpProxy(dsn) as proxy:
+        pool = open_pool(proxy.conninfo, min_size=1, max_size=2)
+        try:
+            slow = dt.timedelta(seconds=30)
+            store = Store(pool, call_timeout=slow, commit_timeout=slow)
+            store.enqueue(new_job())
+            [job] = store.claim("w", ["default"], 1, TTL)
+            proxy.blackhole()
+            began = time.monotonic()
+            with pytest.raises((TransientError, OutcomeUnknown)), store.bounded(0.5):
+                store.complete(job, lambda conn: None)
+            assert time.monotonic() - began < 2.0
+            with pytest.raises(TransientError, match="deadline"), store.bounded(0.1):
+                time.sleep(0.2)
+                store.now()
+            assert store.get(job.id).state is State.LEASED  # nothing committed
+        finally:
+            pool.close()

@@ -414,6 +414,40 @@ def test_a_grace_period_too_short_cancels_handlers_and_requeues_their_jobs(
     assert "worker shutting down" in (stored.last_error or "")
 
 
+def test_a_job_whose_handler_ignores_cancellation_at_stop_is_queued_again_at_once(
+    store: Store, registry: Registry
+) -> None:
+    """Not leased to the stopping worker until its lease (30 s) expires: failed
+    back to the queue as the worker stops, its attempt kept (it did run).
+    (An abandoned coroutine takes the same path; it is left out here because
+    it leaves its stopped event loop unclosed, by design.)"""
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(ctx: JobContext, job: Job) -> None:
+        started.set()
+        release.wait(60)  # deaf to its cancel token
+
+    registry.register("t", handler)
+    job = enqueue(store)
+    worker = Worker(store, registry, WorkerConfig(lease_ttl=dt.timedelta(seconds=30)))
+    worker.start()
+    try:
+        assert started.wait(30)
+        assert worker.stop(timeout=0.2) is False  # a handler was abandoned
+        stored = store.get(job.id)
+        assert stored.state is State.QUEUED
+        assert stored.attempts == 1
+        assert stored.lease_owner is None
+        assert stored.run_at <= store.now()
+        assert "ignored cancellation" in (stored.last_error or "")
+        last = store.events(job.id)[-1]
+        assert last.kind == "retrying"
+        assert "ignored cancellation" in str(last.detail)
+    finally:
+        release.set()
+
+
 def test_a_handler_exception_never_kills_a_thread(
     store: Store, registry: Registry, make_worker: Callable[..., Worker]
 ) -> None:

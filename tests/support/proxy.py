@@ -310,6 +310,16 @@ class TcpProxy:
             self._close(conn)
         return len(conns)
 
+    def reset_blackholed(self) -> int:
+        """Reset the blackholed connections (RST to the client, close to the
+        server): their clients see the end at once; returns how many."""
+        with self._lock:
+            holes = [c for c in self._conns if c.blackholed]
+        for conn in holes:
+            _rst(conn.client)
+            self._close(conn)
+        return len(holes)
+
     def hold_new(self, on: bool = True) -> None:
         """While on, new connections are accepted and never answered."""
         self._holding = on
