@@ -60,6 +60,7 @@ import psycopg
 import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
+from jobrun.job import outage
 from jobrun.job.errors import TransientError, ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.forksafe import ForkSafePool
@@ -221,6 +222,11 @@ def open_pool(
     caller waits for a free connection before a clear ``PoolTimeout``
     (mapped to TransientError by the store).
 
+    The pool reconnects within half a second of the server accepting
+    connections again, however long it was away, and reports its attempts
+    to the database's outage reporter (``pool.outage``; see
+    :mod:`jobrun.postgres.reconnect`).
+
     The pool is fork-safe (:mod:`jobrun.postgres.forksafe`): a process
     forked after this call gets a fresh pool of its own, with the same
     settings, on first use, and never touches the parent's connections.
@@ -250,5 +256,6 @@ def open_pool(
         reconnect_timeout=300.0,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]
+    pool.outage = outage.for_database(describe(conninfo))
     pool.open(wait=True, timeout=max(timeout, 5.0))
     return pool

@@ -219,8 +219,9 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
-from jobrun.job import validate
+from jobrun.job import outage, validate
 from jobrun.job.errors import (
+    ConnectionUnavailable,
     DatabaseError,
     JobrunError,
     LeaseLost,
@@ -1182,6 +1183,7 @@ class Worker:
                         if wait is not None:
                             held_back = wait if held_back is None else min(held_back, wait)
                 failures = 0
+                outage.of(self.store).ok()
                 self._hand_over_unplanned({name for queues, _ in plan for name in queues})
             except JobrunError as exc:
                 activity.idle()
@@ -1191,7 +1193,9 @@ class Worker:
                     self._claim_may_be_lost()
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
-                self._log.warning("claim failed (%s); retrying in %.2f s", exc, pause)
+                if isinstance(exc, ConnectionUnavailable):
+                    pause = 0.0  # it waited its whole bound for a connection already
+                outage.of(self.store).failed(exc, "claim")
                 self._stopping.wait(pause)
                 continue
             except Exception:
@@ -2103,19 +2107,20 @@ class Worker:
         failures = 0
         while not self._hard_stop.is_set():
             try:
-                return complete()
+                result = complete()
             except DatabaseError as exc:  # a fault: retrying is safe
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
-                self._log.warning(
-                    "completing %d job(s) failed (%s); retrying in %.2f s", size, exc, pause
-                )
+                outage.of(self.store).failed(exc, f"completing {size} job(s)")
                 time.sleep(pause)
+                continue
             except JobrunError as exc:
                 self._log.error(
                     "completing %d job(s) failed for good (%s); their leases will expire", size, exc
                 )
                 return None
+            outage.of(self.store).ok()
+            return result
         return None
 
     def _abandon(self, jobs: Sequence[Job]) -> None:
@@ -2202,8 +2207,9 @@ class Worker:
             try:
                 self.heartbeat_once()
                 last_ok = time.monotonic()
+                outage.of(self.store).ok()
             except JobrunError as exc:
-                self._log.warning("heartbeat failed: %s", exc)
+                outage.of(self.store).failed(exc, "heartbeat")
                 if time.monotonic() - last_ok > ttl:
                     # Our leases may be gone: stop the handlers rather than
                     # let them finish work someone else may already redo.
