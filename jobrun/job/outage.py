@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from jobrun.job.errors import ConnectionUnavailable
 from jobrun.job.redaction import redact
 
 __all__ = ["SUMMARY_INTERVAL", "Outage", "for_database", "of"]
@@ -107,10 +108,16 @@ class Outage:
         reason = _reason(error)
         if during:
             reason = f"{during}: {reason}"
+        # A call that got no connection says what this reporter already knows
+        # (its message is our describe()): the connection attempts' own error
+        # stays the reason given.
+        keep = isinstance(error, ConnectionUnavailable)
         now = self._clock()
         with self._lock:
             self._failures += 1
-            self._last = reason
+            if not (keep and self._last):
+                self._last = reason
+            reason = self._last
             if self._since is None:
                 self._since = self._summarised_at = now
                 first = True

@@ -170,7 +170,6 @@ class SchedulerService:
             if now_mono - self._last_retention >= retention_interval and self._still_leader():
                 report.purged, report.pruned = self._retention()
                 self._last_retention = now_mono
-            outage.of(self.store).ok()
         except LeaderLost as exc:
             self._step_down(str(exc))
         except JobrunError as exc:

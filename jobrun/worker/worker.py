@@ -497,13 +497,21 @@ class _StallWatch(threading.Thread):
 
     The warning names the loop, what it is doing and the innermost frames of
     its thread (what it is blocked on); it repeats every ``bound`` while the
-    loop stays stuck, and an INFO line says when it moves again.
+    loop stays stuck, and an INFO line says when it moves again. Not while
+    the database is known to be away (``reporter``): the loops then wait for
+    it, and the outage reporter says so.
     """
 
-    def __init__(self, bound: float, logger: logging.LoggerAdapter[logging.Logger]) -> None:
+    def __init__(
+        self,
+        bound: float,
+        logger: logging.LoggerAdapter[logging.Logger],
+        reporter: outage.Outage | None = None,
+    ) -> None:
         super().__init__(name="jobrun-stall-watch", daemon=True)
         self.bound = bound
         self._log = logger
+        self._outage = reporter
         self._activities: list[_Activity] = []
         self._probes: list[tuple[str, ActivityProbe]] = []
         self._stop_event = threading.Event()
@@ -554,6 +562,8 @@ class _StallWatch(threading.Thread):
             if since is None or now - since < self.bound:
                 continue
             if stuck is not None and now < stuck[1]:
+                continue
+            if self._outage is not None and self._outage.down:
                 continue
             self._stuck[name] = (since, now + self.bound)
             self._log.warning(
@@ -769,7 +779,7 @@ class Worker:
         # still leased to this owner in the database, and not lost claims.
         self._abandoned: dict[uuid.UUID, float] = {}
         stall = self.config.stall_warning or self.config.lease_ttl
-        self._stalls = _StallWatch(stall.total_seconds(), self._log)
+        self._stalls = _StallWatch(stall.total_seconds(), self._log, outage.of(store))
         self._claimer_activity = self._stalls.track("jobrun-claimer")
         self._completer_activity = self._stalls.track("jobrun-completer")
         self._heartbeat_activity = self._stalls.track("jobrun-heartbeat")
@@ -1183,7 +1193,6 @@ class Worker:
                         if wait is not None:
                             held_back = wait if held_back is None else min(held_back, wait)
                 failures = 0
-                outage.of(self.store).ok()
                 self._hand_over_unplanned({name for queues, _ in plan for name in queues})
             except JobrunError as exc:
                 activity.idle()
@@ -2119,7 +2128,6 @@ class Worker:
                     "completing %d job(s) failed for good (%s); their leases will expire", size, exc
                 )
                 return None
-            outage.of(self.store).ok()
             return result
         return None
 
@@ -2207,7 +2215,6 @@ class Worker:
             try:
                 self.heartbeat_once()
                 last_ok = time.monotonic()
-                outage.of(self.store).ok()
             except JobrunError as exc:
                 outage.of(self.store).failed(exc, "heartbeat")
                 if time.monotonic() - last_ok > ttl:
@@ -2275,14 +2282,17 @@ class Worker:
         """``call()``, reported to the hooks as one round trip of ``operation``.
 
         ``jobs``: how many jobs it carries, or how to count them in its answer
-        (0 when it raised).
+        (0 when it raised). A success is one for the outage reporter too.
         """
         hooks = self._hooks
         if hooks is None or not hooks.calls:
-            return call()
+            answer = call()
+            outage.of(self.store).ok()
+            return answer
         began = time.perf_counter()
         try:
             answer = call()
+            outage.of(self.store).ok()
         except BaseException as exc:
             carried = 0 if callable(jobs) else jobs
             hooks.store_call(
