@@ -15,9 +15,10 @@ which says it in three kinds of lines (logger ``jobrun.outage``):
 - one WARNING at the first failure after a success: the database is
   unavailable, and why (the first line of the error, password-free);
 - while it stays so, one WARNING every :data:`SUMMARY_INTERVAL` seconds:
-  for how long, how many failures, the last reason;
+  for how long, how many failures of what (claim, heartbeat, connecting,
+  listener, ...), the last reason;
 - one INFO at the first success after that: available again, after how long
-  and how many failures.
+  and how many failures of what.
 
 A success costs one attribute read while the database is available, so the
 loops report every success without a thought.
@@ -80,6 +81,7 @@ class Outage:
         self._since: float | None = None  # the first failure of the current outage
         self._summarised_at = 0.0
         self._failures = 0
+        self._by_source: dict[str, int] = {}  # failures by what was tried (its first word)
         self._last = ""
 
     @property
@@ -102,6 +104,11 @@ class Outage:
                 f"({self._failures} failure(s); last: {self._last})"
             )
 
+    def _counts(self) -> str:
+        """``57 failures: claim 3, connecting 52, heartbeat 2`` (with the lock held)."""
+        by = ", ".join(f"{name} {n}" for name, n in sorted(self._by_source.items()))
+        return f"{self._failures} failures: {by}"
+
     def failed(self, error: BaseException | str, during: str | None = None) -> None:
         """A call or a connection attempt to the database failed with ``error``
         (``during``: what was tried, for the first line)."""
@@ -113,8 +120,10 @@ class Outage:
         # stays the reason given.
         keep = isinstance(error, ConnectionUnavailable)
         now = self._clock()
+        source = during.split()[0] if during else "call"
         with self._lock:
             self._failures += 1
+            self._by_source[source] = self._by_source.get(source, 0) + 1
             if not (keep and self._last):
                 self._last = reason
             reason = self._last
@@ -126,7 +135,7 @@ class Outage:
                 first = False
             else:
                 return
-            failures, lasted = self._failures, now - self._since
+            failures, lasted = self._counts(), now - self._since
         if first:
             self._log.warning(
                 "database at %s unavailable: %s; retrying (a summary every %g s until it is back)",
@@ -136,7 +145,7 @@ class Outage:
             )
         else:
             self._log.warning(
-                "database at %s still unavailable after %.0f s (%d failures; last: %s)",
+                "database at %s still unavailable after %.0f s (%s; last: %s)",
                 self.where,
                 lasted,
                 failures,
@@ -151,12 +160,13 @@ class Outage:
         with self._lock:
             if self._since is None:
                 return
-            lasted, failures = now - self._since, self._failures
+            lasted, failures = now - self._since, self._counts()
             self._since = None
             self._failures = 0
+            self._by_source = {}
             self._last = ""
         self._log.info(
-            "database at %s available again after %.1f s (%d failures)",
+            "database at %s available again after %.1f s (%s)",
             self.where,
             lasted,
             failures,

@@ -220,4 +220,6 @@ def unavailable(pool: Any, waited: float, bound: float | None) -> ConnectionUnav
     if why is None:
         why = f"all {pool.max_size} connections of the pool in use"
     limit = "its bound" if bound is not None and bound < pool.timeout else "the pool's timeout"
-    return ConnectionUnavailable(f"no database connection within {waited:.1f} s ({limit}): {why}")
+    return ConnectionUnavailable(
+        f"no database connection available within {waited:.1f} s ({limit}): {why}"
+    )

@@ -40,22 +40,29 @@ def test_an_outage_is_one_warning_a_summary_every_30_s_and_one_info(
     assert [level for level, _ in said] == ["WARNING", "WARNING", "WARNING", "INFO"], said
     assert "db:5432/app unavailable: claim: connection refused;" in said[0][1]
     assert "Is the server running" not in "".join(text for _, text in said)  # one line each
-    assert "still unavailable after 30 s (41 failures" in said[1][1]
-    assert "still unavailable after 60 s (81 failures" in said[2][1]
-    assert "available again after 75.0 s (100 failures)" in said[3][1]
+    assert "still unavailable after 30 s (41 failures: claim 41; last: claim: conn" in said[1][1]
+    assert "still unavailable after 60 s (81 failures: claim 81;" in said[2][1]
+    assert "available again after 75.0 s (100 failures: claim 100)" in said[3][1]
     assert not reporter.down and reporter.describe() is None
 
 
-def test_a_call_that_got_no_connection_keeps_the_connection_error_as_the_reason() -> None:
+def test_a_call_that_got_no_connection_keeps_the_connection_error_as_the_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobrun.outage")
     clock = Clock()
     reporter = Outage("db", clock=clock)
     reporter.failed("connection refused", "connecting")
     clock.now += 3
     reporter.failed(ConnectionUnavailable("no database connection within 10 s: ..."), "claim")
+    reporter.failed(TransientError("server closed the connection"), "listener connect")
     assert reporter.describe() == (
-        "database at db unavailable for 3.0 s (2 failure(s); last: connecting: connection refused)"
+        "database at db unavailable for 3.0 s (3 failure(s); "
+        "last: listener connect: server closed the connection)"
     )
     assert reporter.down_for() == pytest.approx(3.0)
+    reporter.ok()
+    assert "(3 failures: claim 1, connecting 1, listener 1)" in lines(caplog)[-1][1]
 
 
 def test_passwords_stay_out_of_the_lines(caplog: pytest.LogCaptureFixture) -> None:
