@@ -2292,13 +2292,13 @@ class Worker:
         began = time.perf_counter()
         try:
             answer = call()
-            outage.of(self.store).ok()
         except BaseException as exc:
             carried = 0 if callable(jobs) else jobs
             hooks.store_call(
                 StoreCall(operation, time.perf_counter() - began, carried, exc, queues)
             )
             raise
+        outage.of(self.store).ok()
         carried = jobs(answer) if callable(jobs) else jobs
         hooks.store_call(StoreCall(operation, time.perf_counter() - began, carried, None, queues))
         return answer
