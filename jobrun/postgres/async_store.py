@@ -188,7 +188,7 @@ async def open_async_pool(
         timeout=timeout,
         name="jobrun-async",
         open=False,
-        reconnect_timeout=300.0,
+        reconnect_timeout=reconnect.RECONNECT_TIMEOUT,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]
     pool.outage = outage.for_database(describe(conninfo))

@@ -64,6 +64,7 @@ from jobrun.job import outage
 from jobrun.job.errors import TransientError, ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.forksafe import ForkSafePool
+from jobrun.postgres.reconnect import RECONNECT_TIMEOUT
 
 log = logging.getLogger("jobrun")
 
@@ -253,7 +254,7 @@ def open_pool(
         timeout=timeout,
         name="jobrun",
         open=False,
-        reconnect_timeout=300.0,
+        reconnect_timeout=RECONNECT_TIMEOUT,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]
     pool.outage = outage.for_database(describe(conninfo))

@@ -22,9 +22,10 @@ reconnects within that of the server accepting connections, however long
 the outage was. A refused connection costs the server next to nothing; a
 network that drops packets costs a pool worker thread per attempt for up
 to ``connect_timeout`` (psycopg_pool runs them on its few worker threads,
-so they do not pile up). ``reconnect_timeout`` keeps its meaning: a
-connection slot still failing after it is given up, and the pool grows
-again on the next request for a connection (with a fresh, short attempt).
+so they do not pile up). :func:`~jobrun.postgres.pool.open_pool` gives no
+slot up (:data:`RECONNECT_TIMEOUT`): with psycopg_pool's 300 s, a slot
+given up came back only at a caller's next request, seconds after the
+server did when a caller was already waiting.
 
 That override is the one place jobrun reaches into psycopg_pool's
 internals: a private method whose signature has been stable since
@@ -48,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import random
 import time
 from typing import Any
@@ -76,6 +78,11 @@ RECONNECT_DELAY_INITIAL = 0.1
 """Seconds before the second attempt to connect a pool slot (then doubling)."""
 RECONNECT_DELAY_MAX = 0.5
 """The longest pause between two attempts to connect a pool slot (jittered down to half)."""
+RECONNECT_TIMEOUT = math.inf
+"""psycopg_pool's ``reconnect_timeout`` for jobrun's pools: a slot is never given up.
+A slot given up comes back only when a caller next asks for a connection, so
+a caller already waiting (the claim loop, for up to its call bound) would
+see the server's return seconds late after an outage longer than that."""
 
 
 class FollowingAttempt(AttemptWithBackoff):
