@@ -27,10 +27,19 @@ slot up (:data:`RECONNECT_TIMEOUT`): with psycopg_pool's 300 s, a slot
 given up came back only at a caller's next request, seconds after the
 server did when a caller was already waiting.
 
-That override is the one place jobrun reaches into psycopg_pool's
-internals: a private method whose signature has been stable since
-psycopg_pool 3.1, and tests/postgres/test_reconnect.py measures the
-behaviour end to end (an upgrade that changes it fails there).
+Two private methods of psycopg_pool are overridden, ``_add_connection``
+(the attempt) and ``_connect`` (to report each attempt): the only places
+jobrun reaches into its internals, with signatures stable since
+psycopg_pool 3.1; tests/postgres/test_reconnect.py measures the behaviour
+end to end, so an upgrade that changes them fails there.
+
+Waiting for a connection
+------------------------
+The stores bound a call's wait for a pooled connection by the call's own
+bound (:func:`connection_wait`), and a call that gets none raises
+:class:`~jobrun.job.errors.ConnectionUnavailable` saying why
+(:func:`unavailable`: the database unavailable since when, and the last
+connection error; or the pool exhausted).
 
 Logs
 ----
@@ -66,6 +75,7 @@ from jobrun.postgres import dsn
 __all__ = [
     "RECONNECT_DELAY_INITIAL",
     "RECONNECT_DELAY_MAX",
+    "RECONNECT_TIMEOUT",
     "AsyncReconnectingPool",
     "FollowingAttempt",
     "ReconnectingPool",
