@@ -1961,6 +1961,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401, PLC0415 - the extra's server, checked before anything
 
         from jobrun.web import create_app, server  # noqa: PLC0415 - the optional extra
+        from jobrun.web.app import CONNECTION_WAIT  # noqa: PLC0415
     except ImportError as exc:
         raise CommandError(
             f"the dashboard needs pip install 'jobrun[web]' ({exc.name} is missing)",
@@ -1972,7 +1973,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     url = database_url(settings)
     with Client.connect(
-        url, settings=settings, pool_size=4, application_name="jobrun-dashboard"
+        url,
+        settings=settings,
+        pool_size=4,
+        application_name="jobrun-dashboard",
+        pool_timeout=CONNECTION_WAIT,
     ) as client:
         sock = server.listen(host, port)
         app = create_app(

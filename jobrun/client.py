@@ -65,7 +65,7 @@ from jobrun.job.model import (
     State,
     new_job_id,
 )
-from jobrun.postgres.pool import open_pool
+from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT, open_pool
 from jobrun.postgres.store import Store
 
 
@@ -102,6 +102,7 @@ class Client:
         pool_size: int = 4,
         check_schema: bool = True,
         application_name: str = "jobrun-client",
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
     ) -> Client:
         """Open a pool (``pool_size`` + the reserve) and a Store on it. Close it when done.
 
@@ -111,6 +112,8 @@ class Client:
         ``check_schema`` (the default) the schema version is read once and
         :class:`~jobrun.SchemaMismatch` raised when it is missing or not this
         code's; pass False for tools that inspect a database before migrating.
+        ``pool_timeout``: the most a call waits for a pooled connection (while
+        the database is away, a call fails after that with ConnectionUnavailable).
         """
         if settings is None:
             settings = Settings.from_env()
@@ -125,6 +128,7 @@ class Client:
             min_size=1,
             application_name=application_name,
             pooler=settings.pooler,
+            timeout=pool_timeout,
         )
         try:
             store = make_store(pool, settings)

@@ -124,6 +124,16 @@ class TransientError(DatabaseError):
     """
 
 
+class ConnectionUnavailable(TransientError):
+    """No pooled connection could be had within the call's bound.
+
+    The message says why: the database unavailable (for how long, how many
+    failed attempts, the last reason), or every connection of the pool in
+    use. The call waited its whole bound for one, so a loop that retries
+    needs no pause of its own before the next try.
+    """
+
+
 class OutcomeUnknown(DatabaseError):
     """The connection was lost while COMMIT was in flight.
 

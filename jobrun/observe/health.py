@@ -43,7 +43,9 @@ database: ``Store.check_schema()`` is one cheap query that proves a
 connection can be had and that the schema is at this jobrun's version
 (``jobrun migrate`` was run). One check runs at a time however many probes
 arrive; a probe waits for it at most ``check_timeout`` seconds and is then
-told the database did not answer. Readiness fails while the process stops.
+told the database did not answer; while the database is known to be away
+(its outage reporter, :mod:`jobrun.job.outage`), a probe is told so at once,
+with since when. Readiness fails while the process stops.
 
 Each answer is a :class:`Verdict`: ok, or the one-line reasons of what failed.
 """
@@ -57,6 +59,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from jobrun.job.errors import SchemaMismatch, ValidationError
+from jobrun.job.outage import Outage
 from jobrun.job.validate import redact
 from jobrun.worker.hooks import StoreCall, WorkerHooks
 
@@ -70,6 +73,8 @@ DEFAULT_CHECK_TIMEOUT = 2.0
 """Seconds a readiness probe waits for the database check."""
 
 _ERROR_CHARS = 200
+_OUTAGE_POLL = 0.05
+"""Seconds between two looks at the outage reporter while a readiness check waits."""
 _LIVE_OPERATIONS = ("claim", "heartbeat")
 
 
@@ -272,8 +277,17 @@ class Health(WorkerHooks):
                     name="jobrun-readiness",
                     daemon=True,
                 ).start()
-        if not check.done.wait(self.check_timeout):
-            return f"database: no answer within {self.check_timeout:g} s"
+        # While the database is known to be away (its outage reporter, fed by the
+        # pools' connection attempts and the loops' calls), say so at once: the
+        # check still runs, and its connection request is what notices the return.
+        reporter = getattr(store, "outage", None)
+        deadline = time.monotonic() + self.check_timeout
+        while not check.done.wait(min(_OUTAGE_POLL, max(0.0, deadline - time.monotonic()))):
+            why = reporter.describe() if isinstance(reporter, Outage) else None
+            if why is not None:
+                return f"database: {why}"
+            if time.monotonic() >= deadline:
+                return f"database: no answer within {self.check_timeout:g} s"
         return check.failure
 
     def _run_check(self, store: SchemaCheck, check: _Check) -> None:

@@ -51,9 +51,9 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobrun.job import validate
+from jobrun.job import outage, validate
 from jobrun.job.errors import (
     AlreadyExists,
     DatabaseError,
@@ -66,6 +66,7 @@ from jobrun.job.errors import (
 )
 from jobrun.job.model import BatchResult, Event, EventKind, Job, NewJob, State
 from jobrun.postgres import dsn as dsn_text
+from jobrun.postgres import reconnect
 from jobrun.postgres.convert import (
     event_from_row,
     is_retryable,
@@ -97,6 +98,7 @@ from jobrun.postgres.pool import (
     pooler_of,
     resolve_pooler,
 )
+from jobrun.postgres.reconnect import AsyncReconnectingPool
 from jobrun.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, schema_name
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
@@ -167,7 +169,8 @@ async def open_async_pool(
     """An open ``AsyncConnectionPool``, after a ping: :func:`jobrun.postgres.pool.open_pool`'s
     settings (autocommit, UTC sessions, connect timeout and TCP keepalives, sized for
     ``concurrency`` plus the reserve, ``timeout`` to wait for a connection, the
-    ``pooler`` mode) for asyncio."""
+    ``pooler`` mode, reconnecting within half a second of the server's return:
+    :mod:`jobrun.postgres.reconnect`) for asyncio."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValidationError("concurrency", "must be a positive int")
     mode = pooler_mode(pooler, "pooler")
@@ -176,7 +179,7 @@ async def open_async_pool(
     mode = resolve_pooler(conninfo, mode, pooled=pooled)
     if max_size is None:
         max_size = concurrency + RESERVED_CONNECTIONS
-    pool: AsyncPool = AsyncConnectionPool(
+    pool = AsyncReconnectingPool(
         full,
         kwargs={"autocommit": True, **connection_kwargs(mode)},
         # Behind a transaction pooler no session state (see jobrun.postgres.pool).
@@ -186,9 +189,10 @@ async def open_async_pool(
         timeout=timeout,
         name="jobrun-async",
         open=False,
-        reconnect_timeout=300.0,
+        reconnect_timeout=reconnect.RECONNECT_TIMEOUT,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]
+    pool.outage = outage.for_database(describe(conninfo))
     await pool.open(wait=True, timeout=max(timeout, 5.0))
     return pool
 
@@ -248,6 +252,9 @@ class AsyncStore:
         self.finish_channel = validate_channel(f"{notify_channel}_done", "notify_channel")
         """Where the end of a watched job is announced (see :meth:`watch`)."""
         self.pool = pool
+        self.outage = reconnect.outage_of(pool)
+        """Where this store's database faults are reported (:mod:`jobrun.job.outage`):
+        the pool's own reporter, shared by the loops that use this store."""
         self._notify_warned_at = -math.inf
         self._notify_warn_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()
@@ -259,8 +266,15 @@ class AsyncStore:
         self, timeout: float | None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A live pooled connection, bounded by ``timeout`` s (see Store._connection)."""
+        started = time.monotonic()
         for _ in range(self.pool.max_size + 1):
-            async with self.pool.connection() as conn:
+            wait = reconnect.connection_wait(self.pool.timeout, timeout, started)
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    conn = await stack.enter_async_context(self.pool.connection(timeout=wait))
+                except PoolTimeout:
+                    waited = time.monotonic() - started
+                    raise reconnect.unavailable(self.pool, waited, timeout) from None
                 if _stale(conn):
                     await conn.close()
                     continue

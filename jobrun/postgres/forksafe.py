@@ -85,6 +85,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from jobrun.job.errors import InheritedPool
+from jobrun.postgres.reconnect import ReconnectingPool
 
 _OWNER = "_jobrun_owner_pid"
 """The attribute naming the process a tracked connection or guarded pool belongs to."""
@@ -181,12 +182,12 @@ def _looks_inherited(pool: ConnectionPool[Any]) -> bool:
     return not pool.closed and isinstance(runner, threading.Thread) and not runner.is_alive()
 
 
-class ForkSafePool(ConnectionPool[psycopg.Connection[Any]]):
+class ForkSafePool(ReconnectingPool):
     """A ConnectionPool that reopens itself in a forked child (see the module docs).
 
     Takes ConnectionPool's arguments. In the parent it behaves exactly like
-    one; in a child it never hands out, returns to itself, or closes a
-    connection of the parent.
+    one (a :class:`~jobrun.postgres.reconnect.ReconnectingPool`); in a child
+    it never hands out, returns to itself, or closes a connection of the parent.
     """
 
     def __init__(self, conninfo: str, **options: Any) -> None:

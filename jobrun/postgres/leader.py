@@ -284,7 +284,7 @@ class LeaseLocker:
 
     def _fault(self, where: str, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
-        log.warning("leader lease %s failed: %s", where, self.last_error)
+        self.store.outage.failed(self.last_error, f"leader lease {where}")  # one voice
 
 
 __all__ = ["DEFAULT_LEASE_TTL", "LeaseLocker", "election_name"]

@@ -71,12 +71,13 @@ from typing import Any
 
 import psycopg
 
+from jobrun.job import outage
 from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
 from jobrun.postgres.migrate import LOCK_NAMESPACE
 from jobrun.postgres.notify import check_seconds, configure_session, interrupt_after
-from jobrun.postgres.pool import conninfo_with
+from jobrun.postgres.pool import conninfo_with, describe
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ class AdvisoryLocker:
         self.check_interval = check_seconds(check_interval, "check_interval", allow_zero=True)
         self.probe_timeout = check_seconds(probe_timeout, "probe_timeout")
         self._conninfo = conninfo_with(conninfo, application_name=application_name)
+        self._outage = outage.for_database(describe(conninfo))
         self._mutex = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._held = False
@@ -275,6 +277,7 @@ class AdvisoryLocker:
         except Exception as exc:  # noqa: BLE001 - a connection fault means "not acquired"
             self._fault("connect", exc)
             return None
+        self._outage.ok()
         # A forked child severs its copy: its unlock or close can never end
         # the parent's term, and its next try reconnects (see forksafe).
         forksafe.track(conn)
@@ -318,12 +321,12 @@ class AdvisoryLocker:
 
     def _drop(self, reason: str) -> None:
         self.last_error = reason
-        log.warning("leader lock connection failed: %s", reason)
+        self._outage.failed(reason, "leader lock")  # one voice for an outage
         self._close_conn()
 
     def _fault(self, where: str, exc: BaseException) -> None:
         self.last_error = _reason(exc)
-        log.warning("leader lock %s failed: %s", where, self.last_error)
+        self._outage.failed(self.last_error, f"leader lock {where}")
 
     def _close_conn(self) -> None:
         conn, self._conn = self._conn, None

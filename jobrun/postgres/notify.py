@@ -86,13 +86,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobrun.job import validate
+from jobrun.job import outage, validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
 from jobrun.postgres.convert import statement_timeout_setting
 from jobrun.postgres.deadline import shutdown_socket
-from jobrun.postgres.pool import conninfo_with
+from jobrun.postgres.pool import conninfo_with, describe
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,9 @@ notify a name nobody listens on)."""
 DEFAULT_LIVENESS_INTERVAL = 5.0
 DEFAULT_PROBE_TIMEOUT = 5.0
 DEFAULT_BACKOFF_INITIAL = 0.1
-DEFAULT_BACKOFF_MAX = 5.0
+DEFAULT_BACKOFF_MAX = 1.0
+"""Seconds, at most, between two reconnects (jittered down to half): the listener
+comes back within a second of the server, however long it was away."""
 
 _TICK = 0.5
 """Longest the listener thread blocks before looking at its stop flag."""
@@ -442,6 +444,7 @@ class Notifier(_Hub):
         self.backoff_max = max(self.backoff_initial, check_seconds(backoff_max, "backoff_max"))
         # Parsed now, so that a bad string fails here (without its password).
         self._conninfo = conninfo_with(conninfo, application_name=application_name)
+        self._outage = outage.for_database(describe(conninfo))
         self._listen_sql = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
 
         self._stop = threading.Event()
@@ -579,6 +582,7 @@ class Notifier(_Hub):
             self._conn = conn
             self._connects += 1
             self._connected.set()
+            self._outage.ok()
             if self._connects > 1:
                 log.info("listener reconnected to channel %s", self.channel)
             # Anything sent while we were not listening is lost: everyone polls once.
@@ -608,7 +612,8 @@ class Notifier(_Hub):
         self.last_error = redact(f"{type(exc).__name__}: {message}")
         if self._stop.is_set():
             return
-        log.warning("listener %s failed, will reconnect: %s", where, self.last_error)
+        # One voice for the outage (jobrun.job.outage), not a line per attempt.
+        self._outage.failed(self.last_error, f"listener {where}")
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.Connection.connect(self._conninfo, autocommit=True)

@@ -60,9 +60,11 @@ import psycopg
 import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
+from jobrun.job import outage
 from jobrun.job.errors import TransientError, ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.forksafe import ForkSafePool
+from jobrun.postgres.reconnect import RECONNECT_TIMEOUT
 
 log = logging.getLogger("jobrun")
 
@@ -221,6 +223,11 @@ def open_pool(
     caller waits for a free connection before a clear ``PoolTimeout``
     (mapped to TransientError by the store).
 
+    The pool reconnects within half a second of the server accepting
+    connections again, however long it was away, and reports its attempts
+    to the database's outage reporter (``pool.outage``; see
+    :mod:`jobrun.postgres.reconnect`).
+
     The pool is fork-safe (:mod:`jobrun.postgres.forksafe`): a process
     forked after this call gets a fresh pool of its own, with the same
     settings, on first use, and never touches the parent's connections.
@@ -247,8 +254,9 @@ def open_pool(
         timeout=timeout,
         name="jobrun",
         open=False,
-        reconnect_timeout=300.0,
+        reconnect_timeout=RECONNECT_TIMEOUT,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]
+    pool.outage = outage.for_database(describe(conninfo))
     pool.open(wait=True, timeout=max(timeout, 5.0))
     return pool

@@ -107,7 +107,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobrun.job import propagation, validate
 from jobrun.job.errors import (
@@ -144,7 +144,7 @@ from jobrun.job.model import (
     new_job_id,
 )
 from jobrun.job.ports import CommitCallable
-from jobrun.postgres import effects, forksafe
+from jobrun.postgres import effects, forksafe, reconnect
 from jobrun.postgres.convert import (
     event_from_row,
     is_retryable,
@@ -247,6 +247,9 @@ class Store(SchedulesMixin):
         self.finish_channel = validate_channel(f"{notify_channel}_done", "notify_channel")
         """Where the end of a watched job is announced (the job's id; see :meth:`watch`)."""
         self.pool = pool
+        self.outage = reconnect.outage_of(pool)
+        """Where this store's database faults are reported (:mod:`jobrun.job.outage`):
+        the pool's own reporter, shared by the loops that use this store."""
         self._notify_warned_at = -math.inf
         self._notify_warn_lock = threading.Lock()
         self._limited: dict[tuple[str, ...], tuple[float, dict[str, int | None]]] = {}
@@ -320,7 +323,10 @@ class Store(SchedulesMixin):
         spots it; it is closed, so the pool replaces it, and the next one is
         tried. After a restart every caller gets a fresh connection instead
         of one failure per stale connection. The call is bounded client-side
-        by ``timeout`` seconds (see :mod:`jobrun.postgres.deadline`).
+        by ``timeout`` seconds (see :mod:`jobrun.postgres.deadline`), and so
+        is the wait for a connection (or by the pool's timeout, when shorter):
+        a call that gets none raises ConnectionUnavailable, saying why (the
+        database unavailable since when, or the pool exhausted).
 
         A pool inherited through ``fork()`` never serves this process: an
         ``open_pool`` pool has reopened itself, any other raises
@@ -329,9 +335,15 @@ class Store(SchedulesMixin):
         """
         forksafe.check_pool(self.pool)
         timeout = self._left(timeout)
-        bounded = getattr(self._bounds, "until", None) is not None
+        started = time.monotonic()
         for _ in range(self.pool.max_size + 1):
-            with self.pool.connection(timeout=timeout if bounded else None) as conn:
+            wait = reconnect.connection_wait(self.pool.timeout, timeout, started)
+            with contextlib.ExitStack() as stack:
+                try:
+                    conn = stack.enter_context(self.pool.connection(timeout=wait))
+                except PoolTimeout:
+                    waited = time.monotonic() - started
+                    raise reconnect.unavailable(self.pool, waited, timeout) from None
                 forksafe.track(conn)
                 if _stale(conn):
                     conn.close()

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 
-from jobrun.job import validate
+from jobrun.job import outage, validate
 from jobrun.job.errors import JobrunError, LeaderLost, ValidationError
 from jobrun.job.ports import Locker, Store
 
@@ -173,7 +173,8 @@ class SchedulerService:
         except LeaderLost as exc:
             self._step_down(str(exc))
         except JobrunError as exc:
-            log.warning("scheduler: %s (will retry next tick)", exc)
+            # Retried next tick; an outage is said once (jobrun.job.outage).
+            outage.of(self.store).failed(exc, "scheduler tick")
         for field in ("materialized", "reaped", "purged", "pruned"):
             setattr(self.totals, field, getattr(self.totals, field) + getattr(report, field))
         return report

@@ -199,6 +199,10 @@ BULK_LIMIT = 10_000
 """The most jobs one bulk action acts on."""
 MAX_FORM_BYTES = 64 * 1024
 REFRESH_SECONDS = 5.0
+CONNECTION_WAIT = 1.5
+"""Seconds a request waits for a connection of the dashboard's own pool: while the
+database is away, a page answers 503 (the reason on it) after that, not after the
+30 s of a worker's pool."""
 
 BULK_STATES: dict[str, tuple[State, ...]] = {
     "retry": (State.DEAD, State.CANCELLED, State.SUCCEEDED),
@@ -294,7 +298,11 @@ class Dashboard:
                         url, settings = settings, Settings.from_env()
                     assert isinstance(settings, Settings)
                     self._client = Client.connect(
-                        url, settings=settings, pool_size=2, application_name="jobrun-dashboard"
+                        url,
+                        settings=settings,
+                        pool_size=2,
+                        application_name="jobrun-dashboard",
+                        pool_timeout=CONNECTION_WAIT,
                     )
                     self._use(self._client.store)
         assert self._store is not None

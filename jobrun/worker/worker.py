@@ -240,8 +240,9 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
-from jobrun.job import validate
+from jobrun.job import outage, validate
 from jobrun.job.errors import (
+    ConnectionUnavailable,
     DatabaseError,
     JobrunError,
     LeaseLost,
@@ -528,13 +529,21 @@ class _StallWatch(threading.Thread):
 
     The warning names the loop, what it is doing and the innermost frames of
     its thread (what it is blocked on); it repeats every ``bound`` while the
-    loop stays stuck, and an INFO line says when it moves again.
+    loop stays stuck, and an INFO line says when it moves again. Not while
+    the database is known to be away (``reporter``): the loops then wait for
+    it, and the outage reporter says so.
     """
 
-    def __init__(self, bound: float, logger: logging.LoggerAdapter[logging.Logger]) -> None:
+    def __init__(
+        self,
+        bound: float,
+        logger: logging.LoggerAdapter[logging.Logger],
+        reporter: outage.Outage | None = None,
+    ) -> None:
         super().__init__(name="jobrun-stall-watch", daemon=True)
         self.bound = bound
         self._log = logger
+        self._outage = reporter
         self._activities: list[_Activity] = []
         self._probes: list[tuple[str, ActivityProbe]] = []
         self._stop_event = threading.Event()
@@ -585,6 +594,8 @@ class _StallWatch(threading.Thread):
             if since is None or now - since < self.bound:
                 continue
             if stuck is not None and now < stuck[1]:
+                continue
+            if self._outage is not None and self._outage.down:
                 continue
             self._stuck[name] = (since, now + self.bound)
             self._log.warning(
@@ -806,7 +817,7 @@ class Worker:
         # still leased to this owner in the database, and not lost claims.
         self._abandoned: dict[uuid.UUID, float] = {}
         stall = self.config.stall_warning or self.config.lease_ttl
-        self._stalls = _StallWatch(stall.total_seconds(), self._log)
+        self._stalls = _StallWatch(stall.total_seconds(), self._log, outage.of(store))
         self._claimer_activity = self._stalls.track("jobrun-claimer")
         self._completer_activity = self._stalls.track("jobrun-completer")
         self._heartbeat_activity = self._stalls.track("jobrun-heartbeat")
@@ -1289,7 +1300,9 @@ class Worker:
                     self._claim_may_be_lost()
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
-                self._log.warning("claim failed (%s); retrying in %.2f s", exc, pause)
+                if isinstance(exc, ConnectionUnavailable):
+                    pause = 0.0  # it waited its whole bound for a connection already
+                outage.of(self.store).failed(exc, "claim")
                 self._stopping.wait(pause)
                 continue
             except Exception:
@@ -2272,19 +2285,19 @@ class Worker:
             bound = self.store.bounded(left) if left < math.inf else contextlib.nullcontext()
             try:
                 with bound:
-                    return complete()
+                    result = complete()
             except DatabaseError as exc:  # a fault: retrying is safe
                 failures += 1
                 pause = _DB_RETRY_BACKOFF[min(failures, len(_DB_RETRY_BACKOFF)) - 1]
-                self._log.warning(
-                    "completing %d job(s) failed (%s); retrying in %.2f s", size, exc, pause
-                )
+                outage.of(self.store).failed(exc, f"completing {size} job(s)")
                 time.sleep(pause)
+                continue
             except JobrunError as exc:
                 self._log.error(
                     "completing %d job(s) failed for good (%s); their leases will expire", size, exc
                 )
                 return None
+            return result
         return None
 
     def _lease_left(self, jobs: Sequence[Job]) -> float:
@@ -2379,7 +2392,7 @@ class Worker:
                 self.heartbeat_once()
                 last_ok = time.monotonic()
             except JobrunError as exc:
-                self._log.warning("heartbeat failed: %s", exc)
+                outage.of(self.store).failed(exc, "heartbeat")
                 if time.monotonic() - last_ok > ttl:
                     # Our leases may be gone: stop the handlers rather than
                     # let them finish work someone else may already redo.
@@ -2452,11 +2465,13 @@ class Worker:
         """``call()``, reported to the hooks as one round trip of ``operation``.
 
         ``jobs``: how many jobs it carries, or how to count them in its answer
-        (0 when it raised).
+        (0 when it raised). A success is one for the outage reporter too.
         """
         hooks = self._hooks
         if hooks is None or not hooks.calls:
-            return call()
+            answer = call()
+            outage.of(self.store).ok()
+            return answer
         began = time.perf_counter()
         try:
             answer = call()
@@ -2466,6 +2481,7 @@ class Worker:
                 StoreCall(operation, time.perf_counter() - began, carried, exc, queues)
             )
             raise
+        outage.of(self.store).ok()
         carried = jobs(answer) if callable(jobs) else jobs
         hooks.store_call(StoreCall(operation, time.perf_counter() - began, carried, None, queues))
         return answer

@@ -145,6 +145,65 @@ def test_a_postgres_restart_under_load_loses_nothing_and_everything_recovers(
             workers.kill_all()
 
 
+# -- a long outage: the worker follows the server back (issue 25) ---------------------------
+
+OUTAGE = 90.0
+
+
+@pytest.mark.slow
+def test_after_a_90_s_outage_a_worker_process_resumes_within_seconds_and_says_so_in_few_lines(
+    tmp_path: Path, side_log: Path, oracle: Oracle
+) -> None:
+    """psycopg_pool's doubling backoff left a worker claiming nothing for most of a
+    minute after such an outage, and wrote a multi-line warning per attempt."""
+    with cluster_db(oracle) as (cluster, url):
+        workers = Workers(url, tmp_path, side_log)
+        pool = open_pool(url, concurrency=1, timeout=OUTAGE * 2, application_name="jobrun-test")
+        store = Store(pool, call_timeout=dt.timedelta(seconds=OUTAGE * 2))
+        try:
+            proc = workers.start(scheduler=True, concurrency=4)
+            warm = store.enqueue(NewJob(type="plain.work", payload={"sleep": 0}))
+            oracle.enqueued([warm], url=url)
+            wait_until(lambda: store.get(warm.id).state is State.SUCCEEDED, 60, "a first job")
+            with psycopg.connect(url, autocommit=True) as c:
+                wait_until(lambda: leader_backend(c), 30, "a leader")
+
+            cluster.stop("fast")
+            time.sleep(OUTAGE)
+            cluster.start()
+            back = time.monotonic()  # pg_ctl -w: the server accepts connections (at most this)
+            job = store.enqueue(NewJob(type="plain.work", payload={"sleep": 0}))
+            enqueued = time.monotonic() - back
+            oracle.enqueued([job], url=url)
+            wait_until(
+                lambda: store.get(job.id).state is State.SUCCEEDED, 60, "the job after the outage"
+            )
+            done = time.monotonic() - back
+            print(f"after {OUTAGE:g} s: enqueued in {enqueued:.3f} s, done in {done:.3f} s")
+            assert enqueued < 2.0, workers.outputs()
+            assert done < 3.0, workers.outputs()
+            with psycopg.connect(url, autocommit=True) as c:
+                wait_until(lambda: len(backends(c, "jobrun-listener")) == 1, 10, "listener back")
+                wait_until(lambda: leader_backend(c), 10, "a leader again")
+            assert proc.alive()
+            time.sleep(1.0)  # the log lines of the return are written
+            out = proc.output()
+            lines = out.splitlines()
+            began = next(i for i, line in enumerate(lines) if " unavailable: " in line)
+            assert sum(" unavailable: " in line for line in lines) == 1, out[-6000:]
+            summaries = sum("still unavailable after" in line for line in lines)
+            assert 2 <= summaries <= 3, out[-6000:]
+            assert sum("available again after" in line for line in lines) == 1, out[-6000:]
+            noisy = ("error connecting in", "claim failed", "heartbeat failed", "will reconnect")
+            assert not [line for line in lines if any(n in line for n in noisy)], out[-6000:]
+            # No multi-line warning (libpq's hint on a line of its own) since the outage began.
+            assert not [ln for ln in lines[began:] if ln.startswith(("\t", " "))], out[-6000:]
+            oracle.watch(url, settled=True)
+        finally:
+            pool.close()
+            workers.kill_all()
+
+
 # -- 10. pool exhaustion --------------------------------------------------------------------
 
 
