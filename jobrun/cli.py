@@ -90,28 +90,28 @@ never a traceback but one: at ``--log-level debug``, an ``--app`` that fails
 to import shows its traceback above that line, the app's frames without
 jobrun's or importlib's), with a distinct exit code:
 
-=====  ========================================================================
-code   meaning
-=====  ========================================================================
-0      ok
-1      any other error
-2      usage error (bad arguments)
-3      not found (no such job or schedule)
-4      conflict: the idempotency key is taken by a different job, or the
-       schedule already exists
-5      invalid state: the operation does not apply to the job's state
-       (retry of a leased job, cancel of a finished one, bulk retry of leased jobs)
-6      database unavailable (cannot connect, connection lost, outcome unknown)
-7      validation error: bad input or bad configuration
-8      the jobrun schema is missing, or at another version than this jobrun
-       needs: run ``jobrun migrate`` (or upgrade jobrun when it is newer)
-130    interrupted (Ctrl-C during a short command)
-128+N  ``jobrun worker`` or ``jobrun scheduler`` stopped by signal N before its
-       work was done: while starting (importing the app, opening its pools),
-       or by a second signal that cut the graceful drain short (143 for
-       SIGTERM, 130 for SIGINT; see :mod:`jobrun.worker.stop_signals`). A graceful
-       stop (one signal, drained) exits 0.
-=====  ========================================================================
+===== ========================================================================
+code  meaning
+===== ========================================================================
+0     ok
+1     any other error
+2     usage error (bad arguments)
+3     not found (no such job or schedule)
+4     conflict: the idempotency key is taken by a different job, or the
+      schedule already exists
+5     invalid state: the operation does not apply to the job's state
+      (retry of a leased job, cancel of a finished one, bulk retry of leased jobs)
+6     database unavailable (cannot connect, connection lost, outcome unknown)
+7     validation error: bad input or bad configuration
+8     the jobrun schema is missing, or at another version than this jobrun
+      needs: run ``jobrun migrate`` (or upgrade jobrun when it is newer)
+130   interrupted (Ctrl-C during a short command)
+128+N ``jobrun worker`` or ``jobrun scheduler`` stopped by signal N before its
+      work was done: while starting (importing the app, opening its pools),
+      or by a second signal that cut the graceful drain short (143 for
+      SIGTERM, 130 for SIGINT; see :mod:`jobrun.worker.stop_signals`). A graceful
+      stop (one signal, drained) exits 0.
+===== ========================================================================
 """
 
 from __future__ import annotations
