@@ -333,6 +333,16 @@ class Job:
     progress_message: str | None = None
     progress_at: dt.datetime | None = None
     """When that progress was recorded, by the database clock."""
+    started_at: dt.datetime | None = None
+    """While leased: when the lease's attempt started (its handler was about to
+    run), by the database clock; None while the job waits for a thread of the
+    worker that leased it, its attempt not yet counted (a claim starts only as
+    many jobs as its worker can run at once). Every claim sets it afresh."""
+
+    @property
+    def started(self) -> bool:
+        """Whether the current lease's attempt started (and so counts)."""
+        return self.started_at is not None
 
     @property
     def attempts_left(self) -> int:
