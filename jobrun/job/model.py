@@ -1,8 +1,8 @@
 """The job domain: value objects with no I/O.
 
-A job moves through these states (a claim burns one attempt)::
+A job moves through these states (an attempt counts when it starts)::
 
-               enqueue                claim (attempts += 1)
+               enqueue                claim (attempts += 1 when started)
     (new) ───────────────▶ queued ─────────────────────────▶ leased
                              ▲  ▲                              │
               retry (admin)  │  └── fail / reap: attempts left ─┤
@@ -13,6 +13,13 @@ A job moves through these states (a claim burns one attempt)::
 ``cancel`` on a queued job ends it ``cancelled`` at once; on a leased job it
 only sets ``cancel_requested``, and whichever of complete, fail or the reaper
 comes next ends the job ``cancelled`` (cancel wins).
+
+A claim starts the jobs its worker can run at once (``started_at`` set,
+attempts += 1); a job leased to wait for a thread starts (its attempt
+counted) just before its handler runs. A process that dies burns the
+attempt of each job it was running: a crash-looping job still runs out of
+attempts. A lease that expires unstarted burned nothing: the reaper queues
+its job again at once, attempts unchanged.
 """
 
 from __future__ import annotations

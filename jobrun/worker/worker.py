@@ -48,7 +48,8 @@ committed runs the job again.
 Shutdown (``stop``, or SIGTERM/SIGINT through :meth:`run`): stop claiming;
 let running handlers finish until the grace period ends; cancel the rest and
 give them a moment to return (an interrupted job is failed back to the
-queue, and keeps the attempt it burned); flush the completer; stop
+queue, and keeps the attempt it burned; a job still waiting for a thread is
+released, its attempt uncounted); flush the completer; stop
 heartbeats last. A handler that ignores cancellation is abandoned: its lease
 expires and the reaper requeues it. A second signal stops at once.
 
@@ -108,8 +109,9 @@ plain handlers:
 Unknown job types: a job whose type this worker has no handler for is not
 failed (which would burn its attempts into a dead job while a newer worker
 that knows the type rolls out). It is *released*: ``Store.release`` gives
-the claim's attempt back and queues the job again after a delay that grows
-with each release (``unknown_type_delay``, 60 s by default, doubling each
+back the attempt its claim counted (if the claim started it: a job waiting
+for a thread is never started for this) and queues the job again after a
+delay that grows with each release (``unknown_type_delay``, 60 s by default, doubling each
 time up to ten times that: 1, 2, 4, 8, then every 10 minutes), with a
 "released" event (when all events are recorded) and ``last_error`` saying
 ``no handler for job type 'x' (release n of N, attempt not counted); worker
@@ -128,7 +130,7 @@ it knows; later releases of that type are DEBUG lines.
 Snoozes: a handler that raises (or returns) :class:`~jobrun.worker.registry.Snooze`
 asks to run later. The worker calls ``Store.release(job, delay, reason,
 snooze=True)``: the job is queued again at the database's now + delay, the
-attempt its claim burned is given back (``attempts`` unchanged), ``snoozes``
+attempt its start burned is given back (``attempts`` unchanged), ``snoozes``
 counts one more, a "snoozed" event is written and ``last_error`` is left as
 it was. Snoozing therefore never burns ``max_attempts``: a job that snoozes
 30 times and then fails still gets all of its real attempts. A handler
@@ -172,7 +174,12 @@ committed synchronously), and the slots they free are claimed again there,
 at once (no waiting for more threads to free). As many jobs as rode along
 may then wait for a thread (many when jobs are short: they run while the
 next claim is on its way; next to none when they are long), so such a
-worker holds at most twice ``concurrency`` leases. The claimer hands what
+worker holds at most twice ``concurrency`` leases. A claim counts the
+attempts of the jobs it can start at once (its free threads) and leases the
+riders unstarted: each one's attempt counts when a thread takes it
+(``Store.start_jobs``, just before its handler; a start refused, its cancel
+requested or its lease gone, releases it unrun), so a process that dies
+burns the attempts of the jobs it was running and of no other. The claimer hands what
 it holds to the completer whenever it is about to wait for anything other
 than a freed thread (no work, a fault, the stop), or when no thread frees
 within ``complete_flush_interval``; a complete-and-claim that fails hands
@@ -1168,12 +1175,12 @@ class Worker:
                 for queues, n in plan:
                     activity.busy(f"claiming up to {n} job(s) of {queues}")
                     finished = self._take_completions(queues)
+                    limit = min(n, validate.MAX_CLAIM_LIMIT)
+                    start = self._startable(limit)
                     if finished:
-                        jobs = self._complete_and_claim(
-                            finished, queues, min(n, validate.MAX_CLAIM_LIMIT)
-                        )
+                        jobs = self._complete_and_claim(finished, queues, limit, start)
                     else:
-                        jobs = self._claim_call(queues, min(n, validate.MAX_CLAIM_LIMIT))
+                        jobs = self._claim_call(queues, limit, start)
                     self._dispatch(jobs)
                     claimed += len(jobs)
                     if len(jobs) < n:
@@ -1222,6 +1229,15 @@ class Worker:
                 self._wait_for_work()
         self._hand_over_completions()
 
+    def _startable(self, n: int) -> int:
+        """How many of a claim of ``n`` jobs start at once (their attempt counted
+        by the claim): as many as this worker runs fewer jobs than its
+        concurrency. The others (riding along with a complete-and-claim) wait
+        for a thread, their attempt uncounted until :meth:`_start`: a process
+        that dies meanwhile burns none of theirs."""
+        with self._lock:
+            return max(0, min(n, self.config.concurrency - self._inflight))
+
     def _holding(self) -> bool:
         """Whether the claimer holds completions to send with its next claim."""
         with self._lock:
@@ -1269,7 +1285,7 @@ class Worker:
             self._done.put(done)
 
     def _complete_and_claim(
-        self, finished: list[_Finished], queues: list[str], n: int
+        self, finished: list[_Finished], queues: list[str], n: int, start: int
     ) -> list[Job]:
         """Complete ``finished`` and claim up to ``n`` jobs of ``queues`` in one
         transaction (Store.complete_and_claim): the slots they hold under the
@@ -1283,7 +1299,12 @@ class Worker:
                 "claim",
                 lambda answer: len(answer[1]),
                 lambda: self.store.complete_and_claim(
-                    jobs, results=results, queues=queues, limit=n, ttl=self.config.lease_ttl
+                    jobs,
+                    results=results,
+                    queues=queues,
+                    limit=n,
+                    ttl=self.config.lease_ttl,
+                    start=start,
                 ),
                 tuple(queues),
             )
@@ -1502,11 +1523,13 @@ class Worker:
         self._finished("lease_lost", job, error=exc)  # lost to this worker
 
     def _run_one(self, running: _Running) -> None:
-        job, ctx = running.job, running.ctx
-        registration = self.registry.get(job.type)
+        registration = self.registry.get(running.job.type)
         if registration is None:
-            self._unknown_type(job)
+            self._unknown_type(running.job)
             return
+        if not self._start(running):
+            return
+        job, ctx = running.job, running.ctx
         hooks = self._hooks
         if hooks is not None and hooks.started:
             hooks.job_started(job, ctx)
@@ -1526,14 +1549,63 @@ class Worker:
             error = exc
         self._settle(running, registration, started, value, error)
 
+    def _start(self, running: _Running) -> bool:
+        """Count the attempt of a job its claim did not start (it waited for a
+        thread), just before its handler runs: False when it must not run.
+
+        ``Store.start_jobs`` starts it, fenced, and its counted attempt
+        replaces the job of ``running`` (the handler and its outcome see it).
+        Refused (its cancel was requested, its lease is gone or expired), or
+        cancelled while it waited (the shutdown's end of grace): it is
+        released with its attempt still uncounted, or ends cancelled when its
+        cancel was requested. A database that keeps failing abandons it: its
+        lease expires and the reaper requeues it, uncounted.
+        """
+        job, ctx = running.job, running.ctx
+        if job.started:
+            return True
+        if not ctx.is_cancelled:
+
+            def write() -> Job:
+                got = self._call("start", len, lambda: self.store.start_jobs([job]), (job.queue,))
+                return got[0] if got else job
+
+            started = self._record(job, write, "start")
+            if started is None:
+                return False
+            if started.started:
+                running.job = ctx.job = started
+                return True
+        reason = f"not started ({ctx.cancel_reason or 'its lease was not live'})"
+        released = self._record(
+            job, lambda: self.store.release(job, dt.timedelta(0), reason), "release"
+        )
+        if released is not None:
+            cancelled = released.state is State.CANCELLED
+            self._count("cancelled" if cancelled else "released")
+            if self._hooks is not None:
+                kind: OutcomeKind = "cancelled" if cancelled else "released"
+                self._finished(kind, job, error_text=reason, next_run_at=released.run_at)
+            self._job_log(
+                logging.INFO,
+                job,
+                "cancelled" if cancelled else "released",
+                f"{'cancelled' if cancelled else 'released'} before it started, "
+                f"attempt not counted: {reason}",
+            )
+        return False
+
     async def _run_async(
         self, running: _Running, registration: Registration, io: concurrent.futures.Executor
     ) -> None:
         """An async job, on the event loop: its handler as a task of its own (what
         the context's cancellation cancels), then its outcome, off the loop (on ``io``)."""
-        job, ctx = running.job, running.ctx
+        job = running.job
         try:
             loop = asyncio.get_running_loop()
+            if not job.started and not await loop.run_in_executor(io, self._start, running):
+                return
+            ctx = running.ctx
             started = time.monotonic()
             value: Any = None
             error: BaseException | None = None
@@ -2251,11 +2323,11 @@ class Worker:
 
     # -- hooks ---------------------------------------------------------------------
 
-    def _claim_call(self, queues: list[str], limit: int) -> list[Job]:
+    def _claim_call(self, queues: list[str], limit: int, start: int | None = None) -> list[Job]:
         return self._call(
             "claim",
             len,  # the jobs it got
-            lambda: self.store.claim(self.owner, queues, limit, self.config.lease_ttl),
+            lambda: self.store.claim(self.owner, queues, limit, self.config.lease_ttl, start=start),
             tuple(queues),
         )
 

@@ -81,6 +81,65 @@ def test_a_worker_killed_mid_job_is_reaped_with_its_attempt_burned_and_the_effec
     oracle.watch(oracle.default_url, settled=True)
 
 
+def test_a_worker_killed_while_jobs_wait_for_a_thread_burns_only_the_running_jobs_attempts(
+    store: Store,
+    conn: psycopg.Connection[Any],
+    workers: Workers,
+    side_log: Any,
+    oracle: Oracle,
+) -> None:
+    # A limited queue: the worker completes a finished job in its next claim
+    # and claims one more job than it has free threads (it rides along,
+    # waiting for a thread). Two threads: "quick" finishes at once, "crash"
+    # and "hang" hold both threads until the process dies (as a segfault or
+    # the OOM killer would take it), and "waiting" never gets a thread.
+    store.set_queue_limits("default", concurrency=100)
+
+    def job(priority: int, sleep: float) -> Job:
+        return store.enqueue(
+            NewJob(
+                type="plain.work",
+                payload={"sleep": sleep, "honour_cancel": False},
+                priority=priority,
+                max_attempts=1,
+                backoff=QUICK_RETRY,
+            )
+        )
+
+    quick, crash, hang, waiting = job(0, 0), job(1, 60), job(2, 60), job(3, 0)
+    oracle.enqueued([quick, crash, hang, waiting])
+    first = workers.start(concurrency=2)
+    wait_until(lambda: started(side_log, 3), 30, "quick, crash and hang started")
+    wait_until(
+        lambda: store.get(waiting.id).state is State.LEASED, 30, "the waiting job leased too"
+    )
+    first.kill9()
+    assert store.get(quick.id).state is State.SUCCEEDED
+    assert [store.get(j.id).attempts for j in (crash, hang, waiting)] == [1, 1, 0]
+    second = workers.start(scheduler=True)  # its reaper requeues the expired leases
+    wait_until(lambda: store.get(waiting.id).state is State.SUCCEEDED, 60, "the waiting job runs")
+    # The jobs that were running when the process died burned their one attempt.
+    wait_until(lambda: states(conn) == {"succeeded": 2, "dead": 2}, 60, "crash and hang dead")
+    assert [store.get(j.id).attempts for j in (crash, hang, waiting)] == [1, 1, 1]
+    trail = store.events(waiting.id)
+    assert [str(e.kind) for e in trail] == [
+        "enqueued",
+        "claimed",
+        "reaped",
+        "claimed",
+        "succeeded",
+    ]
+    assert (trail[1].attempt, trail[1].detail) == (0, {"started": False})
+    reaped = trail[2].detail
+    assert isinstance(reaped, dict) and (trail[2].attempt, reaped["started"]) == (0, False)
+    runs = [r for r in side_log_records(side_log) if r["job"] == str(waiting.id)]
+    assert [(r["event"], r["attempt"], r["pid"]) for r in runs] == [
+        ("start", 1, second.pid),
+        ("end", 1, second.pid),
+    ]
+    oracle.watch(oracle.default_url, settled=True)
+
+
 def test_a_worker_killed_inside_the_complete_transaction_leaves_no_effect_and_runs_again(
     store: Store,
     conn: psycopg.Connection[Any],

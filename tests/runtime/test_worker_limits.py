@@ -297,3 +297,84 @@ def test_a_limited_queue_with_a_per_worker_limit_beside_a_busy_free_queue_finish
     finally:
         worker.stop(timeout=5)
     assert store.completed > 0
+
+
+class CountingStarts(Store):
+    """The real store, counting the jobs started after their claim."""
+
+    def __init__(self, pool: Any) -> None:
+        super().__init__(pool)
+        self.started: list[Job] = []
+
+    def start_jobs(self, jobs: Any) -> list[Job]:
+        started = super().start_jobs(jobs)
+        self.started += started
+        return started
+
+
+def _a_job_waiting_for_a_thread(
+    store: Store, registry: Registry, conn: psycopg.Connection[Any]
+) -> tuple[Worker, threading.Event, dict[str, Job], dict[str, int]]:
+    """A worker of two threads on a limited queue: "quick" finishes at once and
+    its completion rides with the next claim, which claims one job more than
+    the free thread ("waiting"); "hang1" and "hang2" hold both threads until
+    the event is set. Returns once "waiting" is leased."""
+    release = threading.Event()
+    seen: dict[str, int] = {}
+
+    def handler(ctx: JobContext, job: Job) -> None:
+        name = str(job.payload["name"])
+        seen[name] = job.attempts
+        if name.startswith("hang"):
+            release.wait(DEADLINE)
+
+    registry.register("t", handler)
+    store.set_queue_limits("q", concurrency=100)
+    names = ["quick", "hang1", "hang2", "waiting"]
+    jobs = {
+        name: store.enqueue(
+            NewJob(type="t", queue="q", payload={"name": name}, priority=p, max_attempts=1)
+        )
+        for p, name in enumerate(names)
+    }
+    worker = Worker(store, registry, WorkerConfig(queues={"q": None}, concurrency=2, **FAST))
+    worker.start()
+    wait_for(lambda: store.get(jobs["waiting"].id).state.value == "leased", timeout=DEADLINE)
+    return worker, release, jobs, seen
+
+
+def test_a_job_leased_to_wait_for_a_thread_counts_its_attempt_only_when_it_starts(
+    pool: Any, registry: Registry, conn: psycopg.Connection[Any]
+) -> None:
+    store = CountingStarts(pool)
+    worker, release, jobs, seen = _a_job_waiting_for_a_thread(store, registry, conn)
+    try:
+        waiting = store.get(jobs["waiting"].id)
+        assert (waiting.attempts, waiting.started) == (0, False)
+        assert "waiting" not in seen and store.started == []
+        release.set()
+        wait_for(lambda: states(conn, queue="q") == {"succeeded": 4}, timeout=DEADLINE)
+    finally:
+        release.set()
+        worker.stop(timeout=5)
+    assert seen == {"quick": 1, "hang1": 1, "hang2": 1, "waiting": 1}  # what handlers saw
+    assert [j.id for j in store.started] == [waiting.id]
+    assert store.get(waiting.id).attempts == 1
+
+
+def test_a_job_cancelled_while_it_waited_for_a_thread_ends_cancelled_without_running(
+    pool: Any, registry: Registry, conn: psycopg.Connection[Any]
+) -> None:
+    store = Store(pool)
+    worker, release, jobs, seen = _a_job_waiting_for_a_thread(store, registry, conn)
+    try:
+        store.cancel(jobs["waiting"].id)
+        release.set()
+        wait_for(
+            lambda: states(conn, queue="q") == {"succeeded": 3, "cancelled": 1}, timeout=DEADLINE
+        )
+    finally:
+        release.set()
+        worker.stop(timeout=5)
+    assert "waiting" not in seen
+    assert store.get(jobs["waiting"].id).attempts == 0
