@@ -249,6 +249,7 @@ from jobrun.worker.hooks import (
 )
 from jobrun.worker.logs import job_fields
 from jobrun.worker.registry import Done, PermanentFailure, Registration, Registry, Snooze
+from jobrun.worker.starts import StartBatcher
 
 log = logging.getLogger("jobrun.worker")
 
@@ -743,6 +744,10 @@ class Worker:
         # next claim of them (complete_and_claim), while it is set to.
         self._claimer_done: list[_Finished] = []
         self._claimer_completes = False
+        # The starts of jobs that waited for a thread, combined across threads.
+        self._starts = StartBatcher(
+            lambda jobs: self._call("start", len, lambda: self.store.start_jobs(jobs))
+        )
         self._stopping = threading.Event()  # stop claiming
         self._hard_stop = threading.Event()  # give up on everything
         self._heartbeat_stop = threading.Event()
@@ -1553,8 +1558,10 @@ class Worker:
         """Count the attempt of a job its claim did not start (it waited for a
         thread), just before its handler runs: False when it must not run.
 
-        ``Store.start_jobs`` starts it, fenced, and its counted attempt
-        replaces the job of ``running`` (the handler and its outcome see it).
+        ``Store.start_jobs`` starts it, fenced (together with the starts of
+        other threads due meanwhile: :mod:`jobrun.worker.starts`), and its
+        counted attempt replaces the job of ``running`` (the handler and its
+        outcome see it).
         Refused (its cancel was requested, its lease is gone or expired), or
         cancelled while it waited (the shutdown's end of grace): it is
         released with its attempt still uncounted, or ends cancelled when its
@@ -1567,8 +1574,7 @@ class Worker:
         if not ctx.is_cancelled:
 
             def write() -> Job:
-                got = self._call("start", len, lambda: self.store.start_jobs([job]), (job.queue,))
-                return got[0] if got else job
+                return self._starts.start(job) or job  # batched with other threads' starts
 
             started = self._record(job, write, "start")
             if started is None:
