@@ -49,8 +49,8 @@ Shutdown (``stop``, or SIGTERM/SIGINT through :meth:`run`): stop claiming;
 let running handlers finish until the grace period ends; cancel the rest and
 give them a moment to return (an interrupted job is failed back to the
 queue, and keeps the attempt it burned; a job still waiting for a thread is
-released, its attempt uncounted); flush the completer; stop
-heartbeats last. A handler that ignores cancellation is abandoned: its lease
+released, its attempt uncounted); flush the completer; stop heartbeats
+last. A handler that ignores cancellation is abandoned: its lease
 expires and the reaper requeues it. A second signal stops at once.
 
 A handler's exception never kills its thread; a database error never kills
@@ -111,8 +111,9 @@ failed (which would burn its attempts into a dead job while a newer worker
 that knows the type rolls out). It is *released*: ``Store.release`` gives
 back the attempt its claim counted (if the claim started it: a job waiting
 for a thread is never started for this) and queues the job again after a
-delay that grows with each release (``unknown_type_delay``, 60 s by default, doubling each
-time up to ten times that: 1, 2, 4, 8, then every 10 minutes), with a
+delay that grows with each release (``unknown_type_delay``, 60 s by
+default, doubling each time up to ten times that: 1, 2, 4, 8, then every 10
+minutes), with a
 "released" event (when all events are recorded) and ``last_error`` saying
 ``no handler for job type 'x' (release n of N, attempt not counted); worker
 W knows: a, b``. That text is the counter: the next worker that claims the
@@ -179,11 +180,12 @@ attempts of the jobs it can start at once (its free threads) and leases the
 riders unstarted: each one's attempt counts when a thread takes it
 (``Store.start_jobs``, just before its handler; a start refused, its cancel
 requested or its lease gone, releases it unrun), so a process that dies
-burns the attempts of the jobs it was running and of no other. The claimer hands what
-it holds to the completer whenever it is about to wait for anything other
-than a freed thread (no work, a fault, the stop), or when no thread frees
-within ``complete_flush_interval``; a complete-and-claim that fails hands
-its completions over too (completing again is safe). A queue whose global
+burns the attempts of the jobs it was running and of no other (see
+:mod:`jobrun.worker.starts`). The claimer hands what it holds to the
+completer whenever it is about to wait for anything other than a freed
+thread (no work, a fault, the stop), or when no thread frees within
+``complete_flush_interval``; a complete-and-claim that fails hands its
+completions over too (completing again is safe). A queue whose global
 concurrency limit this worker's own leases fill is not claimed at all (the
 claim would get nothing), and the completer then flushes its jobs at once
 instead of collecting a batch. Commit callables are always the completer's.
@@ -1562,6 +1564,7 @@ class Worker:
         other threads due meanwhile: :mod:`jobrun.worker.starts`), and its
         counted attempt replaces the job of ``running`` (the handler and its
         outcome see it).
+
         Refused (its cancel was requested, its lease is gone or expired), or
         cancelled while it waited (the shutdown's end of grace): it is
         released with its attempt still uncounted, or ends cancelled when its
