@@ -2561,10 +2561,10 @@ class Queries(QueriesBase):
         """Give a claimed job back without counting its attempt (a worker that has no
         handler for its type, or a handler that snoozes: asks to run later):
         queued again at now() + delay with the attempt its start burned returned
-        (none when it never started: started_at NULL),
-        owner- and token-guarded like Fail, with a "released" event ("snoozed",
-        counted in snoozes, when snooze). A job whose cancel was requested ends
-        cancelled instead (cancel wins).
+        (none when it never started: started_at NULL), owner- and token-guarded
+        like Fail, with a "released" event ("snoozed", counted in snoozes, when
+        snooze). A job whose cancel was requested ends cancelled instead (cancel
+        wins).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
