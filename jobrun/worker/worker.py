@@ -1168,7 +1168,7 @@ class Worker:
                 self._slot_freed.clear()
                 continue
             coalesce_until = time.monotonic() + CLAIM_COALESCE
-            while sum(n for _, n in plan) < batch and self._busy() and not self._holding():
+            while self._busy() and self._coalescing(sum(n for _, n in plan), batch):
                 left = coalesce_until - time.monotonic()
                 if left <= 0:
                     break
@@ -1188,7 +1188,7 @@ class Worker:
                         jobs = self._complete_and_claim(finished, queues, limit, start)
                     else:
                         jobs = self._claim_call(queues, limit, start)
-                    self._dispatch(jobs)
+                    self._dispatch_claimed(jobs)
                     claimed += len(jobs)
                     if len(jobs) < n:
                         drained = True
@@ -1236,6 +1236,18 @@ class Worker:
                 self._wait_for_work()
         self._hand_over_completions()
 
+    def _coalescing(self, planned: int, batch: int) -> bool:
+        """Whether a busy claimer waits a moment (CLAIM_COALESCE) for more
+        threads to free before claiming ``planned`` jobs: while it plans
+        fewer than ``batch`` (one statement for several jobs); and while it
+        holds completions (complete-and-claim), as long as most of the jobs
+        it plans would wait for a thread: such riders start with a round trip
+        of their own (see :meth:`_startable`), and claiming them as soon as
+        one slot frees would make every claim one of riders only."""
+        if self._holding():
+            return self._startable(planned) < planned // 2
+        return planned < batch
+
     def _startable(self, n: int) -> int:
         """How many of a claim of ``n`` jobs start at once (their attempt counted
         by the claim): as many as this worker runs fewer jobs than its
@@ -1244,6 +1256,34 @@ class Worker:
         that dies meanwhile burns none of theirs."""
         with self._lock:
             return max(0, min(n, self.config.concurrency - self._inflight))
+
+    def _dispatch_claimed(self, jobs: list[Job]) -> None:
+        """Run what a claim got: the jobs it started first, then the riders it
+        leased unstarted, of which as many as there are free threads by now
+        (threads free while the claim was on its way) are started here, in one
+        call, before they go; the rest start when a thread takes them."""
+        riders = [job for job in jobs if not job.started]
+        if not riders:
+            self._dispatch(jobs)
+            return
+        self._dispatch([job for job in jobs if job.started])
+        with self._lock:
+            free = self.config.concurrency - self._inflight
+        now = riders[: max(free, 0)]
+        if now:
+            self._claimer_activity.busy(f"starting {len(now)} job(s) that found a free thread")
+            try:
+                started = {
+                    _claim(job): job
+                    for job in self._call(
+                        "start", len, lambda: self.store.start_jobs(now), (now[0].queue,)
+                    )
+                }
+            except JobrunError as exc:  # their threads try again
+                self._log.debug("starting %d claimed job(s) failed: %s", len(now), exc)
+                started = {}
+            riders = [started.get(_claim(job), job) for job in riders]
+        self._dispatch(riders)
 
     def _holding(self) -> bool:
         """Whether the claimer holds completions to send with its next claim."""
