@@ -73,12 +73,9 @@ OUTCOME_KINDS: tuple[OutcomeKind, ...] = (
     "snoozed",
 )
 
-StoreOperation: TypeAlias = Literal[
-    "claim", "start", "complete", "complete_tx", "fail", "heartbeat"
-]
+StoreOperation: TypeAlias = Literal["claim", "complete", "complete_tx", "fail", "heartbeat"]
 STORE_OPERATIONS: tuple[StoreOperation, ...] = (
     "claim",
-    "start",
     "complete",
     "complete_tx",
     "fail",

@@ -48,9 +48,8 @@ committed runs the job again.
 Shutdown (``stop``, or SIGTERM/SIGINT through :meth:`run`): stop claiming;
 let running handlers finish until the grace period ends; cancel the rest and
 give them a moment to return (an interrupted job is failed back to the
-queue, and keeps the attempt it burned; a job still waiting for a thread is
-released, its attempt uncounted); flush the completer; stop heartbeats
-last. A handler that ignores cancellation is abandoned: its lease
+queue, and keeps the attempt it burned); flush the completer; stop
+heartbeats last. A handler that ignores cancellation is abandoned: its lease
 expires and the reaper requeues it. A second signal stops at once.
 
 A handler's exception never kills its thread; a database error never kills
@@ -109,11 +108,9 @@ plain handlers:
 Unknown job types: a job whose type this worker has no handler for is not
 failed (which would burn its attempts into a dead job while a newer worker
 that knows the type rolls out). It is *released*: ``Store.release`` gives
-back the attempt its claim counted (if the claim started it: a job waiting
-for a thread is never started for this) and queues the job again after a
-delay that grows with each release (``unknown_type_delay``, 60 s by
-default, doubling each time up to ten times that: 1, 2, 4, 8, then every 10
-minutes), with a
+the claim's attempt back and queues the job again after a delay that grows
+with each release (``unknown_type_delay``, 60 s by default, doubling each
+time up to ten times that: 1, 2, 4, 8, then every 10 minutes), with a
 "released" event (when all events are recorded) and ``last_error`` saying
 ``no handler for job type 'x' (release n of N, attempt not counted); worker
 W knows: a, b``. That text is the counter: the next worker that claims the
@@ -131,7 +128,7 @@ it knows; later releases of that type are DEBUG lines.
 Snoozes: a handler that raises (or returns) :class:`~jobrun.worker.registry.Snooze`
 asks to run later. The worker calls ``Store.release(job, delay, reason,
 snooze=True)``: the job is queued again at the database's now + delay, the
-attempt its start burned is given back (``attempts`` unchanged), ``snoozes``
+attempt its claim burned is given back (``attempts`` unchanged), ``snoozes``
 counts one more, a "snoozed" event is written and ``last_error`` is left as
 it was. Snoozing therefore never burns ``max_attempts``: a job that snoozes
 30 times and then fails still gets all of its real attempts. A handler
@@ -167,23 +164,18 @@ is recorded, so a worker whose completions and claims alternate (a
 completion frees slots while the previous claim is on its way; the next
 claim comes a round trip later) holds far fewer leases than a concurrency
 or per-key limit allows, and drains such a queue at two thirds of its
-speed; and a limited claim is a transaction of its own anyway. So the
-plain successes of limited queues go to the claimer, not the completer,
-while the claimer is claiming: its next claim of the queue completes them
-in the same transaction (``Store.complete_and_claim``, one round trip,
-committed synchronously), and the slots they free are claimed again there,
-at once (no waiting for more threads to free). As many jobs as rode along
-may then wait for a thread (many when jobs are short: they run while the
-next claim is on its way; next to none when they are long), so such a
-worker holds at most twice ``concurrency`` leases. A claim counts the
-attempts of the jobs it can start at once (its free threads) and leases the
-riders unstarted: each one's attempt counts when a thread takes it
-(``Store.start_jobs``, just before its handler; a start refused, its cancel
-requested or its lease gone, releases it unrun), so a process that dies
-burns the attempts of the jobs it was running and of no other (see
-:mod:`jobrun.worker.starts`). The claimer hands what it holds to the
-completer whenever it is about to wait for anything other than a freed
-thread (no work, a fault, the stop), or when no thread frees within
+speed; and a limited claim is a transaction of its own anyway. So the plain
+successes of limited queues go to the claimer, not the completer, while the
+claimer is claiming: its next claim of the queue completes them in the same
+transaction (``Store.complete_and_claim``, one round trip, committed
+synchronously), and the slots they free are claimed again there, at once
+(no waiting for more threads to free). A claim never takes more jobs than
+this worker has free threads: every job it leases starts at once, its
+attempt counted by the claim (``start`` of ``Store.claim``: all), and a
+process that dies burns the attempts of the jobs it was running, never of
+jobs waiting for a thread (it holds none). The claimer hands what it holds
+to the completer whenever it is about to wait for anything other than a
+freed thread (no work, a fault, the stop), or when no thread frees within
 ``complete_flush_interval``; a complete-and-claim that fails hands its
 completions over too (completing again is safe). A queue whose global
 concurrency limit this worker's own leases fill is not claimed at all (the
@@ -251,7 +243,6 @@ from jobrun.worker.hooks import (
 )
 from jobrun.worker.logs import job_fields
 from jobrun.worker.registry import Done, PermanentFailure, Registration, Registry, Snooze
-from jobrun.worker.starts import StartBatcher
 
 log = logging.getLogger("jobrun.worker")
 
@@ -746,10 +737,6 @@ class Worker:
         # next claim of them (complete_and_claim), while it is set to.
         self._claimer_done: list[_Finished] = []
         self._claimer_completes = False
-        # The starts of jobs that waited for a thread, combined across threads.
-        self._starts = StartBatcher(
-            lambda jobs: self._call("start", len, lambda: self.store.start_jobs(jobs))
-        )
         self._stopping = threading.Event()  # stop claiming
         self._hard_stop = threading.Event()  # give up on everything
         self._heartbeat_stop = threading.Event()
@@ -1080,9 +1067,8 @@ class Worker:
         slows claiming down instead of letting leased jobs pile up without
         bound, while a completer that keeps up is never waited for. A worker
         holds at most ``concurrency`` plus that allowance of leases, and
-        while its claimer holds completions of a limited queue, as many more
-        again (at most ``concurrency``) may wait for a thread: see
-        complete-and-claim in the module docstring.
+        claims no more jobs than it can start at once (see complete-and-claim
+        in the module docstring).
 
         A queue whose global concurrency limit this worker's own leases fill
         (running, or finished and waiting for the completer) is left out: a
@@ -1107,11 +1093,6 @@ class Worker:
             allowance = max(self.config.concurrency, self.config.complete_batch_size)
             backlog = max(len(self._unflushed) - allowance, 0)
             free = self.config.concurrency - self._inflight - backlog
-            if completing:
-                # As many jobs as finished since the last claim may wait for
-                # a thread: many when jobs are short (they run while the
-                # claim is on its way), next to none when they are long.
-                free += min(len(self._claimer_done), self.config.concurrency)
             plan: list[tuple[list[str], int]] = []
             unlimited: list[str] = []
             for name, limit in self.config.queues.items():
@@ -1168,7 +1149,7 @@ class Worker:
                 self._slot_freed.clear()
                 continue
             coalesce_until = time.monotonic() + CLAIM_COALESCE
-            while self._busy() and self._coalescing(sum(n for _, n in plan), batch):
+            while sum(n for _, n in plan) < batch and self._busy() and not self._holding():
                 left = coalesce_until - time.monotonic()
                 if left <= 0:
                     break
@@ -1182,13 +1163,13 @@ class Worker:
                 for queues, n in plan:
                     activity.busy(f"claiming up to {n} job(s) of {queues}")
                     finished = self._take_completions(queues)
-                    limit = min(n, validate.MAX_CLAIM_LIMIT)
-                    start = self._startable(limit)
                     if finished:
-                        jobs = self._complete_and_claim(finished, queues, limit, start)
+                        jobs = self._complete_and_claim(
+                            finished, queues, min(n, validate.MAX_CLAIM_LIMIT)
+                        )
                     else:
-                        jobs = self._claim_call(queues, limit, start)
-                    self._dispatch_claimed(jobs)
+                        jobs = self._claim_call(queues, min(n, validate.MAX_CLAIM_LIMIT))
+                    self._dispatch(jobs)
                     claimed += len(jobs)
                     if len(jobs) < n:
                         drained = True
@@ -1235,55 +1216,6 @@ class Worker:
                 self._hand_over_completions()  # the wait ends on new work, not on them
                 self._wait_for_work()
         self._hand_over_completions()
-
-    def _coalescing(self, planned: int, batch: int) -> bool:
-        """Whether a busy claimer waits a moment (CLAIM_COALESCE) for more
-        threads to free before claiming ``planned`` jobs: while it plans
-        fewer than ``batch`` (one statement for several jobs); and while it
-        holds completions (complete-and-claim), as long as most of the jobs
-        it plans would wait for a thread: such riders start with a round trip
-        of their own (see :meth:`_startable`), and claiming them as soon as
-        one slot frees would make every claim one of riders only."""
-        if self._holding():
-            return self._startable(planned) < planned // 2
-        return planned < batch
-
-    def _startable(self, n: int) -> int:
-        """How many of a claim of ``n`` jobs start at once (their attempt counted
-        by the claim): as many as this worker runs fewer jobs than its
-        concurrency. The others (riding along with a complete-and-claim) wait
-        for a thread, their attempt uncounted until :meth:`_start`: a process
-        that dies meanwhile burns none of theirs."""
-        with self._lock:
-            return max(0, min(n, self.config.concurrency - self._inflight))
-
-    def _dispatch_claimed(self, jobs: list[Job]) -> None:
-        """Run what a claim got: the jobs it started first, then the riders it
-        leased unstarted, of which as many as there are free threads by now
-        (threads free while the claim was on its way) are started here, in one
-        call, before they go; the rest start when a thread takes them."""
-        riders = [job for job in jobs if not job.started]
-        if not riders:
-            self._dispatch(jobs)
-            return
-        self._dispatch([job for job in jobs if job.started])
-        with self._lock:
-            free = self.config.concurrency - self._inflight
-        now = riders[: max(free, 0)]
-        if now:
-            self._claimer_activity.busy(f"starting {len(now)} job(s) that found a free thread")
-            try:
-                started = {
-                    _claim(job): job
-                    for job in self._call(
-                        "start", len, lambda: self.store.start_jobs(now), (now[0].queue,)
-                    )
-                }
-            except JobrunError as exc:  # their threads try again
-                self._log.debug("starting %d claimed job(s) failed: %s", len(now), exc)
-                started = {}
-            riders = [started.get(_claim(job), job) for job in riders]
-        self._dispatch(riders)
 
     def _holding(self) -> bool:
         """Whether the claimer holds completions to send with its next claim."""
@@ -1332,7 +1264,7 @@ class Worker:
             self._done.put(done)
 
     def _complete_and_claim(
-        self, finished: list[_Finished], queues: list[str], n: int, start: int
+        self, finished: list[_Finished], queues: list[str], n: int
     ) -> list[Job]:
         """Complete ``finished`` and claim up to ``n`` jobs of ``queues`` in one
         transaction (Store.complete_and_claim): the slots they hold under the
@@ -1346,12 +1278,7 @@ class Worker:
                 "claim",
                 lambda answer: len(answer[1]),
                 lambda: self.store.complete_and_claim(
-                    jobs,
-                    results=results,
-                    queues=queues,
-                    limit=n,
-                    ttl=self.config.lease_ttl,
-                    start=start,
+                    jobs, results=results, queues=queues, limit=n, ttl=self.config.lease_ttl
                 ),
                 tuple(queues),
             )
@@ -1570,13 +1497,11 @@ class Worker:
         self._finished("lease_lost", job, error=exc)  # lost to this worker
 
     def _run_one(self, running: _Running) -> None:
-        registration = self.registry.get(running.job.type)
-        if registration is None:
-            self._unknown_type(running.job)
-            return
-        if not self._start(running):
-            return
         job, ctx = running.job, running.ctx
+        registration = self.registry.get(job.type)
+        if registration is None:
+            self._unknown_type(job)
+            return
         hooks = self._hooks
         if hooks is not None and hooks.started:
             hooks.job_started(job, ctx)
@@ -1596,65 +1521,14 @@ class Worker:
             error = exc
         self._settle(running, registration, started, value, error)
 
-    def _start(self, running: _Running) -> bool:
-        """Count the attempt of a job its claim did not start (it waited for a
-        thread), just before its handler runs: False when it must not run.
-
-        ``Store.start_jobs`` starts it, fenced (together with the starts of
-        other threads due meanwhile: :mod:`jobrun.worker.starts`), and its
-        counted attempt replaces the job of ``running`` (the handler and its
-        outcome see it).
-
-        Refused (its cancel was requested, its lease is gone or expired), or
-        cancelled while it waited (the shutdown's end of grace): it is
-        released with its attempt still uncounted, or ends cancelled when its
-        cancel was requested. A database that keeps failing abandons it: its
-        lease expires and the reaper requeues it, uncounted.
-        """
-        job, ctx = running.job, running.ctx
-        if job.started:
-            return True
-        if not ctx.is_cancelled:
-
-            def write() -> Job:
-                return self._starts.start(job) or job  # batched with other threads' starts
-
-            started = self._record(job, write, "start")
-            if started is None:
-                return False
-            if started.started:
-                running.job = ctx.job = started
-                return True
-        reason = f"not started ({ctx.cancel_reason or 'its lease was not live'})"
-        released = self._record(
-            job, lambda: self.store.release(job, dt.timedelta(0), reason), "release"
-        )
-        if released is not None:
-            cancelled = released.state is State.CANCELLED
-            self._count("cancelled" if cancelled else "released")
-            if self._hooks is not None:
-                kind: OutcomeKind = "cancelled" if cancelled else "released"
-                self._finished(kind, job, error_text=reason, next_run_at=released.run_at)
-            self._job_log(
-                logging.INFO,
-                job,
-                "cancelled" if cancelled else "released",
-                f"{'cancelled' if cancelled else 'released'} before it started, "
-                f"attempt not counted: {reason}",
-            )
-        return False
-
     async def _run_async(
         self, running: _Running, registration: Registration, io: concurrent.futures.Executor
     ) -> None:
         """An async job, on the event loop: its handler as a task of its own (what
         the context's cancellation cancels), then its outcome, off the loop (on ``io``)."""
-        job = running.job
+        job, ctx = running.job, running.ctx
         try:
             loop = asyncio.get_running_loop()
-            if not job.started and not await loop.run_in_executor(io, self._start, running):
-                return
-            ctx = running.ctx
             started = time.monotonic()
             value: Any = None
             error: BaseException | None = None
@@ -2372,11 +2246,11 @@ class Worker:
 
     # -- hooks ---------------------------------------------------------------------
 
-    def _claim_call(self, queues: list[str], limit: int, start: int | None = None) -> list[Job]:
+    def _claim_call(self, queues: list[str], limit: int) -> list[Job]:
         return self._call(
             "claim",
             len,  # the jobs it got
-            lambda: self.store.claim(self.owner, queues, limit, self.config.lease_ttl, start=start),
+            lambda: self.store.claim(self.owner, queues, limit, self.config.lease_ttl),
             tuple(queues),
         )
 
