@@ -14,12 +14,13 @@ A job moves through these states (an attempt counts when it starts)::
 only sets ``cancel_requested``, and whichever of complete, fail or the reaper
 comes next ends the job ``cancelled`` (cancel wins).
 
-A claim starts the jobs its worker can run at once (``started_at`` set,
-attempts += 1); a job leased to wait for a thread starts (its attempt
-counted) just before its handler runs. A process that dies burns the
-attempt of each job it was running: a crash-looping job still runs out of
-attempts. A lease that expires unstarted burned nothing: the reaper queues
-its job again at once, attempts unchanged.
+A claim starts the first ``start`` of the jobs it leases (``started_at``
+set, attempts += 1); the worker asks for all of them, as it claims no more
+jobs than it can run at once. A job leased without starting (to wait for a
+thread) counts its attempt when it is started, just before its handler runs.
+A process that dies burns the attempt of each job it started: a
+crash-looping job still runs out of attempts. A lease that expires unstarted
+burned nothing: the reaper queues its job again at once, attempts unchanged.
 """
 
 from __future__ import annotations

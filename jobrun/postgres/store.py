@@ -49,11 +49,12 @@ Leases and fencing
 ------------------
 A claim flips queued -> leased and gives the job a fresh ``lease_token``
 made by the database. An attempt counts when it starts: the claim starts
-(attempts + 1, ``started_at``) the first ``start`` of its jobs, the ones its
-worker can run at once; the others wait for a thread and are started by
-:meth:`Store.start_jobs` just before they run. A process that dies burns
-the attempt of the jobs it was running and of no other: the reaper requeues
-a lease that never started at once, its attempts unchanged. Complete, Fail and Heartbeat match
+(attempts + 1, ``started_at``) the first ``start`` of its jobs (None: all,
+what the worker asks for: it claims no more jobs than it can run at once);
+the others are leased to wait for a thread, and :meth:`Store.start_jobs`
+starts them just before they run. A process that dies burns the attempt of
+the jobs it started and of no other: the reaper requeues a lease that never
+started at once, its attempts unchanged. Complete, Fail and Heartbeat match
 owner *and* token: after the reaper requeued a job and anyone (the same
 worker included) claimed it again, the old claim's token no longer matches,
 so its Complete/Fail raise LeaseLost and change nothing, and its Heartbeat

@@ -2,7 +2,8 @@
 
 A claim starts the first ``start`` of its jobs (attempts + 1, started_at);
 the others wait for a thread of their worker and are started by
-``Store.start_jobs`` just before they run. A lease that expires unstarted
+``Store.start_jobs`` just before they run (today's worker starts every job
+it claims; this is the store half a buffer of waiting jobs will use). A lease that expires unstarted
 (its worker died while the job waited) gives the job back at once with its
 attempts unchanged.
 """
