@@ -100,11 +100,12 @@ def explain_claim(
     CLAIM_LIMITED_JOBS after ``setup`` has named the locked queues), run in a
     transaction that is rolled back, after the ``setup`` statements.
     """
-    params: tuple[Any, ...] = (list(queues), limit, "bench-explain", 30.0, True)
-    types = "text[], bigint, text, float8, boolean"
+    # Every job it claims starts at once (start = limit): the common path.
+    params: tuple[Any, ...] = (list(queues), limit, limit, "bench-explain", 30.0, True)
+    types = "text[], bigint, bigint, text, float8, boolean"
     if statement == CLAIM_LIMITED_JOBS:  # its commit_async comes second (True: a claim alone)
         params = (params[0], True, *params[1:])
-        types = "text[], boolean, bigint, text, float8, boolean"
+        types = "text[], boolean, bigint, bigint, text, float8, boolean"
     with conn.transaction(force_rollback=True):
         for line in setup:
             conn.execute(line)

@@ -143,9 +143,13 @@ INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backo
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: ClaimJobs :many
--- One statement claims up to max_jobs: queued -> leased, one attempt burned,
--- a fresh lease token (the fence) per claim, the progress of an earlier
--- attempt cleared, and the "claimed" events when write_events. Each queue is
+-- One statement claims up to max_jobs: queued -> leased, a fresh lease
+-- token (the fence) per claim, the progress of an earlier attempt cleared,
+-- and the "claimed" events when write_events. The first start of them (in
+-- claim order) start at once: their attempt is burned and started_at set;
+-- the others wait for a thread, their attempt uncounted until StartJobs
+-- starts them (a process that dies first burns none of theirs: see
+-- migration 0010); their events say {"started": false}. Each queue is
 -- read on its own through jobs_claim_idx in (priority, run_at, id) order (a
 -- LATERAL per queue: an index scan that stops after max_jobs rows, where
 -- "queue = ANY(...)" would sort every queued row), then the best max_jobs of
@@ -165,7 +169,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- durable completion can rest on a lost claim, and the effect ledger still
 -- keeps the transactional path exactly-once.
 WITH next AS (
-    SELECT c.id
+    SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS nth
     FROM unnest(sqlc.arg(queues)::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
@@ -182,7 +186,8 @@ WITH next AS (
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
-        attempts = jobs.attempts + 1,
+        attempts = jobs.attempts + (next.nth <= sqlc.arg(start)::int8)::int4,
+        started_at = CASE WHEN next.nth <= sqlc.arg(start)::int8 THEN now() END,
         lease_owner = sqlc.arg(owner)::text,
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => sqlc.arg(ttl_seconds)::float8),
@@ -192,23 +197,25 @@ WITH next AS (
     WHERE jobs.id = next.id
     RETURNING jobs.*
 ), ev AS (
-    INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
-    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
+    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
+           CASE WHEN claimed.started_at IS NULL THEN '{"started": false}'::jsonb END
+    FROM claimed
     WHERE sqlc.arg(write_events)::boolean
 )
 SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: ClaimLimitedJobs :many
 -- @deferred
--- ClaimJobs for a claim that includes limited queues, as the second
--- statement of a transaction whose first was LockQueueLimits. The limited
--- queues' rows are locked and named in jobrun.claim_locks: this statement's
--- snapshot is newer than every claim of those queues that committed before,
--- so its counts are exact; a limited queue it sees but did not lock (its
--- limits were set after the lock was taken) yields nothing. Queues without
--- limits are claimed as in ClaimJobs. The store runs it with a generic plan
--- (plan_cache_mode, for this transaction): a fresh plan of this statement
--- costs more than running it.
+-- ClaimJobs (its start included) for a claim that includes limited queues,
+-- as the second statement of a transaction whose first was LockQueueLimits.
+-- The limited queues' rows are locked and named in jobrun.claim_locks: this
+-- statement's snapshot is newer than every claim of those queues that
+-- committed before, so its counts are exact; a limited queue it sees but
+-- did not lock (its limits were set after the lock was taken) yields
+-- nothing. Queues without limits are claimed as in ClaimJobs. The store
+-- runs it with a generic plan (plan_cache_mode, for this transaction): a
+-- fresh plan of this statement costs more than running it.
 --
 -- A limited queue's room is the least of max_jobs, concurrency less its
 -- leased jobs, and rate_limit less the jobs started in the window (the
@@ -299,7 +306,7 @@ WITH lim AS MATERIALIZED (
       AND jobs.state = 'queued'
     FOR UPDATE SKIP LOCKED
 ), next AS (
-    SELECT u.id FROM (
+    SELECT u.id, row_number() OVER (ORDER BY u.priority, u.run_at, u.id) AS nth FROM (
         SELECT plain.id, plain.priority, plain.run_at FROM plain
         UNION ALL
         SELECT keyed.id, keyed.priority, keyed.run_at FROM keyed
@@ -309,7 +316,8 @@ WITH lim AS MATERIALIZED (
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
-        attempts = jobs.attempts + 1,
+        attempts = jobs.attempts + (next.nth <= sqlc.arg(start)::int8)::int4,
+        started_at = CASE WHEN next.nth <= sqlc.arg(start)::int8 THEN now() END,
         lease_owner = sqlc.arg(owner)::text,
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => sqlc.arg(ttl_seconds)::float8),
@@ -319,8 +327,10 @@ WITH lim AS MATERIALIZED (
     WHERE jobs.id = next.id
     RETURNING jobs.*
 ), ev AS (
-    INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
-    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
+    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
+           CASE WHEN claimed.started_at IS NULL THEN '{"started": false}'::jsonb END
+    FROM claimed
     WHERE sqlc.arg(write_events)::boolean
 ), started AS (
     INSERT INTO jobrun.queue_starts (queue, at, jobs)
@@ -500,6 +510,32 @@ WITH lease AS (
     RETURNING jobs.id
 )
 SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0;
+
+-- name: StartJobs :many
+-- A worker is about to run jobs it leased without starting them (claimed
+-- with the others' start, they waited for a thread): each one's attempt is
+-- burned and started_at set, owner- and token-fenced like a heartbeat, for
+-- a live lease (not expired, cancel not requested). Returns the ids that
+-- hold such a lease and are started, with their attempt count: a job left
+-- out must not run (its lease is gone, or its cancel was requested). A job
+-- this claim already started is returned as it stands and counted once
+-- (a call retried after its reply was lost). Commits asynchronously like
+-- the claim: a start lost in a server crash goes with its claim.
+WITH lease AS (
+    SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token
+), started AS (
+    UPDATE jobrun.jobs AS jobs
+    SET attempts = jobs.attempts + (jobs.started_at IS NULL)::int4,
+        started_at = COALESCE(jobs.started_at, now()),
+        updated_at = now()
+    FROM lease
+    WHERE jobs.id = lease.id AND jobs.lease_token = lease.token AND jobs.state = 'leased'
+      AND jobs.lease_owner = sqlc.arg(owner)::text
+      AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+    RETURNING jobs.id, jobs.attempts, jobs.started_at
+)
+SELECT started.id, started.attempts, started.started_at::timestamptz AS started_at FROM started;
 
 -- name: LockJob :one
 SELECT * FROM jobrun.jobs AS jobs WHERE id = sqlc.arg(id) FOR UPDATE;
@@ -718,13 +754,15 @@ FOR UPDATE SKIP LOCKED;
 -- One per expired lease, sent as one batch. It re-checks the lease it
 -- selected (state, token, expiry) in the same statement, so a row that
 -- finished in between is never rewritten. A job it ends (dead, cancelled)
--- wakes a client waiting for it.
+-- wakes a client waiting for it. It never changes attempts (an attempt
+-- counts when it starts); a NULL last_error keeps the row's (a lease that
+-- never started takes nothing from the job's story).
 WITH reaped AS (
     UPDATE jobrun.jobs AS jobs
     SET state = sqlc.arg(state)::jobrun.job_state,
         run_at = COALESCE(sqlc.narg(run_at)::timestamptz, run_at),
         finished_at = CASE WHEN sqlc.arg(state)::jobrun.job_state = 'queued' THEN NULL ELSE now() END,
-        last_error = sqlc.arg(last_error)::text,
+        last_error = COALESCE(sqlc.narg(last_error)::text, last_error),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     WHERE id = sqlc.arg(id) AND state = 'leased' AND lease_token = sqlc.arg(token)::uuid
@@ -881,14 +919,16 @@ RETURNING *;
 -- name: ReleaseJob :one
 -- Give a claimed job back without counting its attempt (a worker that has no
 -- handler for its type, or a handler that snoozes: asks to run later):
--- queued again at now() + delay with the attempt the claim burned returned,
--- owner- and token-guarded like Fail, with a "released" event ("snoozed",
--- counted in snoozes, when snooze). A job whose cancel was requested ends
--- cancelled instead (cancel wins).
+-- queued again at now() + delay with the attempt its start burned returned
+-- (none when it never started: started_at NULL), owner- and token-guarded
+-- like Fail, with a "released" event ("snoozed", counted in snoozes, when
+-- snooze). A job whose cancel was requested ends cancelled instead (cancel
+-- wins).
 WITH released AS (
     UPDATE jobrun.jobs AS jobs
     SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END::jobrun.job_state,
-        attempts = CASE WHEN cancel_requested THEN attempts ELSE greatest(attempts - 1, 0) END,
+        attempts = CASE WHEN cancel_requested OR started_at IS NULL THEN attempts
+                        ELSE greatest(attempts - 1, 0) END,
         snoozes = CASE WHEN NOT cancel_requested AND sqlc.arg(snooze)::boolean
                        THEN snoozes + 1 ELSE snoozes END,
         run_at = CASE WHEN cancel_requested THEN run_at

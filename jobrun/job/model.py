@@ -1,8 +1,8 @@
 """The job domain: value objects with no I/O.
 
-A job moves through these states (a claim burns one attempt)::
+A job moves through these states (an attempt counts when it starts)::
 
-               enqueue                claim (attempts += 1)
+               enqueue                claim (attempts += 1 when started)
     (new) ───────────────▶ queued ─────────────────────────▶ leased
                              ▲  ▲                              │
               retry (admin)  │  └── fail / reap: attempts left ─┤
@@ -13,6 +13,14 @@ A job moves through these states (a claim burns one attempt)::
 ``cancel`` on a queued job ends it ``cancelled`` at once; on a leased job it
 only sets ``cancel_requested``, and whichever of complete, fail or the reaper
 comes next ends the job ``cancelled`` (cancel wins).
+
+A claim starts the first ``start`` of the jobs it leases (``started_at``
+set, attempts += 1); the worker asks for all of them, as it claims no more
+jobs than it can run at once. A job leased without starting (to wait for a
+thread) counts its attempt when it is started, just before its handler runs.
+A process that dies burns the attempt of each job it started: a
+crash-looping job still runs out of attempts. A lease that expires unstarted
+burned nothing: the reaper queues its job again at once, attempts unchanged.
 """
 
 from __future__ import annotations
@@ -333,6 +341,16 @@ class Job:
     progress_message: str | None = None
     progress_at: dt.datetime | None = None
     """When that progress was recorded, by the database clock."""
+    started_at: dt.datetime | None = None
+    """While leased: when the lease's attempt started (its handler was about to
+    run), by the database clock; None while the job waits for a thread of the
+    worker that leased it, its attempt not yet counted (a claim starts only as
+    many jobs as its worker can run at once). Every claim sets it afresh."""
+
+    @property
+    def started(self) -> bool:
+        """Whether the current lease's attempt started (and so counts)."""
+        return self.started_at is not None
 
     @property
     def attempts_left(self) -> int:

@@ -63,8 +63,22 @@ class Store(Schedules, Protocol):
     def enqueue_batch(self, jobs: Iterable[NewJob], *, conn: Any = None) -> BatchResult: ...
 
     def claim(
-        self, owner: str, queues: Sequence[str], limit: int, ttl: dt.timedelta
-    ) -> list[Job]: ...
+        self,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: dt.timedelta,
+        *,
+        start: int | None = None,
+    ) -> list[Job]:
+        """Lease up to ``limit`` jobs; the first ``start`` (None: all) start at
+        once, their attempt counted; the others count theirs in :meth:`start_jobs`."""
+        ...
+
+    def start_jobs(self, jobs: Sequence[Job]) -> list[Job]:
+        """Start claimed jobs their claim did not start (count their attempt),
+        fenced; the jobs left out must not run."""
+        ...
 
     def heartbeat(
         self, owner: str, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], until: dt.datetime
@@ -92,6 +106,7 @@ class Store(Schedules, Protocol):
         queues: Sequence[str],
         limit: int,
         ttl: dt.timedelta,
+        start: int | None = None,
     ) -> tuple[CompleteManyResult, list[Job]]:
         """:meth:`complete_many` of one owner's jobs and :meth:`claim` for that
         owner in one transaction: the claim counts the slots they free."""

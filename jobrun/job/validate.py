@@ -283,6 +283,18 @@ def claim_limit(value: object) -> int:
     return value
 
 
+def claim_start(value: object, limit: int) -> int:
+    """How many of a claim's jobs start at once: None is all of them (``limit``)."""
+    if value is None:
+        return limit
+    if not _is_int(value):
+        raise ValidationError("start", f"must be an int or None, not {type(value).__name__}")
+    assert isinstance(value, int)
+    if not 0 <= value <= limit:
+        raise ValidationError("start", f"must be between 0 and the limit ({limit})")
+    return value
+
+
 def batch_limit(value: object, cap: int = 100_000) -> int:
     if not _is_int(value):
         raise ValidationError("limit", f"must be an int, not {type(value).__name__}")

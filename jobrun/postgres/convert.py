@@ -118,6 +118,8 @@ class JobRow(Protocol):
     def progress_message(self) -> str | None: ...
     @property
     def progress_at(self) -> dt.datetime | None: ...
+    @property
+    def started_at(self) -> dt.datetime | None: ...
 
 
 def job_from_row(row: JobRow) -> Job:
@@ -148,6 +150,7 @@ def job_from_row(row: JobRow) -> Job:
         progress=row.progress,
         progress_message=row.progress_message,
         progress_at=utc_or_none(row.progress_at),
+        started_at=utc_or_none(row.started_at),
     )
 
 

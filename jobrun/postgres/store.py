@@ -15,7 +15,10 @@ enqueue_batch             SELECT now() + COPY jobs + COPY job_events, the keyed
                           pg_notify per distinct queue (and one more carrying
                           the delay of its soonest delayed job)
 claim                     one statement: the FOR UPDATE SKIP LOCKED claim CTE,
-                          attempts + 1, new lease token, claimed events
+                          attempts + 1 for the jobs it starts, new lease
+                          token, claimed events
+start_jobs                one statement: the jobs a claim did not start,
+                          started (attempts + 1), fenced
 complete                  BEGIN; one statement: set_config(statement_timeout,
                           local) + SELECT FOR UPDATE (owner + token check) +
                           INSERT processed_effects; the commit callable
@@ -45,8 +48,14 @@ and replaced (:meth:`Store._connection`).
 
 Leases and fencing
 ------------------
-A claim flips queued -> leased, burns one attempt and gives the job a fresh
-``lease_token`` made by the database. Complete, Fail and Heartbeat match
+A claim flips queued -> leased and gives the job a fresh ``lease_token``
+made by the database. An attempt counts when it starts: the claim starts
+(attempts + 1, ``started_at``) the first ``start`` of its jobs (None: all,
+what the worker asks for: it claims no more jobs than it can run at once);
+the others are leased to wait for a thread, and :meth:`Store.start_jobs`
+starts them just before they run. A process that dies burns the attempt of
+the jobs it started and of no other: the reaper requeues a lease that never
+started at once, its attempts unchanged. Complete, Fail and Heartbeat match
 owner *and* token: after the reaper requeued a job and anyone (the same
 worker included) claimed it again, the old claim's token no longer matches,
 so its Complete/Fail raise LeaseLost and change nothing, and its Heartbeat
@@ -946,10 +955,22 @@ class Store(SchedulesMixin):
     # -- leases -----------------------------------------------------------------
 
     def claim(
-        self, owner: str, queues: Sequence[str], limit: int, ttl: dt.timedelta
+        self,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: dt.timedelta,
+        *,
+        start: int | None = None,
     ) -> builtins.list[Job]:
-        """Lease up to ``limit`` runnable jobs of ``queues`` to ``owner`` for ``ttl``."""
-        names, args = self._claim_args(owner, queues, limit, ttl)
+        """Lease up to ``limit`` runnable jobs of ``queues`` to ``owner`` for ``ttl``.
+
+        The first ``start`` of them (claim order; None: all) start at once:
+        their attempt is counted. The others are leased with their attempt
+        uncounted (``started_at`` None) until :meth:`start_jobs` starts them;
+        a lease that expires first gives the job back without burning one.
+        """
+        names, args = self._claim_args(owner, queues, limit, ttl, start)
         if not self._any_limited(names):
             rows = self._on_pool(lambda c: self.q.claim_jobs(c, **args))
         else:
@@ -964,7 +985,12 @@ class Store(SchedulesMixin):
         return [job_from_row(r) for r in rows]
 
     def _claim_args(
-        self, owner: str, queues: Sequence[str], limit: int, ttl: dt.timedelta
+        self,
+        owner: str,
+        queues: Sequence[str],
+        limit: int,
+        ttl: dt.timedelta,
+        start: int | None,
     ) -> tuple[builtins.list[str], dict[str, Any]]:
         """The queues' names and a claim statement's arguments, all checked."""
         validate.owner(owner)
@@ -972,10 +998,12 @@ class Store(SchedulesMixin):
             raise ValidationError("queues", "must be a non-empty list of queue names")
         names = [validate.queue_name(name, "queues") for name in queues]
         validate.claim_limit(limit)
+        starting = validate.claim_start(start, limit)
         validate.positive_duration("ttl", ttl)
         return names, dict(
             queues=names,
             max_jobs=limit,
+            start=starting,
             owner=owner,
             ttl_seconds=ttl.total_seconds(),
             write_events=self.event_mode is EventMode.ALL,
@@ -1278,6 +1306,41 @@ class Store(SchedulesMixin):
         )
         return set(kept)
 
+    def start_jobs(self, jobs: Sequence[Job]) -> builtins.list[Job]:
+        """Start claimed jobs their claim did not start: count each one's attempt
+        just before its handler runs; return the jobs started, as they now stand.
+
+        Fenced like a heartbeat (owner + token, a live lease, no cancel
+        requested): a job left out must not run (its lease is gone, or its
+        cancel was requested). A job this claim already started is returned
+        as it is, counted once, so a call retried after a lost reply is safe.
+        One owner's jobs, at most MAX_HEARTBEAT_IDS.
+        """
+        if not jobs:
+            return []
+        if len(jobs) > MAX_HEARTBEAT_IDS:
+            raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
+        leases = [_lease_of(j) for j in jobs]
+        owners = {owner for owner, _ in leases}
+        if len(owners) != 1:
+            raise ValidationError("jobs", "start_jobs takes the jobs of one owner")
+        rows = self._on_pool(
+            lambda c: self.q.start_jobs(
+                c,
+                ids=[j.id for j in jobs],
+                tokens=[token for _, token in leases],
+                owner=owners.pop(),
+            )
+        )
+        started = {row.id: row for row in rows}
+        return [
+            dataclasses.replace(
+                j, attempts=started[j.id].attempts, started_at=utc(started[j.id].started_at)
+            )
+            for j in jobs
+            if j.id in started
+        ]
+
     def complete(
         self, job: Job, commit: CommitCallable | None = None, *, result: Any = None
     ) -> Job:
@@ -1415,6 +1478,7 @@ class Store(SchedulesMixin):
         queues: Sequence[str],
         limit: int,
         ttl: dt.timedelta,
+        start: int | None = None,
     ) -> tuple[CompleteManyResult, builtins.list[Job]]:
         """:meth:`complete_many` of ``jobs`` and :meth:`claim` for their owner, in
         one transaction (one round trip): the claim counts the slots of a
@@ -1426,11 +1490,11 @@ class Store(SchedulesMixin):
         slot is taken again in the statement after its completion. The
         transaction commits synchronously (the completions' durability); a
         fault leaves both undone, or (OutcomeUnknown) both unknown, and
-        retrying either alone is safe.
+        retrying either alone is safe. ``start`` as in :meth:`claim`.
         """
         if not jobs:
             raise ValidationError("jobs", "must not be empty (claim alone: Store.claim)")
-        names, args = self._claim_args(jobs[0].lease_owner or "", queues, limit, ttl)
+        names, args = self._claim_args(jobs[0].lease_owner or "", queues, limit, ttl, start)
         completing = self._complete_jobs_args(jobs, results)
 
         def both(
@@ -1635,7 +1699,9 @@ class Store(SchedulesMixin):
         For a worker that cannot run the job (no handler for its type, say,
         while a newer worker rolls out), so that a job is never burnt to dead
         by workers that do not know it. The caller bounds how often it does
-        this; ``reason`` is kept as ``last_error`` and in the event.
+        this; ``reason`` is kept as ``last_error`` and in the event. The
+        attempt given back is the one its start counted: a job released
+        before it started keeps its attempts as they are.
 
         ``snooze``: the handler asked to run again later (``jobrun.Snooze``).
         The attempt is given back all the same and ``snoozes`` counts it; the
@@ -1669,8 +1735,12 @@ class Store(SchedulesMixin):
 
         The verdict and backoff come from each job's own policy: cancelled
         when cancel was requested, dead when no attempts are left, otherwise
-        queued after its backoff. A job that finished between the SELECT and
-        the UPDATE is left alone (the UPDATE re-checks the lease).
+        queued after its backoff. A lease whose attempt never started (its
+        job waited for a thread of a worker that died) burned nothing: the
+        job is queued again at ``now`` with its attempts and ``last_error``
+        unchanged, and its "reaped" event says ``"started": false``. A job
+        that finished between the SELECT and the UPDATE is left alone (the
+        UPDATE re-checks the lease).
         """
         validate.aware_datetime("now", now)
         validate.batch_limit(limit)
@@ -1684,8 +1754,12 @@ class Store(SchedulesMixin):
             params = []
             for job in rows:
                 assert job.lease_token is not None  # leased rows carry a lease (CHECK)
+                error: str | None = f"lease expired (owner {job.lease_owner})"
                 if job.cancel_requested:
                     verdict, run_at = State.CANCELLED, None
+                elif not job.started:
+                    # Leased, never run: no attempt was burned, none is due.
+                    verdict, run_at, error = State.QUEUED, now, None
                 elif job.attempts >= job.max_attempts:
                     verdict, run_at = State.DEAD, None
                 else:
@@ -1694,7 +1768,7 @@ class Store(SchedulesMixin):
                     q.ReapJobParams(
                         state=models.JobState(verdict.value),
                         run_at=run_at,
-                        last_error=f"lease expired (owner {job.lease_owner})",
+                        last_error=error,
                         id=job.id,
                         token=job.lease_token,
                         now=now,
@@ -1713,14 +1787,10 @@ class Store(SchedulesMixin):
                     State.DEAD: result.dead,
                     State.CANCELLED: result.cancelled,
                 }[verdict].append(job.id)
-                events.append(
-                    EventRow(
-                        job.id,
-                        EventKind.REAPED,
-                        job.attempts,
-                        {"verdict": verdict.value, "owner": job.lease_owner},
-                    )
-                )
+                detail: dict[str, Any] = {"verdict": verdict.value, "owner": job.lease_owner}
+                if not job.started:
+                    detail["started"] = False
+                events.append(EventRow(job.id, EventKind.REAPED, job.attempts, detail))
                 if verdict.terminal:
                     events.append(
                         EventRow(job.id, EventKind(verdict.value), job.attempts, {"via": "reaper"})

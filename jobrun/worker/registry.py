@@ -82,7 +82,7 @@ class Snooze(Exception):
 
     ``raise Snooze(30)`` or ``raise Snooze(dt.timedelta(minutes=5))``: the
     job is queued again at the database's now + ``delay``, and the attempt
-    this claim burned is given back (``attempts`` is as before the claim;
+    this run burned is given back (``attempts`` is as before the claim;
     the job's ``snoozes`` counts one more, a "snoozed" event is written and
     ``last_error`` is left as it was: a snooze is no error). For work that
     cannot run *yet* (a resource busy, a rate limit upstream, a result not

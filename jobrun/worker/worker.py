@@ -183,19 +183,20 @@ is recorded, so a worker whose completions and claims alternate (a
 completion frees slots while the previous claim is on its way; the next
 claim comes a round trip later) holds far fewer leases than a concurrency
 or per-key limit allows, and drains such a queue at two thirds of its
-speed; and a limited claim is a transaction of its own anyway. So the
-plain successes of limited queues go to the claimer, not the completer,
-while the claimer is claiming: its next claim of the queue completes them
-in the same transaction (``Store.complete_and_claim``, one round trip,
-committed synchronously), and the slots they free are claimed again there,
-at once (no waiting for more threads to free). As many jobs as rode along
-may then wait for a thread (many when jobs are short: they run while the
-next claim is on its way; next to none when they are long), so such a
-worker holds at most twice ``concurrency`` leases. The claimer hands what
-it holds to the completer whenever it is about to wait for anything other
-than a freed thread (no work, a fault, the stop), or when no thread frees
-within ``complete_flush_interval``; a complete-and-claim that fails hands
-its completions over too (completing again is safe). A queue whose global
+speed; and a limited claim is a transaction of its own anyway. So the plain
+successes of limited queues go to the claimer, not the completer, while the
+claimer is claiming: its next claim of the queue completes them in the same
+transaction (``Store.complete_and_claim``, one round trip, committed
+synchronously), and the slots they free are claimed again there, at once
+(no waiting for more threads to free). A claim never takes more jobs than
+this worker has free threads: every job it leases starts at once, its
+attempt counted by the claim (``start`` of ``Store.claim``: all), and a
+process that dies burns the attempts of the jobs it was running, never of
+jobs waiting for a thread (it holds none). The claimer hands what it holds
+to the completer whenever it is about to wait for anything other than a
+freed thread (no work, a fault, the stop), or when no thread frees within
+``complete_flush_interval``; a complete-and-claim that fails hands its
+completions over too (completing again is safe). A queue whose global
 concurrency limit this worker's own leases fill is not claimed at all (the
 claim would get nothing), and the completer then flushes its jobs at once
 instead of collecting a batch. Commit callables are always the completer's.
@@ -1175,9 +1176,8 @@ class Worker:
         slows claiming down instead of letting leased jobs pile up without
         bound, while a completer that keeps up is never waited for. A worker
         holds at most ``concurrency`` plus that allowance of leases, and
-        while its claimer holds completions of a limited queue, as many more
-        again (at most ``concurrency``) may wait for a thread: see
-        complete-and-claim in the module docstring.
+        claims no more jobs than it can start at once (see complete-and-claim
+        in the module docstring).
 
         A queue whose global concurrency limit this worker's own leases fill
         (running, or finished and waiting for the completer) is left out: a
@@ -1202,11 +1202,6 @@ class Worker:
             allowance = max(self.config.concurrency, self.config.complete_batch_size)
             backlog = max(len(self._unflushed) - allowance, 0)
             free = self.config.concurrency - self._inflight - backlog
-            if completing:
-                # As many jobs as finished since the last claim may wait for
-                # a thread: many when jobs are short (they run while the
-                # claim is on its way), next to none when they are long.
-                free += min(len(self._claimer_done), self.config.concurrency)
             plan: list[tuple[list[str], int]] = []
             unlimited: list[str] = []
             for name, limit in self.config.queues.items():

@@ -14,8 +14,12 @@ Four properties, on a database reached through a superuser DSN:
    effect.
 3. **No two leases of one job overlapped.** Replaying each job's
    ``job_events`` in order: a ``claimed`` never arrives while a lease is open,
-   burns exactly one attempt, and every lease is closed by one of
-   ``reaped``/``retrying``/``succeeded``/``dead``/``cancelled``; no closing
+   burns exactly one attempt (none when it did not start the job, its detail
+   ``{"started": false}``: the attempt then counts when the job starts, so
+   the event closing such a lease has one attempt more, or none when it
+   never started: a ``reaped`` with ``"started": false``, a ``released``),
+   and every lease is closed by one of ``reaped``/``retrying``/``succeeded``/
+   ``dead``/``cancelled``/``released``/``snoozed``; no closing
    event arrives without an open lease (a spurious event); a job whose trail
    ends with an open lease is leased, and vice versa. From the side log the
    handlers write (``tests/faults/app.py``): no claim (lease token) was run
@@ -53,7 +57,7 @@ CREATE TABLE IF NOT EXISTS effects (
 """
 
 TX_SCOPE_PREFIX = "job:tx."
-_CLOSING = {"reaped", "retrying", "succeeded", "dead", "cancelled"}
+_CLOSING = {"reaped", "retrying", "succeeded", "dead", "cancelled", "released", "snoozed"}
 _STATES = {"queued", "leased", "succeeded", "dead", "cancelled"}
 
 
@@ -212,18 +216,34 @@ def _check_leases(conn: psycopg.Connection[Any], jobs: dict[uuid.UUID, Any]) -> 
 def _replay(job_id: uuid.UUID, trail: list[tuple[int, str, int, Any]], row: Any) -> list[str]:
     problems = []
     open_lease = False
+    unstarted = False  # the open lease's claim did not start the job
     attempts = 0
     previous = ""
     for event_id, kind, attempt, detail in trail:
         via = detail.get("via") if isinstance(detail, dict) else None
+        started = detail.get("started") if isinstance(detail, dict) else None
         where = f"job {job_id} event {event_id} ({kind}, attempt {attempt})"
         if kind == "claimed":
             if open_lease:
                 problems.append(f"overlapping leases: {where} while a lease was open")
-            if attempt != attempts + 1:
-                problems.append(f"{where}: a claim must burn exactly one attempt (was {attempts})")
+            unstarted = started is False
+            if attempt != attempts + (0 if unstarted else 1):
+                problems.append(
+                    f"{where}: a claim must burn exactly one attempt, none when it does not "
+                    f"start the job (was {attempts})"
+                )
             open_lease, attempts = True, attempt
         elif kind in _CLOSING:
+            if open_lease and unstarted:
+                never = kind == "released" or (kind == "reaped" and started is False)
+                if attempt not in ((attempts,) if never else (attempts, attempts + 1)):
+                    problems.append(
+                        f"{where}: a lease claimed unstarted closes with {attempts} attempt(s)"
+                        f"{'' if never else ' or one more (its start)'}"
+                    )
+                attempts = attempt
+            if kind in ("released", "snoozed"):
+                attempts = attempt  # the attempt given back
             if open_lease:
                 open_lease = False
             elif kind in ("dead", "cancelled") and via == "reaper" and previous == "reaped":

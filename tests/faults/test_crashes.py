@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -15,9 +18,10 @@ import pytest
 from jobrun.job.errors import LeaseLost
 from jobrun.job.model import Job, NewJob, State
 from jobrun.postgres.store import Store
-from tests.faults.app import commit_for
+from tests.faults.app import LOG_ENV, commit_for
 from tests.faults.harness import (
     QUICK_RETRY,
+    ROOT,
     TTL,
     Background,
     Workers,
@@ -78,6 +82,96 @@ def test_a_worker_killed_mid_job_is_reaped_with_its_attempt_burned_and_the_effec
         assert stored.attempts == 2  # the killed worker burned exactly one
         assert effects(conn, job) == [(2, second.pid)]
         assert kinds(store, job) == ["enqueued", "claimed", "reaped", "claimed", "succeeded"]
+    oracle.watch(oracle.default_url, settled=True)
+
+
+# A process that claims three jobs and starts only the first (as a worker
+# whose jobs wait for a thread will: Store.claim's ``start``), runs its
+# "handler" (the side log's start record) and then hangs until it is killed.
+CLAIM_ONE_STARTED = """
+import datetime as dt, os, sys, time
+from jobrun.postgres.pool import open_pool
+from jobrun.postgres.store import Store
+from tests.faults.app import side_log
+store = Store(open_pool(os.environ["DATABASE_URL"], concurrency=1, application_name="claimer"))
+jobs = store.claim("claimer", ["default"], 3, dt.timedelta(seconds=float(sys.argv[1])), start=1)
+assert [job.started for job in jobs] == [True, False, False], jobs
+side_log("start", jobs[0])
+time.sleep(600)
+"""
+
+
+def test_a_process_killed_with_leased_unstarted_jobs_burns_only_the_started_jobs_attempt(
+    dsn: str,
+    tmp_path: Any,
+    store: Store,
+    conn: psycopg.Connection[Any],
+    workers: Workers,
+    side_log: Any,
+    oracle: Oracle,
+) -> None:
+    # One attempt each: a crash that burned the waiting jobs' attempts would
+    # leave them dead instead of run.
+    def job(priority: int) -> Job:
+        return store.enqueue(
+            NewJob(
+                type="plain.work",
+                payload={"sleep": 0},
+                priority=priority,
+                max_attempts=1,
+                backoff=QUICK_RETRY,
+            )
+        )
+
+    running, waiting = job(0), [job(1), job(2)]
+    oracle.enqueued([running, *waiting])
+    with open(tmp_path / "claimer.log", "wb") as log:
+        claimer = subprocess.Popen(
+            [sys.executable, "-c", CLAIM_ONE_STARTED, str(TTL.total_seconds())],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                "DATABASE_URL": dsn,
+                LOG_ENV: str(side_log),
+                "PYTHONPATH": str(ROOT),
+            },
+            cwd=ROOT,
+        )
+    try:
+        wait_until(lambda: claimer.poll() is not None or started(side_log, 1), 30, "the claim made")
+        assert claimer.poll() is None, (tmp_path / "claimer.log").read_text()
+        claimer.send_signal(signal.SIGKILL)  # as a segfault or the OOM killer would
+        claimer.wait(30)
+    finally:
+        if claimer.poll() is None:
+            claimer.kill()
+            claimer.wait(30)
+    assert states(conn) == {"leased": 3}
+    assert [store.get(j.id).attempts for j in (running, *waiting)] == [1, 0, 0]
+    worker = workers.start(scheduler=True)  # its reaper requeues the expired leases
+    wait_until(lambda: states(conn) == {"succeeded": 2, "dead": 1}, 60, "the leases reaped")
+    # The job that was running burned its one attempt; the waiting ones none.
+    assert store.get(running.id).state is State.DEAD
+    assert [store.get(j.id).attempts for j in (running, *waiting)] == [1, 1, 1]
+    assert kinds(store, running) == ["enqueued", "claimed", "reaped", "dead"]
+    for waited in waiting:
+        trail = store.events(waited.id)
+        assert [str(e.kind) for e in trail] == [
+            "enqueued",
+            "claimed",
+            "reaped",
+            "claimed",
+            "succeeded",
+        ]
+        assert (trail[1].attempt, trail[1].detail) == (0, {"started": False})
+        reaped = trail[2].detail
+        assert isinstance(reaped, dict) and (trail[2].attempt, reaped["started"]) == (0, False)
+        runs = [r for r in side_log_records(side_log) if r["job"] == str(waited.id)]
+        assert [(r["event"], r["attempt"], r["pid"]) for r in runs] == [
+            ("start", 1, worker.pid),
+            ("end", 1, worker.pid),
+        ]
     oracle.watch(oracle.default_url, settled=True)
 
 

@@ -214,6 +214,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0007.flow_control",
         "0008.leader",
         "0009.events_brin",
+        "0010.attempt_start",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before

@@ -297,3 +297,65 @@ def test_a_limited_queue_with_a_per_worker_limit_beside_a_busy_free_queue_finish
     finally:
         worker.stop(timeout=5)
     assert store.completed > 0
+
+
+class RecordingClaims(Store):
+    """The real store, keeping every job its claims leased (as they came back)."""
+
+    def __init__(self, pool: Any) -> None:
+        super().__init__(pool)
+        self.claimed: list[Job] = []
+
+    def claim(self, *args: Any, **kwargs: Any) -> list[Job]:
+        jobs = super().claim(*args, **kwargs)
+        self.claimed += jobs
+        return jobs
+
+    def complete_and_claim(self, jobs: Any, **kwargs: Any) -> Any:
+        outcome, claimed = super().complete_and_claim(jobs, **kwargs)
+        self.claimed += claimed
+        return outcome, claimed
+
+
+def test_a_worker_completing_with_its_claims_leases_no_job_it_cannot_start_at_once(
+    pool: Any, registry: Registry, conn: psycopg.Connection[Any]
+) -> None:
+    # Two threads on a limited queue: "quick" finishes at once and its
+    # completion goes with the next claim, while "hang1" and "hang2" hold
+    # both threads. "waiting" must stay queued (no job leased to wait for a
+    # thread, whose attempt a crash would burn or which would need a start
+    # of its own), and every job leased is started by its claim.
+    store = RecordingClaims(pool)
+    release = threading.Event()
+    seen: dict[str, int] = {}
+
+    def handler(ctx: JobContext, job: Job) -> None:
+        name = str(job.payload["name"])
+        seen[name] = job.attempts
+        if name.startswith("hang"):
+            release.wait(DEADLINE)
+
+    registry.register("t", handler)
+    store.set_queue_limits("q", concurrency=100)
+    names = ["quick", "hang1", "hang2", "waiting"]
+    jobs = {
+        name: store.enqueue(
+            NewJob(type="t", queue="q", payload={"name": name}, priority=p, max_attempts=1)
+        )
+        for p, name in enumerate(names)
+    }
+    worker = Worker(store, registry, WorkerConfig(queues={"q": None}, concurrency=2, **FAST))
+    worker.start()
+    try:
+        wait_for(lambda: {"hang1", "hang2"} <= set(seen), timeout=DEADLINE)
+        wait_for(lambda: states(conn, queue="q").get("succeeded") == 1, timeout=DEADLINE)
+        time.sleep(0.5)  # a claim of "waiting" would have come by now
+        assert states(conn, queue="q") == {"succeeded": 1, "leased": 2, "queued": 1}
+        release.set()
+        wait_for(lambda: states(conn, queue="q") == {"succeeded": 4}, timeout=DEADLINE)
+    finally:
+        release.set()
+        worker.stop(timeout=5)
+    assert seen == {"quick": 1, "hang1": 1, "hang2": 1, "waiting": 1}
+    assert sorted(j.id for j in store.claimed) == sorted(j.id for j in jobs.values())
+    assert all(j.started and j.attempts == 1 for j in store.claimed)

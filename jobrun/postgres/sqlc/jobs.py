@@ -28,7 +28,7 @@ WITH ins AS (
                      now() + make_interval(secs => $9::float8)),
             NULL, $10::jsonb, $11::text)
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $12::boolean
@@ -68,7 +68,7 @@ WITH ins AS (
             $10::text, $11::jsonb,
             $12::text)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $13::boolean
@@ -105,11 +105,11 @@ JOIN (SELECT unnest($1::uuid[]) AS id,
 WHERE jobs.payload = sent.payload"""
 
 
-GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
+GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
 
 
 GET_JOBS_BY_KEYS: Final = """\
-SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at FROM jobrun.jobs AS jobs
+SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest($1::text[]) AS queue,
              unnest($2::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key"""
@@ -128,7 +128,7 @@ ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHIN
 RETURNING id"""
 
 
-GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
 
 
 COPY_JOBS: Final = """\
@@ -170,7 +170,7 @@ COPY_JOBS_COPY_TYPES: Final = (
 
 CLAIM_JOBS: Final = """\
 WITH next AS (
-    SELECT c.id
+    SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS nth
     FROM unnest($1::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
@@ -187,21 +187,24 @@ WITH next AS (
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
-        attempts = jobs.attempts + 1,
-        lease_owner = $3::text,
+        attempts = jobs.attempts + (next.nth <= $3::int8)::int4,
+        started_at = CASE WHEN next.nth <= $3::int8 THEN now() END,
+        lease_owner = $4::text,
         lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => $4::float8),
+        lease_expires_at = now() + make_interval(secs => $5::float8),
         progress = NULL, progress_message = NULL, progress_at = NULL,
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at
 ), ev AS (
-    INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
-    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
-    WHERE $5::boolean
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
+    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
+           CASE WHEN claimed.started_at IS NULL THEN '{"started": false}'::jsonb END
+    FROM claimed
+    WHERE $6::boolean
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
 
 
 CLAIM_LIMITED_JOBS: Final = """\
@@ -282,7 +285,7 @@ WITH lim AS MATERIALIZED (
       AND jobs.state = 'queued'
     FOR UPDATE SKIP LOCKED
 ), next AS (
-    SELECT u.id FROM (
+    SELECT u.id, row_number() OVER (ORDER BY u.priority, u.run_at, u.id) AS nth FROM (
         SELECT plain.id, plain.priority, plain.run_at FROM plain
         UNION ALL
         SELECT keyed.id, keyed.priority, keyed.run_at FROM keyed
@@ -292,19 +295,22 @@ WITH lim AS MATERIALIZED (
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
-        attempts = jobs.attempts + 1,
-        lease_owner = $4::text,
+        attempts = jobs.attempts + (next.nth <= $4::int8)::int4,
+        started_at = CASE WHEN next.nth <= $4::int8 THEN now() END,
+        lease_owner = $5::text,
         lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => $5::float8),
+        lease_expires_at = now() + make_interval(secs => $6::float8),
         progress = NULL, progress_message = NULL, progress_at = NULL,
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at
 ), ev AS (
-    INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
-    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp() FROM claimed
-    WHERE $6::boolean
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
+    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
+           CASE WHEN claimed.started_at IS NULL THEN '{"started": false}'::jsonb END
+    FROM claimed
+    WHERE $7::boolean
 ), started AS (
     INSERT INTO jobrun.queue_starts (queue, at, jobs)
     SELECT claimed.queue, statement_timestamp(), count(*)::int4
@@ -315,7 +321,7 @@ WITH lim AS MATERIALIZED (
     WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
       AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
 
 
 LOCK_QUEUE_LIMITS: Final = """\
@@ -469,7 +475,32 @@ WITH lease AS (
 SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0"""
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
+START_JOBS: Final = """\
+WITH lease AS (
+    SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token
+), started AS (
+    UPDATE jobrun.jobs AS jobs
+    SET attempts = jobs.attempts + (jobs.started_at IS NULL)::int4,
+        started_at = COALESCE(jobs.started_at, now()),
+        updated_at = now()
+    FROM lease
+    WHERE jobs.id = lease.id AND jobs.lease_token = lease.token AND jobs.state = 'leased'
+      AND jobs.lease_owner = $3::text
+      AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+    RETURNING jobs.id, jobs.attempts, jobs.started_at
+)
+SELECT started.id, started.attempts, started.started_at::timestamptz AS started_at FROM started"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class StartJobsRow:
+    id: uuid.UUID
+    attempts: int
+    started_at: datetime.datetime
+
+
+LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
 
 
 COMPLETE_BEGIN: Final = """\
@@ -606,7 +637,7 @@ WITH failed AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
@@ -620,7 +651,7 @@ WITH failed AS (
     SELECT pg_notify($8::text, failed.id::text) FROM failed
     WHERE failed.state <> 'queued' AND failed.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 COMPLETE_JOBS: Final = """\
@@ -673,7 +704,7 @@ class CompleteJobsRow:
 
 
 SELECT_EXPIRED_LEASES: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
 WHERE state = 'leased' AND lease_expires_at < $1::timestamptz
 ORDER BY id
 LIMIT $2
@@ -686,7 +717,7 @@ WITH reaped AS (
     SET state = $1::jobrun.job_state,
         run_at = COALESCE($2::timestamptz, run_at),
         finished_at = CASE WHEN $1::jobrun.job_state = 'queued' THEN NULL ELSE now() END,
-        last_error = $3::text,
+        last_error = COALESCE($3::text, last_error),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     WHERE id = $4 AND state = 'leased' AND lease_token = $5::uuid
@@ -705,18 +736,18 @@ class ReapJobParams:
 
     state: JobState
     run_at: datetime.datetime | None
-    last_error: str
+    last_error: str | None
     id: uuid.UUID
     token: uuid.UUID
     now: datetime.datetime
     finish_channel: str
 
 
-GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs WHERE id = $1"
+GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs WHERE id = $1"
 
 
 LIST_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
 WHERE ($1::text IS NULL OR queue = $1::text)
   AND ($2::jobrun.job_state IS NULL OR state = $2::jobrun.job_state)
   AND ($3::text IS NULL OR type = $3::text)
@@ -729,18 +760,18 @@ CANCEL_QUEUED_JOB: Final = """\
 WITH cancelled AS (
     UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
     WHERE id = $1 AND state = 'queued'
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
 ), wake AS (
     SELECT pg_notify($2::text, cancelled.id::text) FROM cancelled
     WHERE cancelled.notify_finished
 )
-SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context, cancelled.concurrency_key, cancelled.snoozes, cancelled.progress, cancelled.progress_message, cancelled.progress_at FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context, cancelled.concurrency_key, cancelled.snoozes, cancelled.progress, cancelled.progress_message, cancelled.progress_at, cancelled.started_at FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 REQUEST_CANCEL: Final = """\
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
 WHERE id = $1 AND state = 'leased'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at"""
 
 
 REQUEUE_JOB: Final = """\
@@ -749,7 +780,7 @@ SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
     notify_finished = false, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at"""
 
 
 PURGE_JOBS: Final = """\
@@ -863,14 +894,15 @@ SCHEMA_VERSION: Final = "SELECT version FROM jobrun.schema_version"
 WATCH_JOB: Final = """\
 UPDATE jobrun.jobs AS jobs SET notify_finished = true
 WHERE id = $1
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at"""
 
 
 RELEASE_JOB: Final = """\
 WITH released AS (
     UPDATE jobrun.jobs AS jobs
     SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END::jobrun.job_state,
-        attempts = CASE WHEN cancel_requested THEN attempts ELSE greatest(attempts - 1, 0) END,
+        attempts = CASE WHEN cancel_requested OR started_at IS NULL THEN attempts
+                        ELSE greatest(attempts - 1, 0) END,
         snoozes = CASE WHEN NOT cancel_requested AND $1::boolean
                        THEN snoozes + 1 ELSE snoozes END,
         run_at = CASE WHEN cancel_requested THEN run_at
@@ -882,7 +914,7 @@ WITH released AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT released.id,
@@ -899,7 +931,7 @@ WITH released AS (
     SELECT pg_notify($8::text, released.id::text) FROM released
     WHERE released.state <> 'queued' AND released.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 class Queries(QueriesBase):
@@ -1116,6 +1148,7 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     def get_jobs_by_keys(
@@ -1157,6 +1190,7 @@ class Queries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in cur.fetchall()
             ]
@@ -1237,6 +1271,7 @@ class Queries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in cur.fetchall()
             ]
@@ -1273,13 +1308,18 @@ class Queries(QueriesBase):
         *,
         queues: list[str],
         max_jobs: int,
+        start: int,
         owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
-        """One statement claims up to max_jobs: queued -> leased, one attempt burned,
-        a fresh lease token (the fence) per claim, the progress of an earlier
-        attempt cleared, and the "claimed" events when write_events. Each queue is
+        """One statement claims up to max_jobs: queued -> leased, a fresh lease
+        token (the fence) per claim, the progress of an earlier attempt cleared,
+        and the "claimed" events when write_events. The first start of them (in
+        claim order) start at once: their attempt is burned and started_at set;
+        the others wait for a thread, their attempt uncounted until StartJobs
+        starts them (a process that dies first burns none of theirs: see
+        migration 0010); their events say {"started": false}. Each queue is
         read on its own through jobs_claim_idx in (priority, run_at, id) order (a
         LATERAL per queue: an index scan that stops after max_jobs rows, where
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
@@ -1300,79 +1340,9 @@ class Queries(QueriesBase):
         keeps the transactional path exactly-once.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(CLAIM_JOBS), (queues, max_jobs, owner, ttl_seconds, write_events))
-            return [
-                Job(
-                    id=r[0],
-                    queue=r[1],
-                    type=r[2],
-                    payload=r[3],
-                    priority=r[4],
-                    state=JobState(r[5]),
-                    attempts=r[6],
-                    max_attempts=r[7],
-                    backoff=r[8],
-                    run_at=r[9],
-                    lease_owner=r[10],
-                    lease_token=r[11],
-                    lease_expires_at=r[12],
-                    cancel_requested=r[13],
-                    idempotency_key=r[14],
-                    last_error=r[15],
-                    created_at=r[16],
-                    updated_at=r[17],
-                    finished_at=r[18],
-                    finished_token=r[19],
-                    result=r[20],
-                    notify_finished=r[21],
-                    trace_context=r[22],
-                    concurrency_key=r[23],
-                    snoozes=r[24],
-                    progress=r[25],
-                    progress_message=r[26],
-                    progress_at=r[27],
-                )
-                for r in cur.fetchall()
-            ]
-
-    def claim_limited_jobs(
-        self,
-        conn: psycopg.Connection[Any],
-        *,
-        queues: list[str],
-        commit_async: bool,
-        max_jobs: int,
-        owner: str,
-        ttl_seconds: float,
-        write_events: bool,
-    ) -> list[Job]:
-        """ClaimJobs for a claim that includes limited queues, as the second
-        statement of a transaction whose first was LockQueueLimits. The limited
-        queues' rows are locked and named in jobrun.claim_locks: this statement's
-        snapshot is newer than every claim of those queues that committed before,
-        so its counts are exact; a limited queue it sees but did not lock (its
-        limits were set after the lock was taken) yields nothing. Queues without
-        limits are claimed as in ClaimJobs. The store runs it with a generic plan
-        (plan_cache_mode, for this transaction): a fresh plan of this statement
-        costs more than running it.
-
-        A limited queue's room is the least of max_jobs, concurrency less its
-        leased jobs, and rate_limit less the jobs started in the window (the
-        claims' own rows in queue_starts, at statement_timestamp(): the database
-        clock after the lock was granted). With per_key, keys whose leased jobs
-        reach the limit are skipped in the scan itself (a busy key never blocks
-        the keys behind it); the first rows of the other keys are read without
-        locks (the queue's row lock keeps other claimers out), each key held to
-        its room, the queue to its room, and only those rows locked and claimed.
-        The claim commits asynchronously, as in ClaimJobs, unless
-        commit_async is false: a transaction that also completes jobs
-        (complete_and_claim) keeps the session's synchronous_commit, so that the
-        completions are durable once COMMIT answers.
-        """
-        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
-                self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, owner, ttl_seconds, write_events),
+                self.sql(CLAIM_JOBS),
+                (queues, max_jobs, start, owner, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -1404,6 +1374,82 @@ class Queries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
+                )
+                for r in cur.fetchall()
+            ]
+
+    def claim_limited_jobs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        queues: list[str],
+        commit_async: bool,
+        max_jobs: int,
+        start: int,
+        owner: str,
+        ttl_seconds: float,
+        write_events: bool,
+    ) -> list[Job]:
+        """ClaimJobs (its start included) for a claim that includes limited queues,
+        as the second statement of a transaction whose first was LockQueueLimits.
+        The limited queues' rows are locked and named in jobrun.claim_locks: this
+        statement's snapshot is newer than every claim of those queues that
+        committed before, so its counts are exact; a limited queue it sees but
+        did not lock (its limits were set after the lock was taken) yields
+        nothing. Queues without limits are claimed as in ClaimJobs. The store
+        runs it with a generic plan (plan_cache_mode, for this transaction): a
+        fresh plan of this statement costs more than running it.
+
+        A limited queue's room is the least of max_jobs, concurrency less its
+        leased jobs, and rate_limit less the jobs started in the window (the
+        claims' own rows in queue_starts, at statement_timestamp(): the database
+        clock after the lock was granted). With per_key, keys whose leased jobs
+        reach the limit are skipped in the scan itself (a busy key never blocks
+        the keys behind it); the first rows of the other keys are read without
+        locks (the queue's row lock keeps other claimers out), each key held to
+        its room, the queue to its room, and only those rows locked and claimed.
+        The claim commits asynchronously, as in ClaimJobs, unless
+        commit_async is false: a transaction that also completes jobs
+        (complete_and_claim) keeps the session's synchronous_commit, so that the
+        completions are durable once COMMIT answers.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(
+                self.sql(CLAIM_LIMITED_JOBS),
+                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
+            )
+            return [
+                Job(
+                    id=r[0],
+                    queue=r[1],
+                    type=r[2],
+                    payload=r[3],
+                    priority=r[4],
+                    state=JobState(r[5]),
+                    attempts=r[6],
+                    max_attempts=r[7],
+                    backoff=r[8],
+                    run_at=r[9],
+                    lease_owner=r[10],
+                    lease_token=r[11],
+                    lease_expires_at=r[12],
+                    cancel_requested=r[13],
+                    idempotency_key=r[14],
+                    last_error=r[15],
+                    created_at=r[16],
+                    updated_at=r[17],
+                    finished_at=r[18],
+                    finished_token=r[19],
+                    result=r[20],
+                    notify_finished=r[21],
+                    trace_context=r[22],
+                    concurrency_key=r[23],
+                    snoozes=r[24],
+                    progress=r[25],
+                    progress_message=r[26],
+                    progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in cur.fetchall()
             ]
@@ -1415,19 +1461,20 @@ class Queries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
+        start: int,
         owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> Callable[[], list[Job]]:
-        """ClaimJobs for a claim that includes limited queues, as the second
-        statement of a transaction whose first was LockQueueLimits. The limited
-        queues' rows are locked and named in jobrun.claim_locks: this statement's
-        snapshot is newer than every claim of those queues that committed before,
-        so its counts are exact; a limited queue it sees but did not lock (its
-        limits were set after the lock was taken) yields nothing. Queues without
-        limits are claimed as in ClaimJobs. The store runs it with a generic plan
-        (plan_cache_mode, for this transaction): a fresh plan of this statement
-        costs more than running it.
+        """ClaimJobs (its start included) for a claim that includes limited queues,
+        as the second statement of a transaction whose first was LockQueueLimits.
+        The limited queues' rows are locked and named in jobrun.claim_locks: this
+        statement's snapshot is newer than every claim of those queues that
+        committed before, so its counts are exact; a limited queue it sees but
+        did not lock (its limits were set after the lock was taken) yields
+        nothing. Queues without limits are claimed as in ClaimJobs. The store
+        runs it with a generic plan (plan_cache_mode, for this transaction): a
+        fresh plan of this statement costs more than running it.
 
         A limited queue's room is the least of max_jobs, concurrency less its
         leased jobs, and rate_limit less the jobs started in the window (the
@@ -1449,7 +1496,7 @@ class Queries(QueriesBase):
         try:
             cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
             )
         except BaseException:
             cur.close()
@@ -1487,6 +1534,7 @@ class Queries(QueriesBase):
                         progress=r[25],
                         progress_message=r[26],
                         progress_at=r[27],
+                        started_at=r[28],
                     )
                     for r in cur.fetchall()
                 ]
@@ -1733,6 +1781,28 @@ class Queries(QueriesBase):
             cur.execute(self.sql(HEARTBEAT_JOBS), (ids, tokens, owner, until))
             return [r[0] for r in cur.fetchall()]
 
+    def start_jobs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+        tokens: list[uuid.UUID],
+        owner: str,
+    ) -> list[StartJobsRow]:
+        """A worker is about to run jobs it leased without starting them (claimed
+        with the others' start, they waited for a thread): each one's attempt is
+        burned and started_at set, owner- and token-fenced like a heartbeat, for
+        a live lease (not expired, cancel not requested). Returns the ids that
+        hold such a lease and are started, with their attempt count: a job left
+        out must not run (its lease is gone, or its cancel was requested). A job
+        this claim already started is returned as it stands and counted once
+        (a call retried after its reply was lost). Commits asynchronously like
+        the claim: a start lost in a server crash goes with its claim.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(START_JOBS), (ids, tokens, owner))
+            return [StartJobsRow(id=r[0], attempts=r[1], started_at=r[2]) for r in cur.fetchall()]
+
     def lock_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(LOCK_JOB), (id,))
@@ -1768,6 +1838,7 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     def complete_begin(
@@ -1962,6 +2033,7 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     def complete_jobs(
@@ -2088,6 +2160,7 @@ class Queries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in cur.fetchall()
             ]
@@ -2100,7 +2173,9 @@ class Queries(QueriesBase):
         """One per expired lease, sent as one batch. It re-checks the lease it
         selected (state, token, expiry) in the same statement, so a row that
         finished in between is never rewritten. A job it ends (dead, cancelled)
-        wakes a client waiting for it.
+        wakes a client waiting for it. It never changes attempts (an attempt
+        counts when it starts); a NULL last_error keeps the row's (a lease that
+        never started takes nothing from the job's story).
         """
         result: list[uuid.UUID | None] = []
         if not rows:
@@ -2159,6 +2234,7 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     def list_jobs(
@@ -2204,6 +2280,7 @@ class Queries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in cur.fetchall()
             ]
@@ -2250,6 +2327,7 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     def request_cancel(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -2287,6 +2365,7 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     def requeue_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -2328,6 +2407,7 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     def purge_jobs(
@@ -2490,6 +2570,7 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     def release_job(
@@ -2507,10 +2588,11 @@ class Queries(QueriesBase):
     ) -> Job | None:
         """Give a claimed job back without counting its attempt (a worker that has no
         handler for its type, or a handler that snoozes: asks to run later):
-        queued again at now() + delay with the attempt the claim burned returned,
-        owner- and token-guarded like Fail, with a "released" event ("snoozed",
-        counted in snoozes, when snooze). A job whose cancel was requested ends
-        cancelled instead (cancel wins).
+        queued again at now() + delay with the attempt its start burned returned
+        (none when it never started: started_at NULL), owner- and token-guarded
+        like Fail, with a "released" event ("snoozed", counted in snoozes, when
+        snooze). A job whose cancel was requested ends cancelled instead (cancel
+        wins).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
@@ -2549,4 +2631,5 @@ class Queries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )

@@ -61,6 +61,7 @@ from jobrun.postgres.sqlc.jobs import (
     SCHEMA_VERSION,
     SELECT_EXPIRED_LEASES,
     SET_QUEUE_LIMITS,
+    START_JOBS,
     WATCH_JOB,
     CompleteBeginManyRow,
     CompleteBeginRow,
@@ -74,6 +75,7 @@ from jobrun.postgres.sqlc.jobs import (
     NotifyQueueBlockersRow,
     QueueDepthRow,
     ReapJobParams,
+    StartJobsRow,
 )
 from jobrun.postgres.sqlc.models import Job, JobState, QueueLimit
 
@@ -296,6 +298,7 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     async def get_jobs_by_keys(
@@ -337,6 +340,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -422,6 +426,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -462,13 +467,18 @@ class AsyncQueries(QueriesBase):
         *,
         queues: list[str],
         max_jobs: int,
+        start: int,
         owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
-        """One statement claims up to max_jobs: queued -> leased, one attempt burned,
-        a fresh lease token (the fence) per claim, the progress of an earlier
-        attempt cleared, and the "claimed" events when write_events. Each queue is
+        """One statement claims up to max_jobs: queued -> leased, a fresh lease
+        token (the fence) per claim, the progress of an earlier attempt cleared,
+        and the "claimed" events when write_events. The first start of them (in
+        claim order) start at once: their attempt is burned and started_at set;
+        the others wait for a thread, their attempt uncounted until StartJobs
+        starts them (a process that dies first burns none of theirs: see
+        migration 0010); their events say {"started": false}. Each queue is
         read on its own through jobs_claim_idx in (priority, run_at, id) order (a
         LATERAL per queue: an index scan that stops after max_jobs rows, where
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
@@ -491,7 +501,7 @@ class AsyncQueries(QueriesBase):
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
                 self.sql(CLAIM_JOBS),
-                (queues, max_jobs, owner, ttl_seconds, write_events),
+                (queues, max_jobs, start, owner, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -523,6 +533,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -534,19 +545,20 @@ class AsyncQueries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
+        start: int,
         owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
-        """ClaimJobs for a claim that includes limited queues, as the second
-        statement of a transaction whose first was LockQueueLimits. The limited
-        queues' rows are locked and named in jobrun.claim_locks: this statement's
-        snapshot is newer than every claim of those queues that committed before,
-        so its counts are exact; a limited queue it sees but did not lock (its
-        limits were set after the lock was taken) yields nothing. Queues without
-        limits are claimed as in ClaimJobs. The store runs it with a generic plan
-        (plan_cache_mode, for this transaction): a fresh plan of this statement
-        costs more than running it.
+        """ClaimJobs (its start included) for a claim that includes limited queues,
+        as the second statement of a transaction whose first was LockQueueLimits.
+        The limited queues' rows are locked and named in jobrun.claim_locks: this
+        statement's snapshot is newer than every claim of those queues that
+        committed before, so its counts are exact; a limited queue it sees but
+        did not lock (its limits were set after the lock was taken) yields
+        nothing. Queues without limits are claimed as in ClaimJobs. The store
+        runs it with a generic plan (plan_cache_mode, for this transaction): a
+        fresh plan of this statement costs more than running it.
 
         A limited queue's room is the least of max_jobs, concurrency less its
         leased jobs, and rate_limit less the jobs started in the window (the
@@ -564,7 +576,7 @@ class AsyncQueries(QueriesBase):
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -596,6 +608,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -607,19 +620,20 @@ class AsyncQueries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
+        start: int,
         owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> Callable[[], Awaitable[list[Job]]]:
-        """ClaimJobs for a claim that includes limited queues, as the second
-        statement of a transaction whose first was LockQueueLimits. The limited
-        queues' rows are locked and named in jobrun.claim_locks: this statement's
-        snapshot is newer than every claim of those queues that committed before,
-        so its counts are exact; a limited queue it sees but did not lock (its
-        limits were set after the lock was taken) yields nothing. Queues without
-        limits are claimed as in ClaimJobs. The store runs it with a generic plan
-        (plan_cache_mode, for this transaction): a fresh plan of this statement
-        costs more than running it.
+        """ClaimJobs (its start included) for a claim that includes limited queues,
+        as the second statement of a transaction whose first was LockQueueLimits.
+        The limited queues' rows are locked and named in jobrun.claim_locks: this
+        statement's snapshot is newer than every claim of those queues that
+        committed before, so its counts are exact; a limited queue it sees but
+        did not lock (its limits were set after the lock was taken) yields
+        nothing. Queues without limits are claimed as in ClaimJobs. The store
+        runs it with a generic plan (plan_cache_mode, for this transaction): a
+        fresh plan of this statement costs more than running it.
 
         A limited queue's room is the least of max_jobs, concurrency less its
         leased jobs, and rate_limit less the jobs started in the window (the
@@ -641,7 +655,7 @@ class AsyncQueries(QueriesBase):
         try:
             await cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
             )
         except BaseException:
             await cur.close()
@@ -679,6 +693,7 @@ class AsyncQueries(QueriesBase):
                         progress=r[25],
                         progress_message=r[26],
                         progress_at=r[27],
+                        started_at=r[28],
                     )
                     for r in await cur.fetchall()
                 ]
@@ -938,6 +953,30 @@ class AsyncQueries(QueriesBase):
             await cur.execute(self.sql(HEARTBEAT_JOBS), (ids, tokens, owner, until))
             return [r[0] for r in await cur.fetchall()]
 
+    async def start_jobs(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+        tokens: list[uuid.UUID],
+        owner: str,
+    ) -> list[StartJobsRow]:
+        """A worker is about to run jobs it leased without starting them (claimed
+        with the others' start, they waited for a thread): each one's attempt is
+        burned and started_at set, owner- and token-fenced like a heartbeat, for
+        a live lease (not expired, cancel not requested). Returns the ids that
+        hold such a lease and are started, with their attempt count: a job left
+        out must not run (its lease is gone, or its cancel was requested). A job
+        this claim already started is returned as it stands and counted once
+        (a call retried after its reply was lost). Commits asynchronously like
+        the claim: a start lost in a server crash goes with its claim.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(START_JOBS), (ids, tokens, owner))
+            return [
+                StartJobsRow(id=r[0], attempts=r[1], started_at=r[2]) for r in await cur.fetchall()
+            ]
+
     async def lock_job(self, conn: psycopg.AsyncConnection[Any], *, id: uuid.UUID) -> Job | None:
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(LOCK_JOB), (id,))
@@ -973,6 +1012,7 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     async def complete_begin(
@@ -1167,6 +1207,7 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     async def complete_jobs(
@@ -1295,6 +1336,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -1307,7 +1349,9 @@ class AsyncQueries(QueriesBase):
         """One per expired lease, sent as one batch. It re-checks the lease it
         selected (state, token, expiry) in the same statement, so a row that
         finished in between is never rewritten. A job it ends (dead, cancelled)
-        wakes a client waiting for it.
+        wakes a client waiting for it. It never changes attempts (an attempt
+        counts when it starts); a NULL last_error keeps the row's (a lease that
+        never started takes nothing from the job's story).
         """
         result: list[uuid.UUID | None] = []
         if not rows:
@@ -1366,6 +1410,7 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     async def list_jobs(
@@ -1411,6 +1456,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -1457,6 +1503,7 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     async def request_cancel(
@@ -1499,6 +1546,7 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     async def requeue_job(self, conn: psycopg.AsyncConnection[Any], *, id: uuid.UUID) -> Job | None:
@@ -1540,6 +1588,7 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     async def purge_jobs(
@@ -1705,6 +1754,7 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )
 
     async def release_job(
@@ -1722,10 +1772,11 @@ class AsyncQueries(QueriesBase):
     ) -> Job | None:
         """Give a claimed job back without counting its attempt (a worker that has no
         handler for its type, or a handler that snoozes: asks to run later):
-        queued again at now() + delay with the attempt the claim burned returned,
-        owner- and token-guarded like Fail, with a "released" event ("snoozed",
-        counted in snoozes, when snooze). A job whose cancel was requested ends
-        cancelled instead (cancel wins).
+        queued again at now() + delay with the attempt its start burned returned
+        (none when it never started: started_at NULL), owner- and token-guarded
+        like Fail, with a "released" event ("snoozed", counted in snoozes, when
+        snooze). A job whose cancel was requested ends cancelled instead (cancel
+        wins).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
@@ -1764,4 +1815,5 @@ class AsyncQueries(QueriesBase):
             progress=r[25],
             progress_message=r[26],
             progress_at=r[27],
+            started_at=r[28],
         )

@@ -140,6 +140,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -190,6 +191,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -240,6 +242,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -295,6 +298,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
@@ -374,6 +378,7 @@ class AsyncQueries(QueriesBase):
                     progress=r[25],
                     progress_message=r[26],
                     progress_at=r[27],
+                    started_at=r[28],
                 )
                 for r in await cur.fetchall()
             ]
