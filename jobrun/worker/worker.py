@@ -2214,6 +2214,7 @@ class Worker:
                     lambda: self.store.complete_many_tx(items, results=results),
                 ),
                 [job for job, _ in items],
+                runs_callables=True,
             )
             self._account(outcome, with_commit)
             if outcome is None:
@@ -2243,7 +2244,11 @@ class Worker:
         self._slot_freed.set()  # the backlog shrank: the claimer may claim again
 
     def _retrying(
-        self, complete: Callable[[], CompleteManyResult], jobs: Sequence[Job]
+        self,
+        complete: Callable[[], CompleteManyResult],
+        jobs: Sequence[Job],
+        *,
+        runs_callables: bool = False,
     ) -> CompleteManyResult | None:
         """``complete()`` of ``jobs``, within their leases: each try is given up
         when the first of their leases ends by this worker's reckoning, and
@@ -2257,6 +2262,13 @@ class Worker:
         that end has passed already (heartbeats failed for a while) still
         gets one heartbeat interval: the database's fence decides then (the
         job completes unless the reaper took it).
+
+        With ``runs_callables`` (the transactional path) the first try keeps
+        the store's own bound (``commit_timeout``): it locks the jobs' rows
+        before it runs the handlers' commit callables, so the reaper cannot
+        take them while it runs, and a callable may rightly take longer than
+        the lease. Its retries, after a fault that released those locks, are
+        held to the lease like any other.
         """
         size = len(jobs)
         failures = 0
@@ -2277,6 +2289,8 @@ class Worker:
                     _seconds(-left),
                 )
                 return None
+            if runs_callables and failures == 0:
+                left = math.inf
             bound = self.store.bounded(left) if left < math.inf else contextlib.nullcontext()
             try:
                 with bound:

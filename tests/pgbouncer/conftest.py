@@ -88,6 +88,10 @@ SESSION_ONLY = {
         "test_notify_channel_option_changes_the_channel",
         "test_transactional_enqueue_exists_and_notifies_only_after_the_caller_commits",
         "test_enqueue_batch_inserts_every_job_with_events_and_one_notification_per_queue",
+        "test_enqueue_of_a_delayed_job_notifies_its_queue_with_the_delay_left",
+        "test_a_delayed_job_enqueued_in_a_callers_transaction_notifies_at_its_commit",
+        "test_enqueue_batch_wakes_each_queue_for_its_due_jobs_and_its_soonest_delayed_one",
+        "test_enqueue_many_of_delayed_jobs_notifies_their_delay",
     ),
     "test_via_pgbouncer_results.py": (
         "test_only_watched_jobs_are_announced_on_the_finish_channel",
