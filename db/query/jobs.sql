@@ -806,10 +806,12 @@ RETURNING *;
 
 -- name: RequeueJob :one
 -- Retry: make the job runnable now. From a terminal state the attempts start
--- again from zero and the cancel flag is cleared; last_error is kept until
--- the next attempt overwrites it.
+-- again from zero (and the releases of workers that lacked its handler) and
+-- the cancel flag is cleared; last_error is kept until the next attempt
+-- overwrites it.
 UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
+    releases = CASE WHEN state = 'queued' THEN releases ELSE 0 END,
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
     notify_finished = false, updated_at = now()
 WHERE id = sqlc.arg(id) AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
@@ -921,8 +923,8 @@ RETURNING *;
 -- handler for its type, or a handler that snoozes: asks to run later):
 -- queued again at now() + delay with the attempt its start burned returned
 -- (none when it never started: started_at NULL), owner- and token-guarded
--- like Fail, with a "released" event ("snoozed", counted in snoozes, when
--- snooze). A job whose cancel was requested ends cancelled instead (cancel
+-- like Fail, with a "released" event (counted in releases; "snoozed", counted
+-- in snoozes, when snooze). A job whose cancel was requested ends cancelled instead (cancel
 -- wins).
 WITH released AS (
     UPDATE jobrun.jobs AS jobs
@@ -931,6 +933,8 @@ WITH released AS (
                         ELSE greatest(attempts - 1, 0) END,
         snoozes = CASE WHEN NOT cancel_requested AND sqlc.arg(snooze)::boolean
                        THEN snoozes + 1 ELSE snoozes END,
+        releases = CASE WHEN NOT cancel_requested AND NOT sqlc.arg(snooze)::boolean
+                        THEN releases + 1 ELSE releases END,
         run_at = CASE WHEN cancel_requested THEN run_at
                       ELSE now() + make_interval(secs => sqlc.arg(delay_seconds)::float8) END,
         finished_at = CASE WHEN cancel_requested THEN now() END,

@@ -336,6 +336,9 @@ class Job:
     """The key its queue's per-key limit counts it under (None: no key)."""
     snoozes: int = 0
     """How many times a handler snoozed it (each gave its attempt back)."""
+    releases: int = 0
+    """How many times a worker without a handler for its type released it
+    (each gave its attempt back); a retry from a terminal state resets it."""
     progress: float | None = None
     """The fraction done (0 to 1) its running attempt last reported (None: none yet)."""
     progress_message: str | None = None

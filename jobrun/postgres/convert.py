@@ -113,6 +113,8 @@ class JobRow(Protocol):
     @property
     def snoozes(self) -> int: ...
     @property
+    def releases(self) -> int: ...
+    @property
     def progress(self) -> float | None: ...
     @property
     def progress_message(self) -> str | None: ...
@@ -147,6 +149,7 @@ def job_from_row(row: JobRow) -> Job:
         trace_context=row.trace_context,
         concurrency_key=row.concurrency_key,
         snoozes=row.snoozes,
+        releases=row.releases,
         progress=row.progress,
         progress_message=row.progress_message,
         progress_at=utc_or_none(row.progress_at),

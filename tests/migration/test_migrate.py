@@ -215,6 +215,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0008.leader",
         "0009.events_brin",
         "0010.attempt_start",
+        "0011.release_count",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -327,3 +328,34 @@ def test_the_event_time_index_is_brin_and_pruning_still_takes_the_oldest_first(
         left = [r[0] for r in c.execute("SELECT at FROM jobrun.job_events ORDER BY id")]
         assert len(left) == 15 and left == sorted(left)  # the five oldest went
         assert Queries().prune_events(c, age_seconds=86400 * 15, max_events=100) == 10
+
+
+def test_upgrading_to_the_release_column_keeps_the_count_a_queued_job_carried_in_its_error(
+    empty_dsn: str,
+) -> None:
+    # Migration 0011: the unknown-type release count moved from last_error's
+    # prose to jobs.releases; a job released three times before the upgrade
+    # keeps its three, so the upgrade grants no fresh allowance.
+    m.migrate(empty_dsn)
+    rollback = (MIGRATIONS / "0011.release_count.rollback.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(rollback)
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0011.release_count'")
+        prose = (
+            "no handler for job type 'mail.send' (release 3 of 24, attempt not counted); "
+            "worker w1 knows: none"
+        )
+        for state, error in [("queued", prose), ("queued", "boom"), ("dead", prose)]:
+            c.execute(
+                "INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, state, last_error,"
+                " finished_at) VALUES (gen_random_uuid(), 'q', 'mail.send', '{}', '{}', %s, %s,"
+                " CASE WHEN %s = 'dead' THEN now() END)",
+                [state, error, state],
+            )
+    assert m.migrate(empty_dsn) == ["0011.release_count"]
+    with psycopg.connect(empty_dsn) as c:
+        rows = c.execute(
+            "SELECT state::text, last_error, releases FROM jobrun.jobs"
+            " ORDER BY releases DESC, state"
+        ).fetchall()
+    assert rows == [("queued", prose, 3), ("dead", prose, 0), ("queued", "boom", 0)]

@@ -417,6 +417,32 @@ def test_a_snooze_gives_the_attempt_back_and_counts_the_snooze(store: Store) -> 
     }
 
 
+def test_a_release_is_counted_in_its_own_column_and_a_snooze_is_not(store: Store) -> None:
+    # The worker's unknown-type limit reads this count (it used to parse
+    # last_error); a retry from a terminal state starts the count again.
+    job = store.enqueue(new_job())
+    for expected in (1, 2):
+        [claimed] = store.claim(OWNER, ["default"], 1, TTL)
+        released = store.release(claimed, dt.timedelta(0), "no handler here")
+        assert (released.releases, released.snoozes) == (expected, 0)
+    [claimed] = store.claim(OWNER, ["default"], 1, TTL)
+    snoozed = store.release(claimed, dt.timedelta(0), "later", snooze=True)
+    assert (snoozed.releases, snoozed.snoozes) == (2, 1)
+    assert store.retry(job.id).releases == 2  # still queued: the count goes on
+    [claimed] = store.claim(OWNER, ["default"], 1, TTL)
+    store.fail(claimed, "dead now", None, permanent=True)
+    assert store.get(job.id).releases == 2
+    assert store.retry(job.id).releases == 0
+
+
+def test_a_release_that_meets_a_requested_cancel_is_not_counted(store: Store) -> None:
+    job = store.enqueue(new_job())
+    [claimed] = store.claim(OWNER, ["default"], 1, TTL)
+    store.cancel(job.id)
+    cancelled = store.release(claimed, dt.timedelta(0), "no handler here")
+    assert (cancelled.state, cancelled.releases) == (State.CANCELLED, 0)
+
+
 def test_progress_is_recorded_on_the_running_job_and_cleared_by_its_next_claim(
     store: Store,
 ) -> None:

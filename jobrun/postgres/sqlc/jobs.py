@@ -28,7 +28,7 @@ WITH ins AS (
                      now() + make_interval(secs => $9::float8)),
             NULL, $10::jsonb, $11::text)
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $12::boolean
@@ -68,7 +68,7 @@ WITH ins AS (
             $10::text, $11::jsonb,
             $12::text)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $13::boolean
@@ -105,11 +105,11 @@ JOIN (SELECT unnest($1::uuid[]) AS id,
 WHERE jobs.payload = sent.payload"""
 
 
-GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
+GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
 
 
 GET_JOBS_BY_KEYS: Final = """\
-SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at FROM jobrun.jobs AS jobs
+SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest($1::text[]) AS queue,
              unnest($2::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key"""
@@ -128,7 +128,7 @@ ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHIN
 RETURNING id"""
 
 
-GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
 
 
 COPY_JOBS: Final = """\
@@ -196,7 +196,7 @@ WITH next AS (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
     SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
@@ -204,7 +204,7 @@ WITH next AS (
     FROM claimed
     WHERE $6::boolean
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
 
 
 CLAIM_LIMITED_JOBS: Final = """\
@@ -304,7 +304,7 @@ WITH lim AS MATERIALIZED (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
     SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
@@ -321,7 +321,7 @@ WITH lim AS MATERIALIZED (
     WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
       AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
 
 
 LOCK_QUEUE_LIMITS: Final = """\
@@ -500,7 +500,7 @@ class StartJobsRow:
     started_at: datetime.datetime
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
+LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
 
 
 COMPLETE_BEGIN: Final = """\
@@ -637,7 +637,7 @@ WITH failed AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
@@ -651,7 +651,7 @@ WITH failed AS (
     SELECT pg_notify($8::text, failed.id::text) FROM failed
     WHERE failed.state <> 'queued' AND failed.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 COMPLETE_JOBS: Final = """\
@@ -704,7 +704,7 @@ class CompleteJobsRow:
 
 
 SELECT_EXPIRED_LEASES: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
 WHERE state = 'leased' AND lease_expires_at < $1::timestamptz
 ORDER BY id
 LIMIT $2
@@ -743,11 +743,11 @@ class ReapJobParams:
     finish_channel: str
 
 
-GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs WHERE id = $1"
+GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs WHERE id = $1"
 
 
 LIST_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
 WHERE ($1::text IS NULL OR queue = $1::text)
   AND ($2::jobrun.job_state IS NULL OR state = $2::jobrun.job_state)
   AND ($3::text IS NULL OR type = $3::text)
@@ -760,27 +760,28 @@ CANCEL_QUEUED_JOB: Final = """\
 WITH cancelled AS (
     UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
     WHERE id = $1 AND state = 'queued'
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
 ), wake AS (
     SELECT pg_notify($2::text, cancelled.id::text) FROM cancelled
     WHERE cancelled.notify_finished
 )
-SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context, cancelled.concurrency_key, cancelled.snoozes, cancelled.progress, cancelled.progress_message, cancelled.progress_at, cancelled.started_at FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context, cancelled.concurrency_key, cancelled.snoozes, cancelled.progress, cancelled.progress_message, cancelled.progress_at, cancelled.started_at, cancelled.releases FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 REQUEST_CANCEL: Final = """\
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
 WHERE id = $1 AND state = 'leased'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases"""
 
 
 REQUEUE_JOB: Final = """\
 UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
+    releases = CASE WHEN state = 'queued' THEN releases ELSE 0 END,
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
     notify_finished = false, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases"""
 
 
 PURGE_JOBS: Final = """\
@@ -894,7 +895,7 @@ SCHEMA_VERSION: Final = "SELECT version FROM jobrun.schema_version"
 WATCH_JOB: Final = """\
 UPDATE jobrun.jobs AS jobs SET notify_finished = true
 WHERE id = $1
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases"""
 
 
 RELEASE_JOB: Final = """\
@@ -905,6 +906,8 @@ WITH released AS (
                         ELSE greatest(attempts - 1, 0) END,
         snoozes = CASE WHEN NOT cancel_requested AND $1::boolean
                        THEN snoozes + 1 ELSE snoozes END,
+        releases = CASE WHEN NOT cancel_requested AND NOT $1::boolean
+                        THEN releases + 1 ELSE releases END,
         run_at = CASE WHEN cancel_requested THEN run_at
                       ELSE now() + make_interval(secs => $2::float8) END,
         finished_at = CASE WHEN cancel_requested THEN now() END,
@@ -914,7 +917,7 @@ WITH released AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT released.id,
@@ -931,7 +934,7 @@ WITH released AS (
     SELECT pg_notify($8::text, released.id::text) FROM released
     WHERE released.state <> 'queued' AND released.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 class Queries(QueriesBase):
@@ -1149,6 +1152,7 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     def get_jobs_by_keys(
@@ -1191,6 +1195,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -1272,6 +1277,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -1375,6 +1381,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -1450,6 +1457,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -1535,6 +1543,7 @@ class Queries(QueriesBase):
                         progress_message=r[26],
                         progress_at=r[27],
                         started_at=r[28],
+                        releases=r[29],
                     )
                     for r in cur.fetchall()
                 ]
@@ -1839,6 +1848,7 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     def complete_begin(
@@ -2034,6 +2044,7 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     def complete_jobs(
@@ -2161,6 +2172,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -2235,6 +2247,7 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     def list_jobs(
@@ -2281,6 +2294,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -2328,6 +2342,7 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     def request_cancel(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -2366,12 +2381,14 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     def requeue_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
         """Retry: make the job runnable now. From a terminal state the attempts start
-        again from zero and the cancel flag is cleared; last_error is kept until
-        the next attempt overwrites it.
+        again from zero (and the releases of workers that lacked its handler) and
+        the cancel flag is cleared; last_error is kept until the next attempt
+        overwrites it.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(REQUEUE_JOB), (id,))
@@ -2408,6 +2425,7 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     def purge_jobs(
@@ -2571,6 +2589,7 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     def release_job(
@@ -2590,8 +2609,8 @@ class Queries(QueriesBase):
         handler for its type, or a handler that snoozes: asks to run later):
         queued again at now() + delay with the attempt its start burned returned
         (none when it never started: started_at NULL), owner- and token-guarded
-        like Fail, with a "released" event ("snoozed", counted in snoozes, when
-        snooze). A job whose cancel was requested ends cancelled instead (cancel
+        like Fail, with a "released" event (counted in releases; "snoozed", counted
+        in snoozes, when snooze). A job whose cancel was requested ends cancelled instead (cancel
         wins).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
@@ -2632,4 +2651,5 @@ class Queries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )

@@ -46,7 +46,7 @@ class WebScanJobsRow:
 
 
 WEB_QUEUED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'queued'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -56,7 +56,7 @@ LIMIT $5"""
 
 
 WEB_LEASED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -66,7 +66,7 @@ LIMIT $5"""
 
 
 WEB_DEAD_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'dead'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -76,7 +76,7 @@ LIMIT $5"""
 
 
 WEB_KEYED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
 WHERE jobs.idempotency_key = $1::text
   AND jobs.id BETWEEN $2::uuid AND $3::uuid
   AND ($4::jobrun.job_state IS NULL
@@ -144,7 +144,7 @@ class WebLeaseOwnersRow:
 
 
 WEB_RUNNING_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
 ORDER BY jobs.lease_owner, jobs.id
 LIMIT $1"""
@@ -286,6 +286,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -334,6 +335,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -382,6 +384,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -438,6 +441,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]
@@ -512,6 +516,7 @@ class Queries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in cur.fetchall()
             ]

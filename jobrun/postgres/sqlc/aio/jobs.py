@@ -299,6 +299,7 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     async def get_jobs_by_keys(
@@ -341,6 +342,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -427,6 +429,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -534,6 +537,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -609,6 +613,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -694,6 +699,7 @@ class AsyncQueries(QueriesBase):
                         progress_message=r[26],
                         progress_at=r[27],
                         started_at=r[28],
+                        releases=r[29],
                     )
                     for r in await cur.fetchall()
                 ]
@@ -1013,6 +1019,7 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     async def complete_begin(
@@ -1208,6 +1215,7 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     async def complete_jobs(
@@ -1337,6 +1345,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -1411,6 +1420,7 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     async def list_jobs(
@@ -1457,6 +1467,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -1504,6 +1515,7 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     async def request_cancel(
@@ -1547,12 +1559,14 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     async def requeue_job(self, conn: psycopg.AsyncConnection[Any], *, id: uuid.UUID) -> Job | None:
         """Retry: make the job runnable now. From a terminal state the attempts start
-        again from zero and the cancel flag is cleared; last_error is kept until
-        the next attempt overwrites it.
+        again from zero (and the releases of workers that lacked its handler) and
+        the cancel flag is cleared; last_error is kept until the next attempt
+        overwrites it.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(REQUEUE_JOB), (id,))
@@ -1589,6 +1603,7 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     async def purge_jobs(
@@ -1755,6 +1770,7 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )
 
     async def release_job(
@@ -1774,8 +1790,8 @@ class AsyncQueries(QueriesBase):
         handler for its type, or a handler that snoozes: asks to run later):
         queued again at now() + delay with the attempt its start burned returned
         (none when it never started: started_at NULL), owner- and token-guarded
-        like Fail, with a "released" event ("snoozed", counted in snoozes, when
-        snooze). A job whose cancel was requested ends cancelled instead (cancel
+        like Fail, with a "released" event (counted in releases; "snoozed", counted
+        in snoozes, when snooze). A job whose cancel was requested ends cancelled instead (cancel
         wins).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
@@ -1816,4 +1832,5 @@ class AsyncQueries(QueriesBase):
             progress_message=r[26],
             progress_at=r[27],
             started_at=r[28],
+            releases=r[29],
         )

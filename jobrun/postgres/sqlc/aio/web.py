@@ -141,6 +141,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -192,6 +193,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -243,6 +245,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -299,6 +302,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
@@ -379,6 +383,7 @@ class AsyncQueries(QueriesBase):
                     progress_message=r[26],
                     progress_at=r[27],
                     started_at=r[28],
+                    releases=r[29],
                 )
                 for r in await cur.fetchall()
             ]
