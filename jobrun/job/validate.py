@@ -15,6 +15,7 @@ really carries (what json and psycopg send): its own ``__str__``,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -381,14 +382,39 @@ MAX_RESULT_BYTES = MAX_PAYLOAD_BYTES
 _RESULT_PREFIX = '{"result":'
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckedResult:
+    """A handler's return value checked and serialised once, on its own thread.
+
+    The worker checks a result where the handler ran (so a value that cannot
+    be stored fails that attempt alone) and carries this to the completer,
+    which stores ``text`` as it is: a large result is walked and encoded
+    once, and what is stored is the value as the handler returned it.
+    """
+
+    value: object
+    """The value itself, for the hooks."""
+    text: str
+    """Its JSON, as stored."""
+
+
+def checked_result(value: object) -> CheckedResult | None:
+    """``value`` checked as a result (see :func:`result`); None for None."""
+    text = result(value)
+    return None if text is None else CheckedResult(value, text)
+
+
 def result(value: object) -> str | None:
     """A handler's return value as the JSON text to store; None for None.
 
     Any JSON value (not only an object), checked by the payload's rules (one
-    validator): a ValidationError naming ``result`` otherwise.
+    validator): a ValidationError naming ``result`` otherwise. A
+    :class:`CheckedResult` is its text, not checked again.
     """
     if value is None:
         return None
+    if isinstance(value, CheckedResult):
+        return value.text
     try:
         _, text = payload({"result": value})
     except ValidationError as exc:
