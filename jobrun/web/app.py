@@ -37,11 +37,15 @@ how values are written in :mod:`~jobrun.web.format` and
 
 ===========================  ==================================================
 GET  /                       overview [overview]; /live/overview its fragment
-GET  /jobs                   jobs [jobs]; /live/jobs the table's fragment
+GET  /jobs                   jobs, newest first [jobs]; filters queue, state,
+                             type, key (idempotency key), id (id prefix);
+                             before=<id> the next page; /live/jobs the
+                             table's fragment (same query)
 GET  /jobs/{id}              one job [job]; /live/jobs/{id} its fragment
 POST /jobs/{id}/cancel       [job_cancel]
 POST /jobs/{id}/retry        [job_retry]
-GET  /bulk/{retry|cancel}    the confirm step of a bulk action [bulk_confirm]
+GET  /bulk/{retry|cancel}    the confirm step of a bulk action on the /jobs
+                             filters given [bulk_confirm]
 POST /bulk/{retry|cancel}    the bulk action [bulk_run]
 POST /queues/pause           form field queue [queue_pause]
 POST /queues/resume          [queue_resume]

@@ -182,6 +182,8 @@ class Dashboard:
         status_code: int = 200,
         here: str | None = None,
     ) -> HTMLResponse:
+        """``template`` with ``context`` over what every page expects (links, the CSRF
+        token, the notice, the options); ``here`` is where the page's forms return to."""
         nonce = request.cookies.get(CSRF_COOKIE)
         fresh = not nonce or len(nonce) > 64
         if fresh:
