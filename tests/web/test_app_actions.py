@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-import jobrun.web.app as web_app
+import jobrun.web.bulk as web_bulk
 from jobrun.job.errors import NotFound, ValidationError
 from jobrun.job.model import Job, NewJob, ScheduleSpec, State
 from jobrun.postgres.store import Store
@@ -299,7 +299,7 @@ def test_a_bulk_step_with_nothing_to_do_says_so(store: Store, client: TestClient
 def test_a_bulk_set_larger_than_the_limit_is_refused_on_the_confirm_step(
     store: Store, client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(web_app, "BULK_LIMIT", 3)
+    monkeypatch.setattr(web_bulk, "BULK_LIMIT", 3)
     for _ in range(4):
         store.enqueue(NewJob(type="t", queue="q"))
     doc = parse(confirm(client, "cancel", "state=queued").text)

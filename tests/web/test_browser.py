@@ -3,7 +3,7 @@
 Each test serves ``jobrun.web.create_app`` on its own database with uvicorn
 (refreshing its live regions every second), drives the pages through
 Selenium and watches a real :class:`jobrun.Worker` act on what was clicked.
-The element ids and classes are the ones jobrun/web/app.py documents as
+The element ids and classes are the ones docs/dashboard.md lists as
 stable. Screenshots of every page go to ``screenshots/`` under pytest's base
 temporary directory (see tests/web/browser.py).
 """

@@ -1,0 +1,113 @@
+"""How the dashboard writes values for people: durations, timestamps, JSON, ids.
+
+These are the Jinja2 filters of every template (:data:`FILTERS`), kept apart
+from the routes so that a change of wording is a change here only, and so
+that they stay pure functions a unit test can call without a database or a
+request. None of them reads a clock: a relative time ("3m 5s ago") is taken
+against the database's ``now`` that the page read along with its data, so
+every age on one page agrees with every other and with the workers.
+
+Their output is text (escaped by the template like any string), except
+:func:`format_when`, which builds a ``<time>`` element itself and so
+returns :class:`~markupsafe.Markup` with every part escaped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from markupsafe import Markup
+
+from jobrun.job.model import RateLimit
+from jobrun.job.validate import redact
+
+
+def format_age(seconds: float | dt.timedelta | None) -> str:
+    """A duration for people: 42s, 3m 5s, 2h 10m, 4d 3h."""
+    if seconds is None:
+        return ""
+    if isinstance(seconds, dt.timedelta):
+        seconds = seconds.total_seconds()
+    if not math.isfinite(seconds):
+        return ""
+    total = int(abs(seconds))
+    sign = "-" if seconds < 0 else ""
+    if total < 60:
+        return f"{sign}{total}s"
+    minutes, secs = divmod(total, 60)
+    if minutes < 60:
+        return f"{sign}{minutes}m {secs}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{sign}{hours}h {minutes}m"
+    days, hours = divmod(hours, 24)
+    return f"{sign}{days}d {hours}h"
+
+
+def format_when(value: dt.datetime | None, now: dt.datetime | None = None) -> Markup:
+    """A ``<time>`` element: UTC to the second, and how long ago (or until) by ``now``."""
+    if value is None:
+        return Markup('<span class="never">never</span>')
+    utc = value.astimezone(dt.UTC)
+    text = utc.strftime("%Y-%m-%d %H:%M:%SZ")
+    relative = ""
+    if now is not None:
+        delta = (utc - now).total_seconds()
+        relative = f"in {format_age(delta)}" if delta > 0 else f"{format_age(-delta)} ago"
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(
+        utc.isoformat(), relative or text, text if not relative else f"{text} ({relative})"
+    )
+
+
+def format_percent(fraction: float) -> str:
+    """A fraction done as people read it: 40%, 99.9% (never 100% before it is 1)."""
+    tenths = math.floor(fraction * 1000 + 1e-9)
+    return f"{tenths // 10}%" if tenths % 10 == 0 else f"{tenths / 10:.1f}%"
+
+
+def rate_window(rate: RateLimit) -> str:
+    """A rate limit's window as people read it: 1 s, 10 s, 1 min, 500 ms."""
+    period = str(rate).split("/", 1)[1]  # s, 10s, min, 500ms
+    unit = period.lstrip("0123456789.")
+    return f"{period[: len(period) - len(unit)] or '1'} {unit}"
+
+
+def pretty_json(value: object) -> str:
+    """A JSON value as indented text (escaped by the template like any string)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def short_id(value: uuid.UUID | str) -> str:
+    return str(value)[:13]
+
+
+def error_text(exc: BaseException) -> str:
+    """An error as a page shows it: its message (or its class), secrets redacted."""
+    return redact(str(exc).strip() or type(exc).__name__)
+
+
+FILTERS: dict[str, Callable[..., Any]] = {
+    "age": format_age,
+    "when": format_when,
+    "pretty": pretty_json,
+    "short": short_id,
+    "percent": format_percent,
+    "window": rate_window,
+}
+"""The templates' filters by name (``{{ job.run_at | when(db_now) }}``)."""
+
+__all__ = [
+    "FILTERS",
+    "error_text",
+    "format_age",
+    "format_percent",
+    "format_when",
+    "pretty_json",
+    "rate_window",
+    "short_id",
+]
