@@ -1293,7 +1293,7 @@ def load_app(spec: str, *, need_registry: bool = True) -> Any:
 
 
 _IMPORT_MACHINERY = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # jobrun
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # jobrun
     os.path.dirname(os.path.abspath(importlib.__file__)) + os.sep,
 )
 
@@ -2049,7 +2049,3 @@ def cmd_embedded_stop(args: argparse.Namespace) -> int:
     else:
         _say("the embedded PostgreSQL is not running")
     return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())
