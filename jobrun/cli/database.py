@@ -2,8 +2,8 @@
 
 ``--schema`` (``JOBRUN_SCHEMA``, default ``jobrun``) is the PostgreSQL
 schema every jobrun object lives in; ``jobrun migrate`` creates it and is
-the one command that never checks the schema's version first (it is the
-fix for a wrong one). ``jobrun migrate --sql`` prints the DDL instead of
+the one command that uses the database without checking the schema's
+version first (it is the fix for a wrong one). ``jobrun migrate --sql`` prints the DDL instead of
 applying it, connecting nowhere, for teams that apply DDL through Alembic,
 Django, Flyway or a review. With ``--direct-url`` the migration goes to
 PostgreSQL itself: DDL and the migration lock need a session, never a

@@ -2,7 +2,7 @@
 
 Both import their part only when run, so ``jobrun`` starts as fast without
 them and works where they are not installed; a missing part is one line
-naming what to install, never an ImportError's traceback.
+(for the dashboard, naming what to install), never an ImportError's traceback.
 
 ``jobrun dashboard`` (``pip install 'jobrun[web]'``) serves the web dashboard
 (:mod:`jobrun.web`) on 127.0.0.1:8080 unless told ``--bind HOST:PORT``. Any

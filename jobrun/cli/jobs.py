@@ -7,10 +7,9 @@ what ``get``, ``events``, ``cancel`` and ``retry`` take.
 
 ``jobrun list`` shows the newest jobs first, a page at a time (``--before
 ID`` for the next page), walking the primary key downwards through the
-dashboard's read side (:func:`newest_jobs`), so a page costs the same on a
-table of millions; ``--oldest`` and ``--after ID`` page the other way
-through the client's own listing. Its last line says how to ask for the
-next page.
+dashboard's read side (:func:`newest_jobs`) rather than sorting the table;
+``--oldest`` and ``--after ID`` page the other way through the client's own
+listing. Its last line says how to ask for the next page.
 """
 
 from __future__ import annotations

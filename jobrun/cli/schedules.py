@@ -6,8 +6,8 @@ scheduler``) runs them. ``add`` refuses an id that exists (exit code 4,
 naming ``--replace`` and ``remove`` as the ways out) unless told
 ``--replace``. With ``--app`` it also checks that a handler takes the type and
 warns (exit 0) when none does: the schedule is valid, but its jobs would wait
-for a worker that handles them. ``resume`` continues from the next
-occurrence, never catching up the ones missed while paused.
+for a worker that handles them. ``resume`` continues from the schedule's next
+occurrence.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ the user typed. Without ``--database-url`` the command reads
 ``DATABASE_URL``, and without that it starts (or reuses) the embedded
 PostgreSQL, saying so on stderr in one line (:func:`database_url`).
 
-Every command but ``migrate`` checks the schema's version once, when it
-opens its client (:func:`open_client`), and stops with exit code 8 when it
+Every command but ``migrate`` checks the schema's version once, when its
+client connects (:func:`open_client`), and stops with exit code 8 when it
 is missing, older or newer than this jobrun. The URL's password is added to
 :data:`LOG_SECRETS` as soon as it is known: a worker's log lines mask it.
 """
