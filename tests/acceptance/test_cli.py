@@ -60,7 +60,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(embedded, "ensure_embedded", refuse)
     monkeypatch.setattr("jobrun.runtime.ensure_embedded", refuse)
     # In-process worker/scheduler commands must not reconfigure the test's root logger.
-    monkeypatch.setattr(cli, "_configure_logging", lambda *args, **kwargs: None)
+    monkeypatch.setattr("jobrun.cli.processes._configure_logging", lambda *args, **kwargs: None)
 
 
 @pytest.fixture
@@ -585,7 +585,7 @@ def test_cancel_unknown_job_is_not_found(jobrun: Callable[..., Result]) -> None:
 def test_bulk_cancel_acts_on_every_matching_job_across_pages(
     jobrun: Callable[..., Result], client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "BULK_PAGE", 2)
+    monkeypatch.setattr("jobrun.cli.actions.BULK_PAGE", 2)
     doomed = [client.enqueue("t.a", queue="q1").id for _ in range(5)]
     spared = [client.enqueue("t.b", queue="q1").id, client.enqueue("t.a", queue="q2").id]
 
@@ -599,7 +599,7 @@ def test_bulk_cancel_acts_on_every_matching_job_across_pages(
 def test_bulk_cancel_of_running_jobs_requests_cancellation(
     jobrun: Callable[..., Result], client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "BULK_PAGE", 2)
+    monkeypatch.setattr("jobrun.cli.actions.BULK_PAGE", 2)
     for _ in range(3):
         client.enqueue("t.a")
     running = client.store.claim("w", ["default"], 3, TTL)
@@ -652,7 +652,7 @@ def test_retry_unknown_job_is_not_found(jobrun: Callable[..., Result]) -> None:
 def test_bulk_retry_of_dead_jobs_requeues_every_match_and_prints_the_count(
     jobrun: Callable[..., Result], client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "BULK_PAGE", 2)
+    monkeypatch.setattr("jobrun.cli.actions.BULK_PAGE", 2)
     dead_ones = [dead(client, type="t.a").id for _ in range(3)]
     other = dead(client, type="t.b").id
     result = jobrun("retry", "--state", "dead", "--type", "t.a")

@@ -82,7 +82,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(embedded, "ensure_embedded", refuse)
     monkeypatch.setattr("jobrun.runtime.ensure_embedded", refuse)
-    monkeypatch.setattr(cli, "_configure_logging", lambda *args, **kwargs: None)
+    monkeypatch.setattr("jobrun.cli.processes._configure_logging", lambda *args, **kwargs: None)
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -1,0 +1,164 @@
+"""Change jobs: ``cancel`` and ``retry`` (one job, or every job matching ``--state``), ``purge``.
+
+``cancel ID`` and ``retry ID`` act on one job and fail with its reason (not
+found, exit 3; a state the action does not apply to, exit 5). ``--state S``
+with ``--queue`` and ``--type`` filters acts on every matching job instead,
+a page (:data:`BULK_PAGE`) at a time, each page acted on before the next is
+read: a job that changed state between the page and the action is counted
+as left alone rather than failing the whole run, and the line at the end
+says how many there were. Bulk actions that cannot apply to a state (cancel
+of finished jobs, retry of running ones) are refused before any job is read.
+
+A running job cannot be cancelled from outside its worker: cancelling it
+requests the cancel, and its worker stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from collections.abc import Iterator
+
+from jobrun.client import Client
+from jobrun.config import parse_duration
+from jobrun.job.errors import InvalidState, NotFound
+from jobrun.job.model import Job, State
+
+from .exits import EXIT_INVALID_STATE, EXIT_OK, CommandError, UsageError
+from .output import count_jobs, report
+from .parser import Commands, job_filters, parse_state
+from .settings import open_client
+
+BULK_PAGE = 500
+"""Jobs fetched per page by the bulk ``cancel`` and ``retry``."""
+
+_LEFT_ALONE = "; {} changed state meanwhile and were left alone"
+_REQUESTED = "is running: cancel requested (its worker stops it)"
+
+
+def register(commands: Commands) -> None:
+    """Add ``cancel`` and ``retry``."""
+    for name, func, what in (
+        ("cancel", cmd_cancel, "cancel a job, or every job matching --state"),
+        ("retry", cmd_retry, "run a job again now, or every job matching --state"),
+    ):
+        p = commands.add(name, func, what, json=True)
+        p.add_argument(
+            "id", metavar="ID", nargs="?", help="the job id (or none, and --state for many)"
+        )
+        job_filters(p)
+
+
+def register_purge(commands: Commands) -> None:
+    """Add ``purge``."""
+    p = commands.add("purge", cmd_purge, "delete finished jobs; prints the count", json=True)
+    p.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="delete jobs finished longer ago than this, like 7d (required)",
+    )
+
+
+def _single_or_bulk(args: argparse.Namespace) -> State | None:
+    """The bulk --state, or None for the single ID form; usage errors for mixes."""
+    verb = args.command
+    if args.id is not None:
+        if args.state is not None or args.queue is not None or args.type is not None:
+            raise UsageError(
+                f"{verb}: give a job ID or --state (with --queue/--type filters), not both"
+            )
+        return None
+    if args.state is None:
+        if args.queue is not None or args.type is not None:
+            raise UsageError(f"{verb}: --queue and --type filter a bulk --state {verb}")
+        raise UsageError(f"{verb}: give a job ID, or --state for a bulk {verb}")
+    return parse_state(args.state)
+
+
+def _matching(client: Client, state: State, queue: str | None, type_: str | None) -> Iterator[Job]:
+    """Every job matching the filters, a page at a time (acting on each before the next page)."""
+    after: uuid.UUID | None = None
+    while True:
+        page = client.list(queue=queue, state=state, type=type_, after=after, limit=BULK_PAGE)
+        yield from page
+        if len(page) < BULK_PAGE:
+            return
+        after = page[-1].id
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    state = _single_or_bulk(args)
+    if state is None:
+        with open_client(args) as client:
+            job = client.cancel(args.id)
+        if job.state in (State.SUCCEEDED, State.DEAD):
+            raise InvalidState(job.id, str(job.state), "cancel")
+        outcome = "cancelled" if job.state == State.CANCELLED else _REQUESTED
+        report(args, job, f"job {job.id} {outcome}")
+        return EXIT_OK
+
+    if state.terminal:
+        raise CommandError(
+            f"cannot cancel {state} jobs: only queued or leased jobs can be cancelled",
+            EXIT_INVALID_STATE,
+        )
+    cancelled = requested = skipped = 0
+    with open_client(args) as client:
+        for job in _matching(client, state, args.queue, args.type):
+            try:
+                done = client.cancel(job.id)
+            except NotFound:
+                skipped += 1
+                continue
+            if done.state == State.CANCELLED:
+                cancelled += 1
+            elif done.state == State.LEASED and done.cancel_requested:
+                requested += 1
+            else:
+                skipped += 1
+    text = f"cancelled {count_jobs(cancelled + requested)}"
+    if requested:
+        text += f" ({requested} running: cancel requested)"
+    if skipped:
+        text += _LEFT_ALONE.format(skipped)
+    report(args, {"cancelled": cancelled, "cancel_requested": requested, "skipped": skipped}, text)
+    return EXIT_OK
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    state = _single_or_bulk(args)
+    if state is None:
+        with open_client(args) as client:
+            job = client.retry(args.id)
+        report(args, job, f"job {job.id} queued to run now")
+        return EXIT_OK
+
+    if state == State.LEASED:
+        raise CommandError(
+            "cannot retry leased jobs: they are running (cancel them, or let the reaper "
+            "requeue them when their lease expires)",
+            EXIT_INVALID_STATE,
+        )
+    retried = skipped = 0
+    with open_client(args) as client:
+        for job in _matching(client, state, args.queue, args.type):
+            try:
+                client.retry(job.id)
+            except (NotFound, InvalidState):
+                skipped += 1
+            else:
+                retried += 1
+    text = f"retried {count_jobs(retried)}"
+    if skipped:
+        text += _LEFT_ALONE.format(skipped)
+    report(args, {"retried": retried, "skipped": skipped}, text)
+    return EXIT_OK
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    older_than = parse_duration(args.older_than, "--older-than")
+    with open_client(args) as client:
+        count = client.purge(older_than)
+    report(args, {"purged": count}, f"purged {count_jobs(count)}")
+    return EXIT_OK
