@@ -7,7 +7,7 @@ names are long, and run_at and then last_error only when they fit
 (:func:`jobs_table`). A pipe without COLUMNS is wide enough for all of them.
 
 ``jobrun get`` shows every field people ask about, including the result (a
-handler's return value), and the concurrency key, snoozes and progress when
+handler's return value), and the concurrency key, snoozes, releases and progress when
 the job has them (:func:`job_details`). ``jobrun events`` says each event's
 detail in words, one line each (:func:`event_lines`).
 
@@ -101,6 +101,7 @@ def job_details(job: Job) -> Table:
         ("state", job.state),
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
         *([("snoozes", job.snoozes)] if job.snoozes else []),
+        *([("releases", job.releases)] if job.releases else []),
         *([("progress", progress_text(job))] if job.progress is not None else []),
         ("priority", job.priority),
         ("payload", compact(job.payload)),

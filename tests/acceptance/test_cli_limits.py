@@ -235,7 +235,7 @@ def test_get_shows_the_concurrency_key_snoozes_and_progress_only_when_present(
 ) -> None:
     plain = client.enqueue("t.a", queue="plain")
     shown = details(jobrun("get", str(plain.id)).out)
-    assert not {"concurrency_key", "snoozes", "progress"} & set(shown)
+    assert not {"concurrency_key", "snoozes", "releases", "progress"} & set(shown)
 
     job = client.enqueue("video.encode", queue="video", concurrency_key="acme")
     (claimed,) = client.store.claim("w", ["video"], 1, TTL)
@@ -256,6 +256,7 @@ def test_get_shows_the_concurrency_key_snoozes_and_progress_only_when_present(
     assert (body["progress"], body["progress_message"]) == (0.4, "chunk 4\nof 10")
     assert dt.datetime.fromisoformat(body["progress_at"]) == at
 
+    assert "releases" not in shown
     client.store.record_progress(claimed, 1)
     assert details(jobrun("get", str(job.id)).out)["progress"] == (
         f"100% at {client.get(job.id).progress_at:%Y-%m-%dT%H:%M:%SZ}"
@@ -273,3 +274,14 @@ def test_progress_reads_as_a_percentage_that_never_rounds_up_to_done() -> None:
         "99.9%",
         "100%",
     ]
+
+
+def test_get_shows_how_often_workers_without_its_handler_released_a_job(
+    jobrun: Run, client: Client
+) -> None:
+    job = client.enqueue("t.unknown", queue="nobody")
+    for _ in range(2):
+        (claimed,) = client.store.claim("w", ["nobody"], 1, TTL)
+        client.store.release(claimed, dt.timedelta(0), "no handler for it here")
+    assert details(jobrun("get", str(job.id)).out)["releases"] == "2"
+    assert jobrun("get", str(job.id), "--json").json()["releases"] == 2
