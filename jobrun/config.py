@@ -13,8 +13,8 @@ DATABASE_URL                   --database-url          none (see below)
 JOBRUN_POOLER                  --pooler                auto (auto|none|session|transaction)
 JOBRUN_DIRECT_URL              --direct-url            none (LISTEN, the leader, migrations)
 JOBRUN_SCHEMA                  --schema                jobrun
-WORKER_CONCURRENCY             --concurrency           10
-JOB_EVENTS (all|terminal)      --job-events            all
+JOBRUN_CONCURRENCY             --concurrency           10
+JOBRUN_JOB_EVENTS              --job-events            all (all|terminal)
 JOBRUN_QUEUES                  --queues                default
 JOBRUN_LEASE_TTL               --lease-ttl             30s
 JOBRUN_HEARTBEAT_INTERVAL      --heartbeat-interval    5s
@@ -32,6 +32,11 @@ JOBRUN_OBSERVE_HOST            --observe-host          0.0.0.0
 JOBRUN_HEALTH_STALE_AFTER      --health-stale-after    2 x lease TTL (see below)
 JOBRUN_TRACING (off|otel)      --tracing               off
 =============================  ======================  =========================
+
+Every variable but the conventional ``DATABASE_URL`` starts with ``JOBRUN_``.
+The old names ``WORKER_CONCURRENCY`` and ``JOB_EVENTS`` are still read, with
+one WARNING per process naming the new one; the new name wins when both are
+set.
 
 Without a database URL, the ``jobrun`` command and ``Client.connect()`` fall
 back to the embedded PostgreSQL (and say so); a :class:`~jobrun.Runtime`
@@ -78,6 +83,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import math
 import os
 import re
@@ -101,6 +107,8 @@ from jobrun.worker.worker import (
     WorkerConfig,
     parse_queues,
 )
+
+log = logging.getLogger("jobrun")
 
 TRACING_MODES = ("off", "otel")
 DEFAULT_OBSERVE_HOST = "0.0.0.0"  # noqa: S104 - probes and scrapers connect from outside
@@ -204,7 +212,7 @@ class Settings:
         try:
             object.__setattr__(self, "job_events", EventMode(self.job_events))
         except ValueError:
-            raise ValidationError("JOB_EVENTS", "must be 'all' or 'terminal'") from None
+            raise ValidationError("JOBRUN_JOB_EVENTS", "must be 'all' or 'terminal'") from None
         object.__setattr__(self, "pooler", pooler_mode(self.pooler, POOLER_FIELD))
         if self.direct_url is not None:
             if not isinstance(self.direct_url, str) or not self.direct_url.strip():
@@ -244,8 +252,9 @@ class Settings:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for var, (field, parse) in _ENV.items():
-            if env.get(var, "").strip():
-                values[field] = parse(env[var], var)
+            name = _set_name(env, var)
+            if name is not None:
+                values[field] = parse(env[name], name)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -278,8 +287,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "JOBRUN_POOLER": ("pooler", lambda text, name: text.strip().lower()),
     "JOBRUN_DIRECT_URL": ("direct_url", lambda text, name: text.strip()),
     "JOBRUN_SCHEMA": ("schema", lambda text, name: text.strip()),
-    "WORKER_CONCURRENCY": ("concurrency", _int),
-    "JOB_EVENTS": ("job_events", lambda text, name: text.strip().lower()),
+    "JOBRUN_CONCURRENCY": ("concurrency", _int),
+    "JOBRUN_JOB_EVENTS": ("job_events", lambda text, name: text.strip().lower()),
     "JOBRUN_QUEUES": ("queues", lambda text, name: parse_queues(text)),
     "JOBRUN_LEASE_TTL": ("lease_ttl", parse_duration),
     "JOBRUN_HEARTBEAT_INTERVAL": ("heartbeat_interval", parse_duration),
@@ -297,3 +306,26 @@ _ENV: dict[str, tuple[str, Any]] = {
     "JOBRUN_HEALTH_STALE_AFTER": ("health_stale_after", parse_duration),
     "JOBRUN_TRACING": ("tracing", lambda text, name: text.strip().lower()),
 }
+
+DEPRECATED_ENV: dict[str, str] = {
+    "WORKER_CONCURRENCY": "JOBRUN_CONCURRENCY",
+    "JOB_EVENTS": "JOBRUN_JOB_EVENTS",
+}
+"""The old names still read (old -> new): the new one wins; the old one is a WARNING."""
+
+_OLD_NAME = {new: old for old, new in DEPRECATED_ENV.items()}
+_warned: set[str] = set()
+
+
+def _set_name(env: Mapping[str, str], var: str) -> str | None:
+    """The variable that sets ``var``'s field: ``var``, else its old name (said once), else None."""
+    old = _OLD_NAME.get(var)
+    new_set = bool(env.get(var, "").strip())
+    if old is not None and env.get(old, "").strip():
+        if old not in _warned:
+            _warned.add(old)
+            what = "ignored: the new name is set too" if new_set else f"read for now as {var}"
+            log.warning("jobrun: %s is deprecated, set %s instead (%s)", old, var, what)
+        if not new_set:
+            return old
+    return var if new_set else None
