@@ -44,29 +44,11 @@ refuses to start instead. ``JOBRUN_SCHEMA`` is the PostgreSQL schema every
 jobrun object lives in (:func:`jobrun.postgres.schema.schema_name` says
 which names are valid); ``jobrun migrate`` creates it.
 
-Observability (:mod:`jobrun.observe`, optional): with ``JOBRUN_METRICS_PORT``
-a :class:`~jobrun.Runtime` serves Prometheus metrics on ``/metrics``
-(``pip install 'jobrun[metrics]'``), and ``/healthz`` and ``/readyz`` on
-the same port; ``JOBRUN_HEALTH_PORT`` serves the probes on a port of their
-own (the same number as the metrics port: one server). Both listen on
-``JOBRUN_OBSERVE_HOST``: every interface by default, because a Kubernetes
-probe and a Prometheus scraper connect from outside the container (set
-``127.0.0.1`` to keep them local). ``JOBRUN_HEALTH_STALE_AFTER`` is how long
-a worker may go without one successful claim or heartbeat before
-``/healthz`` fails (default: twice the lease TTL, and at least three poll
-intervals; see :mod:`jobrun.observe.health`). ``JOBRUN_TRACING=otel``
-traces enqueues and attempts with OpenTelemetry (``pip install
-'jobrun[otel]'``).
-
-Behind a connection pooler (PgBouncer): ``JOBRUN_POOLER`` says what
-``DATABASE_URL`` goes through (:mod:`jobrun.postgres.pool`; ``auto``
-detects a pooler at start and then assumes transaction pooling), and
-``JOBRUN_DIRECT_URL`` is a connection string that reaches PostgreSQL
-itself, for the work that needs a session of its own: the worker's LISTEN
-for wake-ups, the scheduler's leader lock, ``jobrun migrate`` and
-``Store.wait``. Behind a transaction pooler without it, workers poll every
-``JOBRUN_POLL_INTERVAL`` and the leader is elected by a lease row with a
-fencing term (:mod:`jobrun.postgres.leader`).
+The observability ports serve metrics and the health probes
+(:mod:`jobrun.observe`) on every interface by default, because probes and
+scrapers connect from outside the container. ``JOBRUN_POOLER`` and
+``JOBRUN_DIRECT_URL`` say what ``DATABASE_URL`` goes through and where the
+work that needs a session of its own goes (:mod:`jobrun.postgres.pool`).
 
 Durations are ``250ms``, ``30s``, ``5m``, ``2h``, ``7d`` or plain seconds.
 Invalid settings raise ValidationError naming the variable, at start.
