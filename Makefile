@@ -29,10 +29,11 @@ generate: $(STAMP) ## regenerate jobrun/postgres/sqlc from db/query and db/migra
 	$(PY) tools/check_sqlc_schema.py
 
 .PHONY: check
-check: $(STAMP) ## ruff, mypy strict, and the generated code is fresh
+check: $(STAMP) ## ruff, mypy strict, the import layers, and the generated code is fresh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(PY) tools/check_generated.py
 
 .PHONY: fmt

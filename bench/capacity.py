@@ -4,7 +4,7 @@
 PostgreSQL like ``make bench`` (or uses ``DATABASE_URL``), with
 ``pg_stat_statements`` preloaded, and measures, around a no-op drain of
 ``--jobs`` jobs by one ``jobrun worker`` process (``--concurrency``,
-``JOB_EVENTS=all``, default settings otherwise):
+``JOBRUN_JOB_EVENTS=all``, default settings otherwise):
 
 - statements per job: ``pg_stat_statements`` calls in the database, BEGIN
   and COMMIT included (an upper bound on client round trips: jobrun does not

@@ -185,7 +185,7 @@ class Workers:
         env = {
             **os.environ,
             "DATABASE_URL": ctx.db.dsn,
-            "JOB_EVENTS": "all",
+            "JOBRUN_JOB_EVENTS": "all",
             "PYTHONPATH": str(ROOT),
             **(extra_env or {}),
         }

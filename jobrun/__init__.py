@@ -15,9 +15,12 @@ inside a test.
 
 import typing as _typing
 
+from jobrun import runtime as _runtime
+
 # jobrun.testing imported here makes ``import jobrun; jobrun.testing.run_jobs``
 # work; it needs nothing the facade does not import anyway.
 from jobrun import testing as testing
+from jobrun._version import __version__ as __version__
 from jobrun.client import Client
 from jobrun.config import Settings
 from jobrun.job.errors import (
@@ -71,8 +74,6 @@ from jobrun.worker import (
     WorkerHooks,
 )
 
-__version__ = "0.1.0"
-
 __all__ = [
     "AlreadyExists",
     "AsyncClient",
@@ -125,6 +126,23 @@ __all__ = [
     "migrate",
     "migration_sql",
 ]
+
+
+def _observability(settings: Settings) -> _runtime.Observer | None:
+    """Metrics, traces and health for a Runtime, when ``settings`` ask for them.
+
+    Plugged in here, in the package every jobrun import passes through, so
+    that ``jobrun.runtime`` (the core) never imports :mod:`jobrun.observe`,
+    and :mod:`jobrun.observe` is imported only by a process that asks for it.
+    """
+    if settings.metrics_port is None and settings.health_port is None and settings.tracing == "off":
+        return None
+    from jobrun.observe.wiring import Observability  # noqa: PLC0415 - the optional part
+
+    return Observability(settings)
+
+
+_runtime.observe_with(_observability)
 
 # AsyncClient is loaded on first use: ``import jobrun`` stays free of the
 # asyncio layer. (Type checkers see the import; the __getattr__ is hidden from

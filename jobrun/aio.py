@@ -46,44 +46,24 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
-import psycopg
-
-from jobrun.client import _uuid
+from jobrun import producer
 from jobrun.config import Settings
-from jobrun.job.errors import ValidationError
-from jobrun.job.model import (
-    DEFAULT_BACKOFF,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_PRIORITY,
-    DEFAULT_QUEUE,
-    Backoff,
-    BatchResult,
-    Event,
-    Job,
-    JSONValue,
-    NewJob,
-    State,
-    jobs_like,
-    new_job_id,
-)
+from jobrun.job.model import BatchResult, Event, Job, JSONValue, NewJob, jobs_like
 from jobrun.postgres.async_store import AsyncPool, AsyncStore, open_async_pool
+from jobrun.postgres.connect import AsyncConnection, database_url_or_embedded
 from jobrun.postgres.wait import DEFAULT_POLL_INTERVAL
+from jobrun.producer import EnqueueOptions, JobOptions, ListFilters
 
 __all__ = ["AsyncClient", "make_async_store"]
+
+_uuid = producer.job_id
 
 
 def make_async_store(pool: AsyncPool, settings: Settings) -> AsyncStore:
     """An AsyncStore on ``pool`` with the store settings of ``settings`` (as ``make_store``)."""
-    return AsyncStore(
-        pool,
-        event_mode=settings.job_events,
-        notify_channel=settings.notify_channel,
-        call_timeout=settings.call_timeout,
-        schema=settings.schema,
-        direct_url=settings.direct_url,
-    )
+    return AsyncStore(pool, **producer.store_options(settings))
 
 
 class AsyncClient:
@@ -111,10 +91,8 @@ class AsyncClient:
         if settings is None:
             settings = Settings.from_env()
         url = database_url or settings.database_url
-        if not url:
-            from jobrun.runtime import resolve_database_url  # noqa: PLC0415 - the fallback only
-
-            url = await asyncio.to_thread(resolve_database_url, settings)
+        if not url:  # the embedded fallback starts a server: not on the event loop
+            url = await asyncio.to_thread(database_url_or_embedded, None)
         pool = await open_async_pool(
             url,
             concurrency=pool_size,
@@ -154,41 +132,19 @@ class AsyncClient:
         type: str,
         payload: JSONValue = None,
         *,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = DEFAULT_PRIORITY,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        backoff: Backoff = DEFAULT_BACKOFF,
-        run_at: dt.datetime | None = None,
-        delay: dt.timedelta | None = None,
-        idempotency_key: str | None = None,
-        id: uuid.UUID | None = None,
-        concurrency_key: str | None = None,
-        conn: psycopg.AsyncConnection[Any] | None = None,
+        conn: AsyncConnection[Any] | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Job:
         """Enqueue one job; with ``conn``, inside that connection's transaction.
 
-        With an ``idempotency_key`` already used in the queue, an identical
-        job returns the stored one (its id differs from ``id``), a different
-        one raises IdempotencyConflict (see :meth:`jobrun.Client.enqueue`).
+        The options are :meth:`jobrun.Client.enqueue`'s. With an
+        ``idempotency_key`` already used in the queue, an identical job
+        returns the stored one (its id differs from ``id``), a different one
+        raises IdempotencyConflict.
         """
-        job = NewJob(
-            type=type,
-            payload={} if payload is None else payload,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            run_at=run_at,
-            delay=delay,
-            idempotency_key=idempotency_key,
-            id=id or new_job_id(),
-            concurrency_key=concurrency_key,
-        )
-        return await self.store.enqueue(job, conn=conn)
+        return await self.store.enqueue(producer.new_job(type, payload, options), conn=conn)
 
-    async def enqueue_job(
-        self, job: NewJob, *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> Job:
+    async def enqueue_job(self, job: NewJob, *, conn: AsyncConnection[Any] | None = None) -> Job:
         return await self.store.enqueue(job, conn=conn)
 
     async def enqueue_many(
@@ -196,47 +152,22 @@ class AsyncClient:
         type: str,
         payloads: Iterable[JSONValue],
         *,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = DEFAULT_PRIORITY,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        backoff: Backoff = DEFAULT_BACKOFF,
-        run_at: dt.datetime | None = None,
-        delay: dt.timedelta | None = None,
-        concurrency_key: str | None = None,
-        conn: psycopg.AsyncConnection[Any] | None = None,
+        conn: AsyncConnection[Any] | None = None,
+        **options: Unpack[JobOptions],
     ) -> BatchResult:
         """Enqueue one job of ``type`` per payload (COPY), all or nothing.
 
-        The fast form of a batch whose jobs differ only in their payload: the
-        other fields are checked once, each payload as in :meth:`enqueue`
-        (a bad one is a ValidationError naming its position, ``payloads[3]``).
-        The payloads stream into the COPY as they are checked (bounded memory,
-        and the checks overlap the server's work): a bad one rolls back what
-        was sent, so nothing of the batch is written. Each job gets a new id:
-        a batch you may have to retry after OutcomeUnknown is safer as NewJobs
-        through :meth:`enqueue_batch`, where the ids you chose make the retry
-        a replay.
+        As :meth:`jobrun.Client.enqueue_many`: the shared fields checked
+        once, each payload as it streams into the COPY (a bad one is a
+        ValidationError naming its position and writes nothing); each job
+        a new id (for a batch you may retry, give NewJobs to
+        :meth:`enqueue_batch`).
         """
-        if not isinstance(type, str):
-            raise ValidationError(
-                "type",
-                "enqueue_many takes a job type and its payloads; NewJobs go through enqueue_batch",
-            )
-        template = NewJob(
-            type=type,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            run_at=run_at,
-            delay=delay,
-            concurrency_key=concurrency_key,
-        )
-        jobs = jobs_like(template, payloads)
+        jobs = jobs_like(producer.template(type, options), payloads)
         return await self.store.enqueue_batch(jobs, conn=conn)
 
     async def enqueue_batch(
-        self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
+        self, jobs: Iterable[NewJob], *, conn: AsyncConnection[Any] | None = None
     ) -> BatchResult:
         """Enqueue many jobs at once (COPY), all or nothing; streams any iterable."""
         return await self.store.enqueue_batch(jobs, conn=conn)
@@ -264,23 +195,9 @@ class AsyncClient:
         """
         return await self.store.wait(_uuid(job_id), timeout, poll_interval=poll_interval)
 
-    async def list(
-        self,
-        *,
-        queue: str | None = None,
-        state: State | str | None = None,
-        type: str | None = None,
-        after: uuid.UUID | str | None = None,
-        limit: int = 100,
-    ) -> builtins.list[Job]:
+    async def list(self, **filters: Unpack[ListFilters]) -> builtins.list[Job]:
         """Jobs matching the filters, oldest first; pass a page's last id as ``after``."""
-        return await self.store.list(
-            queue=queue,
-            state=state,
-            type=type,
-            after=None if after is None else _uuid(after),
-            limit=limit,
-        )
+        return await self.store.list(**producer.list_filters(filters))
 
     async def cancel(self, job_id: uuid.UUID | str) -> Job:
         return await self.store.cancel(_uuid(job_id))

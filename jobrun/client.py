@@ -36,20 +36,12 @@ import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Iterable, Iterator
-from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
-from psycopg_pool import ConnectionPool
-
+from jobrun import producer
 from jobrun.config import Settings
-from jobrun.job.errors import ValidationError
 from jobrun.job.model import (
-    DEFAULT_BACKOFF,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_PRIORITY,
-    DEFAULT_QUEUE,
     KEEP,
-    Backoff,
     BatchResult,
     EffectKey,
     Event,
@@ -62,11 +54,14 @@ from jobrun.job.model import (
     RateLimit,
     Schedule,
     ScheduleSpec,
-    State,
-    new_job_id,
 )
+from jobrun.job.service import Closing
+from jobrun.postgres.connect import ConnectionPool, caller_connection, database_url_or_embedded
 from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT, open_pool
 from jobrun.postgres.store import Store
+from jobrun.producer import EnqueueOptions, JobOptions, ListFilters
+
+_uuid = producer.job_id  # the old private name, for callers that borrowed it
 
 
 def make_store(pool: ConnectionPool[Any], settings: Settings) -> Store:
@@ -75,18 +70,10 @@ def make_store(pool: ConnectionPool[Any], settings: Settings) -> Store:
     The one place a Settings becomes a Store, for the client, the runtime and
     the command alike: a field added to one is never missed by another.
     """
-    return Store(
-        pool,
-        event_mode=settings.job_events,
-        commit_timeout=settings.commit_timeout,
-        notify_channel=settings.notify_channel,
-        call_timeout=settings.call_timeout,
-        schema=settings.schema,
-        direct_url=settings.direct_url,
-    )
+    return Store(pool, commit_timeout=settings.commit_timeout, **producer.store_options(settings))
 
 
-class Client:
+class Client(Closing):
     """Enqueue and administer jobs through a Store (usually from :meth:`connect`)."""
 
     def __init__(self, store: Store, *, owns_pool: bool = False) -> None:
@@ -117,11 +104,7 @@ class Client:
         """
         if settings is None:
             settings = Settings.from_env()
-        url = database_url or settings.database_url
-        if not url:
-            from jobrun.runtime import resolve_database_url  # noqa: PLC0415 - the fallback only
-
-            url = resolve_database_url(settings)
+        url = database_url_or_embedded(database_url or settings.database_url)
         pool = open_pool(
             url,
             concurrency=pool_size,
@@ -143,17 +126,6 @@ class Client:
         if self._owns_pool:
             self.store.pool.close()
 
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     # -- enqueue -------------------------------------------------------------------
 
     def enqueue(
@@ -161,18 +133,15 @@ class Client:
         type: str,
         payload: JSONValue = None,
         *,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = DEFAULT_PRIORITY,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        backoff: Backoff = DEFAULT_BACKOFF,
-        run_at: dt.datetime | None = None,
-        delay: dt.timedelta | None = None,
-        idempotency_key: str | None = None,
-        id: uuid.UUID | None = None,
-        concurrency_key: str | None = None,
         conn: Any = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Job:
         """Enqueue one job; with ``conn``, inside that connection's transaction.
+
+        ``options`` (:class:`~jobrun.producer.EnqueueOptions`): ``queue``,
+        ``priority``, ``max_attempts``, ``backoff``, ``run_at`` or ``delay``,
+        ``idempotency_key``, ``id`` (new by default), ``concurrency_key``;
+        :class:`~jobrun.NewJob`'s defaults apply.
 
         ``conn`` is a psycopg Connection, or a SQLAlchemy Session or
         Connection, or a Django connection: the job then exists exactly when
@@ -186,20 +155,7 @@ class Client:
         :meth:`set_queue_limits`); None counts it against the queue's own
         limits only.
         """
-        job = NewJob(
-            type=type,
-            payload={} if payload is None else payload,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            run_at=run_at,
-            delay=delay,
-            idempotency_key=idempotency_key,
-            id=id or new_job_id(),
-            concurrency_key=concurrency_key,
-        )
-        return self.enqueue_job(job, conn=conn)
+        return self.enqueue_job(producer.new_job(type, payload, options), conn=conn)
 
     def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
         with _caller_connection(conn) as caller:
@@ -210,42 +166,23 @@ class Client:
         type: str,
         payloads: Iterable[JSONValue],
         *,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = DEFAULT_PRIORITY,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        backoff: Backoff = DEFAULT_BACKOFF,
-        run_at: dt.datetime | None = None,
-        delay: dt.timedelta | None = None,
-        concurrency_key: str | None = None,
         conn: Any = None,
+        **options: Unpack[JobOptions],
     ) -> BatchResult:
         """Enqueue one job of ``type`` per payload (COPY), all or nothing.
 
         The fast form of a batch whose jobs differ only in their payload: the
-        other fields are checked once, each payload as in :meth:`enqueue`
-        (a bad one is a ValidationError naming its position, ``payloads[3]``).
-        The payloads stream into the COPY as they are checked (bounded memory,
+        other fields (``options``: as :meth:`enqueue`'s, without a key or an
+        id) are checked once, each payload as in :meth:`enqueue` (a bad one
+        is a ValidationError naming its position, ``payloads[3]``). The
+        payloads stream into the COPY as they are checked (bounded memory,
         and the checks overlap the server's work): a bad one rolls back what
         was sent, so nothing of the batch is written. Each job gets a new id:
         a batch you may have to retry after OutcomeUnknown is safer as NewJobs
         through :meth:`enqueue_batch`, where the ids you chose make the retry
         a replay.
         """
-        if not isinstance(type, str):
-            raise ValidationError(
-                "type",
-                "enqueue_many takes a job type and its payloads; NewJobs go through enqueue_batch",
-            )
-        template = NewJob(
-            type=type,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            run_at=run_at,
-            delay=delay,
-            concurrency_key=concurrency_key,
-        )
+        template = producer.template(type, options)
         with _caller_connection(conn) as caller:
             return self.store.enqueue_many(template, payloads, conn=caller)
 
@@ -272,22 +209,9 @@ class Client:
         """
         return self.store.wait(_uuid(job_id), timeout, poll_interval=poll_interval)
 
-    def list(
-        self,
-        *,
-        queue: str | None = None,
-        state: State | str | None = None,
-        type: str | None = None,
-        after: uuid.UUID | str | None = None,
-        limit: int = 100,
-    ) -> builtins.list[Job]:
-        return self.store.list(
-            queue=queue,
-            state=state,
-            type=type,
-            after=None if after is None else _uuid(after),
-            limit=limit,
-        )
+    def list(self, **filters: Unpack[ListFilters]) -> builtins.list[Job]:
+        """Jobs matching the filters, oldest first; pass a page's last id as ``after``."""
+        return self.store.list(**producer.list_filters(filters))
 
     def cancel(self, job_id: uuid.UUID | str) -> Job:
         return self.store.cancel(_uuid(job_id))
@@ -414,22 +338,11 @@ class Client:
 def _caller_connection(conn: Any) -> Iterator[Any]:
     """The psycopg Connection under the caller's ``conn`` (None: none), lent for one call.
 
-    An ORM's session or connection is resolved by :mod:`jobrun.contrib`,
-    imported only when a ``conn`` is given (it imports no ORM itself).
+    An ORM's session or connection is resolved by
+    :func:`jobrun.postgres.connect.caller_connection` (it imports no ORM itself).
     """
     if conn is None:
         yield None
         return
-    from jobrun.contrib import caller_connection  # noqa: PLC0415 - only for a caller's conn
-
     with caller_connection(conn) as caller:
         yield caller
-
-
-def _uuid(value: uuid.UUID | str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        raise ValidationError("job_id", f"{value!r} is not a job id (a UUID)") from None

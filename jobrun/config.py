@@ -13,8 +13,8 @@ DATABASE_URL                   --database-url          none (see below)
 JOBRUN_POOLER                  --pooler                auto (auto|none|session|transaction)
 JOBRUN_DIRECT_URL              --direct-url            none (LISTEN, the leader, migrations)
 JOBRUN_SCHEMA                  --schema                jobrun
-WORKER_CONCURRENCY             --concurrency           10
-JOB_EVENTS (all|terminal)      --job-events            all
+JOBRUN_CONCURRENCY             --concurrency           10
+JOBRUN_JOB_EVENTS              --job-events            all (all|terminal)
 JOBRUN_QUEUES                  --queues                default
 JOBRUN_LEASE_TTL               --lease-ttl             30s
 JOBRUN_HEARTBEAT_INTERVAL      --heartbeat-interval    5s
@@ -33,35 +33,22 @@ JOBRUN_HEALTH_STALE_AFTER      --health-stale-after    2 x lease TTL (see below)
 JOBRUN_TRACING (off|otel)      --tracing               off
 =============================  ======================  =========================
 
+Every variable but the conventional ``DATABASE_URL`` starts with ``JOBRUN_``.
+The old names ``WORKER_CONCURRENCY`` and ``JOB_EVENTS`` are still read, with
+one WARNING per process naming the new one; the new name wins when both are
+set.
+
 Without a database URL, the ``jobrun`` command and ``Client.connect()`` fall
 back to the embedded PostgreSQL (and say so); a :class:`~jobrun.Runtime`
 refuses to start instead. ``JOBRUN_SCHEMA`` is the PostgreSQL schema every
 jobrun object lives in (:func:`jobrun.postgres.schema.schema_name` says
 which names are valid); ``jobrun migrate`` creates it.
 
-Observability (:mod:`jobrun.observe`, optional): with ``JOBRUN_METRICS_PORT``
-a :class:`~jobrun.Runtime` serves Prometheus metrics on ``/metrics``
-(``pip install 'jobrun[metrics]'``), and ``/healthz`` and ``/readyz`` on
-the same port; ``JOBRUN_HEALTH_PORT`` serves the probes on a port of their
-own (the same number as the metrics port: one server). Both listen on
-``JOBRUN_OBSERVE_HOST``: every interface by default, because a Kubernetes
-probe and a Prometheus scraper connect from outside the container (set
-``127.0.0.1`` to keep them local). ``JOBRUN_HEALTH_STALE_AFTER`` is how long
-a worker may go without one successful claim or heartbeat before
-``/healthz`` fails (default: twice the lease TTL, and at least three poll
-intervals; see :mod:`jobrun.observe.health`). ``JOBRUN_TRACING=otel``
-traces enqueues and attempts with OpenTelemetry (``pip install
-'jobrun[otel]'``).
-
-Behind a connection pooler (PgBouncer): ``JOBRUN_POOLER`` says what
-``DATABASE_URL`` goes through (:mod:`jobrun.postgres.pool`; ``auto``
-detects a pooler at start and then assumes transaction pooling), and
-``JOBRUN_DIRECT_URL`` is a connection string that reaches PostgreSQL
-itself, for the work that needs a session of its own: the worker's LISTEN
-for wake-ups, the scheduler's leader lock, ``jobrun migrate`` and
-``Store.wait``. Behind a transaction pooler without it, workers poll every
-``JOBRUN_POLL_INTERVAL`` and the leader is elected by a lease row with a
-fencing term (:mod:`jobrun.postgres.leader`).
+The observability ports serve metrics and the health probes
+(:mod:`jobrun.observe`) on every interface by default, because probes and
+scrapers connect from outside the container. ``JOBRUN_POOLER`` and
+``JOBRUN_DIRECT_URL`` say what ``DATABASE_URL`` goes through and where the
+work that needs a session of its own goes (:mod:`jobrun.postgres.pool`).
 
 Durations are ``250ms``, ``30s``, ``5m``, ``2h``, ``7d`` or plain seconds.
 Invalid settings raise ValidationError naming the variable, at start.
@@ -78,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import math
 import os
 import re
@@ -101,6 +89,8 @@ from jobrun.worker.worker import (
     WorkerConfig,
     parse_queues,
 )
+
+log = logging.getLogger("jobrun")
 
 TRACING_MODES = ("off", "otel")
 DEFAULT_OBSERVE_HOST = "0.0.0.0"  # noqa: S104 - probes and scrapers connect from outside
@@ -204,7 +194,7 @@ class Settings:
         try:
             object.__setattr__(self, "job_events", EventMode(self.job_events))
         except ValueError:
-            raise ValidationError("JOB_EVENTS", "must be 'all' or 'terminal'") from None
+            raise ValidationError("JOBRUN_JOB_EVENTS", "must be 'all' or 'terminal'") from None
         object.__setattr__(self, "pooler", pooler_mode(self.pooler, POOLER_FIELD))
         if self.direct_url is not None:
             if not isinstance(self.direct_url, str) or not self.direct_url.strip():
@@ -244,8 +234,9 @@ class Settings:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for var, (field, parse) in _ENV.items():
-            if env.get(var, "").strip():
-                values[field] = parse(env[var], var)
+            name = _set_name(env, var)
+            if name is not None:
+                values[field] = parse(env[name], name)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -278,8 +269,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "JOBRUN_POOLER": ("pooler", lambda text, name: text.strip().lower()),
     "JOBRUN_DIRECT_URL": ("direct_url", lambda text, name: text.strip()),
     "JOBRUN_SCHEMA": ("schema", lambda text, name: text.strip()),
-    "WORKER_CONCURRENCY": ("concurrency", _int),
-    "JOB_EVENTS": ("job_events", lambda text, name: text.strip().lower()),
+    "JOBRUN_CONCURRENCY": ("concurrency", _int),
+    "JOBRUN_JOB_EVENTS": ("job_events", lambda text, name: text.strip().lower()),
     "JOBRUN_QUEUES": ("queues", lambda text, name: parse_queues(text)),
     "JOBRUN_LEASE_TTL": ("lease_ttl", parse_duration),
     "JOBRUN_HEARTBEAT_INTERVAL": ("heartbeat_interval", parse_duration),
@@ -297,3 +288,26 @@ _ENV: dict[str, tuple[str, Any]] = {
     "JOBRUN_HEALTH_STALE_AFTER": ("health_stale_after", parse_duration),
     "JOBRUN_TRACING": ("tracing", lambda text, name: text.strip().lower()),
 }
+
+DEPRECATED_ENV: dict[str, str] = {
+    "WORKER_CONCURRENCY": "JOBRUN_CONCURRENCY",
+    "JOB_EVENTS": "JOBRUN_JOB_EVENTS",
+}
+"""The old names still read (old -> new): the new one wins; the old one is a WARNING."""
+
+_OLD_NAME = {new: old for old, new in DEPRECATED_ENV.items()}
+_warned: set[str] = set()
+
+
+def _set_name(env: Mapping[str, str], var: str) -> str | None:
+    """The variable that sets ``var``'s field: ``var``, else its old name (said once), else None."""
+    old = _OLD_NAME.get(var)
+    new_set = bool(env.get(var, "").strip())
+    if old is not None and env.get(old, "").strip():
+        if old not in _warned:
+            _warned.add(old)
+            what = "ignored: the new name is set too" if new_set else f"read for now as {var}"
+            log.warning("jobrun: %s is deprecated, set %s instead (%s)", old, var, what)
+        if not new_set:
+            return old
+    return var if new_set else None

@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from jobrun.client import make_store
 from jobrun.config import Settings
 from jobrun.job.model import Backoff, Job, NewJob, ScheduleSpec, State
 from jobrun.postgres import demo as demo_sql
@@ -42,7 +43,6 @@ from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.migrate import migrate
 from jobrun.postgres.notify import Notifier
 from jobrun.postgres.pool import open_pool
-from jobrun.runtime import make_store
 from jobrun.scheduler.service import SchedulerConfig, SchedulerService
 from jobrun.worker.context import JobContext
 from jobrun.worker.registry import Registry

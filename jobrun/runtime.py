@@ -2,56 +2,33 @@
 
 ::
 
-    import jobrun
-
-    settings = jobrun.Settings.from_env()          # the same settings as the producers'
-    with jobrun.Runtime(settings, registry):       # started; stopped (drained) on exit
+    with jobrun.Runtime(jobrun.Settings.from_env(), registry):   # started; drained on exit
         serve_my_http_api()
 
-    # or: block here until SIGTERM/SIGINT, as `jobrun worker` does
-    jobrun.Runtime(settings, registry).run()
+    jobrun.Runtime(settings, registry).run()   # or block until SIGTERM/SIGINT, as `jobrun worker`
 
-    # or: your program owns its signals; stop() from any thread ends run()
-    runtime = jobrun.Runtime(settings, registry)
-    threading.Thread(target=runtime.run, kwargs={"install_signals": False}).start()
-    ...
-    runtime.stop(timeout=10)
+Why one object: the pieces of a worker process (the worker's pool, the
+listener, the scheduler's lock and its own small pool) must be opened,
+started and stopped in one order, and a process that starts too early must
+fail at once. So the Settings are frozen and checked before anything
+connects; the constructor opens the pools and checks the schema version
+(``SchemaMismatch`` when ``jobrun migrate`` was not run); ``start()`` and
+``stop()`` are safe twice and from any thread; the shutdown drains the
+worker, then stops the scheduler (releasing leadership), the listener and
+the pools. Behind a transaction pooler the session work (LISTEN, the leader
+lock) goes to ``JOBRUN_DIRECT_URL``, or degrades to polling and a lease row;
+one INFO line says which.
 
-One process holds, each on connections of its own role::
+Observability (metrics, health, tracing) is asked for by the settings, but
+the runtime does not know it: it calls an :class:`Observer` made by the
+factory plugged in with :func:`observe_with` (the ``jobrun`` package plugs
+:mod:`jobrun.observe.wiring` in, imported only when asked for), so the core
+never imports the optional part.
 
-    jobrun-worker    the worker's pool: concurrency + 8 connections
-    jobrun-listener  the Notifier's LISTEN connection
-    jobrun-leader    the scheduler's advisory-lock connection
-    jobrun-reaper    the scheduler's small pool (never starved by handlers)
-
-Behind a transaction pooler (``JOBRUN_POOLER``, detected by ``auto``), the
-two pools go through it and the session work moves: with
-``JOBRUN_DIRECT_URL`` the listener and the leader's lock connect there;
-without it the worker polls (every poll interval) and the leader is the
-lease row of :mod:`jobrun.postgres.leader`, fenced by its term, on the
-scheduler's pool. One INFO line says which.
-
-Observability is switched on by the settings (:mod:`jobrun.observe.wiring`):
-``metrics_port`` (Prometheus ``/metrics``, ``pip install 'jobrun[metrics]'``),
-``health_port`` (``/healthz`` and ``/readyz``, also served on the metrics
-port), ``tracing="otel"`` (OpenTelemetry, ``pip install 'jobrun[otel]'``).
-The server starts with the Runtime (one INFO line says where it listens)
-and stops after the worker drained; readiness fails as soon as stop()
-begins. With none of them set, jobrun.observe is never imported.
-
-The service shape is the repo's: the configuration (:class:`~jobrun.Settings`)
-is frozen and validated before anything connects; constructing a
-:class:`Runtime` opens its pools and checks the schema version once
-(``SchemaMismatch`` when ``jobrun migrate`` was not run, so a worker started
-too early exits at once instead of failing every query); ``start()`` and
-``stop()`` are safe to call twice and from any thread. The shutdown order
-is: stop claiming and drain the worker, stop the scheduler (releasing
-leadership), stop the listener, close the pools.
-
-A Runtime needs a database URL: in library code, silently starting a private
-embedded database because a setting was misspelt would hide the mistake, so
-that fallback belongs to the ``jobrun`` command and to ``Client.connect()``
-(see :func:`resolve_database_url`), which always say so.
+A Runtime needs a database URL: silently starting a private embedded
+database because a setting was misspelt would hide the mistake, so that
+fallback belongs to the ``jobrun`` command and ``Client.connect()`` (see
+:func:`resolve_database_url`), which say so.
 """
 
 from __future__ import annotations
@@ -60,21 +37,18 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
-
-from psycopg_pool import ConnectionPool
+from typing import Any, Protocol
 
 from jobrun.client import make_store
 from jobrun.config import Settings
 from jobrun.job.errors import ValidationError
+from jobrun.job.service import Service
 from jobrun.postgres import dsn
-from jobrun.postgres.embedded import EMBEDDED_DATABASE, ensure_embedded
-from jobrun.postgres.leader import LeaseLocker
+from jobrun.postgres.connect import ConnectionPool, database_url_or_embedded
+from jobrun.postgres.leader import LeaseLocker, leader_lock_name
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.notify import Notifier, NullDispatcher
 from jobrun.postgres.pool import describe, open_pool, pooler_of
-from jobrun.postgres.schema import DEFAULT_SCHEMA
 from jobrun.postgres.store import Store
 from jobrun.scheduler.service import SchedulerService
 from jobrun.worker.hooks import WorkerHooks
@@ -82,10 +56,14 @@ from jobrun.worker.registry import Registry
 from jobrun.worker.stop_signals import StopSignals
 from jobrun.worker.worker import Worker
 
-if TYPE_CHECKING:
-    from jobrun.observe.wiring import Observability
-
-__all__ = ["Runtime", "make_store", "resolve_database_url"]
+__all__ = [
+    "Observer",
+    "Runtime",
+    "leader_lock_name",
+    "make_store",
+    "observe_with",
+    "resolve_database_url",
+]
 
 log = logging.getLogger("jobrun")
 
@@ -97,38 +75,55 @@ def resolve_database_url(settings: Settings, *, say: Callable[[str], None] | Non
     the fallback is announced in one line, given to ``say`` (the command
     writes it on stderr), by default a WARNING of the ``jobrun`` logger.
     """
-    if settings.database_url:
-        return settings.database_url
-    cluster, started = ensure_embedded()
-    url = cluster.url(EMBEDDED_DATABASE)
-    what = "started" if started else "reusing"
-    line = f"no DATABASE_URL; {what} the embedded PostgreSQL at {url} (data in {cluster.datadir})"
-    if say is None:
-        log.warning("%s", line)
-    else:
-        say(line)
-    return url
+    return database_url_or_embedded(settings.database_url, say=say)
 
 
-def _observing(settings: Settings) -> bool:
-    """Whether the settings ask for metrics, health or tracing (the only reason to import them)."""
-    return (
-        settings.metrics_port is not None
-        or settings.health_port is not None
-        or settings.tracing != "off"
-    )
+class Observer(Protocol):
+    """What rides along with a Runtime: hooks on its worker, servers beside it.
 
-
-def leader_lock_name(schema: str) -> str | None:
-    """The leader lock's name for ``schema``: each schema in a database elects its own leader.
-
-    None (the historical key) for the default schema, so that processes of
-    an older jobrun and of this one still agree on a single leader.
+    :class:`jobrun.observe.wiring.Observability` is the one jobrun has.
     """
-    return None if schema == DEFAULT_SCHEMA else f"schema:{schema}"
+
+    @property
+    def hooks(self) -> Sequence[WorkerHooks]:
+        """The worker hooks to add (given at the worker's construction)."""
+        ...
+
+    def attach(
+        self,
+        *,
+        worker: Worker | None,
+        worker_store: Store | None,
+        scheduler: SchedulerService | None,
+        scheduler_store: Store | None,
+    ) -> None:
+        """Watch what the Runtime built."""
+
+    def start(self, worker: Worker | None) -> None:
+        """Serve, just before the worker starts."""
+
+    def stopping(self) -> None:
+        """The Runtime begins to stop (readiness fails from now on)."""
+
+    def stop(self) -> None:
+        """Stop serving; called once, after the worker drained."""
 
 
-class Runtime:
+ObserverFactory = Callable[[Settings], Observer | None]
+"""Makes the observer ``settings`` ask for (None: they ask for nothing)."""
+
+_observer_factory: list[ObserverFactory] = []
+
+
+def observe_with(factory: ObserverFactory | None) -> None:
+    """Every Runtime built from now on gets ``factory(settings)`` as its ``observe``.
+
+    The ``jobrun`` package plugs in :mod:`jobrun.observe`'s at import; None unplugs.
+    """
+    _observer_factory[:] = [] if factory is None else [factory]
+
+
+class Runtime(Service):
     """A worker (and, by default, a scheduler candidate) in this process.
 
     ``settings`` must name the database (``database_url``, or the
@@ -165,12 +160,11 @@ class Runtime:
         if not worker and not scheduler:
             raise ValidationError("worker", "a Runtime runs a worker, a scheduler or both")
         url = dsn.normalize(url)
-        self.observe: Observability | None = None
+        self.observe: Observer | None = None
         """Metrics, tracing and health, when the settings ask for them."""
-        if _observing(settings):
-            from jobrun.observe.wiring import Observability  # noqa: PLC0415 - optional part
-
-            self.observe = Observability(settings)  # a missing extra fails before connecting
+        for factory in _observer_factory:
+            self.observe = factory(settings)  # a missing extra fails before connecting
+        if self.observe is not None:
             hooks = [*hooks, *self.observe.hooks]
         self._pools: list[ConnectionPool[Any]] = []
         self.worker: Worker | None = None
@@ -312,18 +306,6 @@ class Runtime:
 
     def close(self) -> None:
         """Same as :meth:`stop`."""
-        self.stop()
-
-    def __enter__(self) -> Runtime:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
         self.stop()
 
     def run(self, *, install_signals: bool = True) -> None:

@@ -1,6 +1,6 @@
 """jobrun's side of the comparison (runs in jobrun's ``.venv``).
 
-The worker is the real command at its defaults (``JOB_EVENTS=all``,
+The worker is the real command at its defaults (``JOBRUN_JOB_EVENTS=all``,
 notifications on, standing for scheduler leader)::
 
     jobrun worker --app bench.peers.jobrun_side:registry --queues peers --concurrency N

@@ -83,7 +83,7 @@ class System:
             }
         )
         if self.name == "jobrun":
-            env.update({"DATABASE_URL": url, "JOB_EVENTS": "all"})
+            env.update({"DATABASE_URL": url, "JOBRUN_JOB_EVENTS": "all"})
         return env
 
 
@@ -163,7 +163,7 @@ def jobrun(python: Path, best: tuple[int, ...]) -> System:
             " (SELECT count(*) FROM jobrun.jobs WHERE queue = 'peers' AND state = 'succeeded')"
         ),
         queued_sql="SELECT count(*) FROM jobrun.jobs WHERE queue = 'peers'",
-        defaults="10 threads, JOB_EVENTS=all, LISTEN/NOTIFY, scheduler candidate",
+        defaults="10 threads, JOBRUN_JOB_EVENTS=all, LISTEN/NOTIFY, scheduler candidate",
     )
 
 

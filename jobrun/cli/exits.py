@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import sys
 
-import psycopg
-from psycopg_pool import PoolTimeout
-
 from jobrun.job.errors import (
     AlreadyExists,
     IdempotencyConflict,
@@ -31,6 +28,7 @@ from jobrun.job.errors import (
     ValidationError,
 )
 from jobrun.job.validate import redact
+from jobrun.postgres.connect import OperationalError, PoolTimeout
 
 PROG = "jobrun"
 
@@ -51,7 +49,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...],
     (NotFound, EXIT_NOT_FOUND),
     ((IdempotencyConflict, AlreadyExists), EXIT_CONFLICT),
     (InvalidState, EXIT_INVALID_STATE),
-    ((TransientError, OutcomeUnknown, psycopg.OperationalError, PoolTimeout), EXIT_UNAVAILABLE),
+    ((TransientError, OutcomeUnknown, OperationalError, PoolTimeout), EXIT_UNAVAILABLE),
     (ValidationError, EXIT_VALIDATION),
     (SchemaMismatch, EXIT_SCHEMA),
 )

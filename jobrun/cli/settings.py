@@ -26,6 +26,7 @@ from typing import Any
 from jobrun.client import Client
 from jobrun.config import Settings, parse_duration
 from jobrun.postgres import dsn, embedded
+from jobrun.postgres.connect import database_url_or_embedded
 from jobrun.postgres.pool import conninfo_with
 
 from .exits import EXIT_UNAVAILABLE, CommandError, announce
@@ -83,10 +84,8 @@ def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 def database_url(settings: Settings) -> str:
     """The flag, DATABASE_URL, or the embedded PostgreSQL; checked for syntax."""
-    from jobrun.runtime import resolve_database_url  # noqa: PLC0415 - heavy, not for every command
-
     try:
-        url = resolve_database_url(settings, say=announce)
+        url = database_url_or_embedded(settings.database_url, say=announce)
     except embedded.ClusterError as exc:
         raise CommandError(f"embedded PostgreSQL: {exc}", EXIT_UNAVAILABLE) from None
     conninfo_with(url)  # ValidationError for an unparseable string, without the password

@@ -38,83 +38,8 @@ puts the ORM's back afterwards. Nothing else on the connection changes.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
-
-import psycopg
-from psycopg.pq import Format
-
-from jobrun.job.errors import ValidationError
+# The resolver lives beside the psycopg code it serves (only jobrun.postgres
+# imports psycopg, and the core Client calls it); its public home stays here.
+from jobrun.postgres.connect import caller_connection, standard_loaders
 
 __all__ = ["caller_connection", "standard_loaders"]
-
-_PINNED_TYPES = ("json", "jsonb", "timestamptz")
-"""The types whose loaders jobrun's rows need to be psycopg's own."""
-
-
-def _from(obj: object, package: str) -> bool:
-    """Whether ``obj``'s class (or a base of it) is defined in ``package``.
-
-    Duck typing by origin: the package is already imported when one of its
-    objects exists, so asking costs no import.
-    """
-    return any(
-        getattr(cls, "__module__", "").partition(".")[0] == package for cls in type(obj).__mro__
-    )
-
-
-@contextlib.contextmanager
-def caller_connection(conn: object) -> Iterator[psycopg.Connection[Any]]:
-    """The psycopg Connection under ``conn``, lent inside ``conn``'s transaction.
-
-    See the module docstring for what ``conn`` may be. A psycopg Connection
-    is passed through as it is. Anything else is a ValidationError naming
-    what is accepted, raised before anything is written.
-    """
-    if isinstance(conn, psycopg.Connection):
-        yield conn
-        return
-    if _from(conn, "sqlalchemy"):
-        from jobrun.contrib.sqlalchemy import connection_for_enqueue  # noqa: PLC0415
-
-        with connection_for_enqueue(conn) as raw, standard_loaders(raw):
-            yield raw
-        return
-    if _from(conn, "django"):
-        from jobrun.contrib.django.connection import connection_for_enqueue as django_conn  # noqa: PLC0415
-
-        with django_conn(conn) as raw, standard_loaders(raw):
-            yield raw
-        return
-    raise ValidationError(
-        "conn",
-        "must be a psycopg.Connection, a SQLAlchemy Session or Connection (psycopg 3 "
-        f"dialect), or a Django connection (psycopg 3 backend), not {type(conn).__name__}",
-    )
-
-
-@contextlib.contextmanager
-def standard_loaders(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
-    """``conn`` with psycopg's standard loaders for json, jsonb and timestamptz, then its own.
-
-    For a connection configured by someone else (Django loads jsonb as
-    text): jobrun's store reads its rows back with the connection's loaders.
-    """
-    saved: list[tuple[int, type[Any]]] = []
-    for name in _PINNED_TYPES:
-        info = psycopg.adapters.types.get(name)
-        if info is None:  # pragma: no cover - psycopg knows these built-in types
-            continue
-        for fmt in (Format.TEXT, Format.BINARY):
-            standard = psycopg.adapters.get_loader(info.oid, fmt)
-            current = conn.adapters.get_loader(info.oid, fmt)
-            if standard is not None and current is not standard:
-                if current is not None:
-                    saved.append((info.oid, current))
-                conn.adapters.register_loader(info.oid, standard)
-    try:
-        yield conn
-    finally:
-        for oid, loader in reversed(saved):
-            conn.adapters.register_loader(oid, loader)

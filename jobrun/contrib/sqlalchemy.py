@@ -49,62 +49,20 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import create_engine
 from sqlalchemy.dialects import registry as dialect_registry
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import Session, scoped_session
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from jobrun.job.errors import CommitRefused, ValidationError
+from jobrun.postgres.connect import sqlalchemy_connection, sqlalchemy_connection_for_enqueue
 
 __all__ = ["connection_for_enqueue", "psycopg_connection", "session_for"]
 
 
-# -- transactional enqueue ------------------------------------------------------------
+# -- transactional enqueue: the resolver is jobrun.postgres.connect's ------------------
 
-
-def _sqlalchemy_connection(obj: object) -> Connection:
-    """The SQLAlchemy Connection whose transaction ``obj`` stands for."""
-    if isinstance(obj, scoped_session):
-        obj = obj()
-    if isinstance(obj, Session):
-        return obj.connection()  # begins the session's transaction when needed
-    if isinstance(obj, Connection):
-        return obj
-    raise ValidationError(
-        "conn",
-        f"a SQLAlchemy Session, scoped_session or Connection is needed, not {type(obj).__name__}",
-    )
-
-
-def psycopg_connection(obj: Session | Connection | scoped_session[Any]) -> psycopg.Connection[Any]:
-    """The psycopg 3 connection under a Session or Connection (the DBAPI one).
-
-    ValidationError when the engine's driver is not psycopg 3 (make the URL
-    ``postgresql+psycopg://``).
-    """
-    driver = _sqlalchemy_connection(obj).connection.driver_connection
-    if not isinstance(driver, psycopg.Connection):
-        raise ValidationError(
-            "conn",
-            "jobrun needs SQLAlchemy's psycopg 3 dialect (a postgresql+psycopg:// URL); "
-            f"this engine's driver connection is a {type(driver).__module__}."
-            f"{type(driver).__name__}",
-        )
-    return driver
-
-
-@contextlib.contextmanager
-def connection_for_enqueue(obj: object) -> Iterator[psycopg.Connection[Any]]:
-    """The psycopg connection under ``obj``, inside ``obj``'s transaction on the server.
-
-    A Connection not yet in a transaction is begun, as SQLAlchemy 2.x does at
-    any first use (commit it with ``connection.commit()``). A transaction
-    that has not reached the server yet is joined by the store itself (a
-    connection not in autocommit mode is its caller's transaction).
-    """
-    sa_conn = _sqlalchemy_connection(obj)
-    if not sa_conn.in_transaction():
-        sa_conn.begin()
-    yield psycopg_connection(sa_conn)
+psycopg_connection = sqlalchemy_connection
+connection_for_enqueue = sqlalchemy_connection_for_enqueue
 
 
 # -- commit callables: a session on Complete's connection -----------------------------

@@ -229,10 +229,9 @@ class Metrics(WorkerHooks):
         lock (by default the one :class:`jobrun.Runtime` takes for the
         store's schema).
         """
-        from jobrun.postgres.leader import election_name  # noqa: PLC0415 - optional part
+        from jobrun.postgres.leader import election_name, leader_lock_name  # noqa: PLC0415
         from jobrun.postgres.lock import LOCK_LEADER, lock_key  # noqa: PLC0415
         from jobrun.postgres.stats import ClusterStats  # noqa: PLC0415
-        from jobrun.runtime import leader_lock_name  # noqa: PLC0415
 
         if isinstance(cache_seconds, bool) or not isinstance(cache_seconds, int | float):
             raise ValidationError("cache_seconds", "must be a number of seconds")

@@ -1,6 +1,6 @@
 """The job_events audit trail: which transitions are recorded, and how.
 
-``EventMode.ALL`` (the default, ``JOB_EVENTS=all``) records a row for every
+``EventMode.ALL`` (the default, ``JOBRUN_JOB_EVENTS=all``) records a row for every
 transition: enqueued, claimed, succeeded, retrying, dead, cancel_requested,
 cancelled, retried, and reaped (with the reaper's verdict in ``detail``; a
 terminal verdict also gets its terminal row). ``EventMode.TERMINAL`` records
@@ -31,7 +31,7 @@ from jobrun.postgres.sqlc import Queries
 
 
 class EventMode(enum.StrEnum):
-    """Which transitions get a job_events row (``JOB_EVENTS``)."""
+    """Which transitions get a job_events row (``JOBRUN_JOB_EVENTS``)."""
 
     ALL = "all"
     TERMINAL = "terminal"

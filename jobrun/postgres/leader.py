@@ -95,6 +95,7 @@ from jobrun.job.errors import JobrunError, ValidationError
 from jobrun.job.model import LeaderTerm
 from jobrun.postgres.lock import LOCK_LEADER, lock_key
 from jobrun.postgres.notify import check_seconds
+from jobrun.postgres.schema import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
     from jobrun.postgres.sqlc.leader import GetLeaderRow
@@ -115,6 +116,15 @@ def election_name(name: str | None) -> str:
     if not isinstance(name, str) or not name or len(name) > 200 or "\x00" in name:
         raise ValidationError("name", "must be 1-200 characters without NUL")
     return f"{ELECTION}:{name}"
+
+
+def leader_lock_name(schema: str) -> str | None:
+    """The leader lock's name for ``schema``: each schema in a database elects its own leader.
+
+    None (the historical key) for the default schema, so that processes of
+    an older jobrun and of this one still agree on a single leader.
+    """
+    return None if schema == DEFAULT_SCHEMA else f"schema:{schema}"
 
 
 def new_holder() -> str:

@@ -1,6 +1,6 @@
 """The connection pool, with production limits, opened and pinged.
 
-``max_size = WORKER_CONCURRENCY + 8``: one connection per handler thread
+``max_size = JOBRUN_CONCURRENCY + 8``: one connection per handler thread
 (a commit callable holds one for the length of Complete) plus room for the
 claim loop, the heartbeat loop, the completer and the scheduler, so that
 those loops are never starved by busy handlers.

@@ -40,7 +40,7 @@ from jobrun.client import Client
 from jobrun.config import Settings
 from jobrun.job.model import State
 from jobrun.postgres import dsn
-from jobrun.postgres.leader import election_name
+from jobrun.postgres.leader import election_name, leader_lock_name
 from jobrun.postgres.lock import LOCK_LEADER, lock_key
 from jobrun.postgres.store import Store
 from jobrun.postgres.web import DashboardReads
@@ -115,7 +115,6 @@ class Dashboard:
         self.env.filters.update(FILTERS)
 
     def _use(self, store: Store) -> None:
-        from jobrun.runtime import leader_lock_name  # noqa: PLC0415 - the runtime is heavy
 
         self._store = store
         name = leader_lock_name(store.schema)

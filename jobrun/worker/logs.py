@@ -42,6 +42,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from jobrun._version import __version__
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Job
 from jobrun.job.redaction import MASK, RedactingFormatter, redact
@@ -213,6 +214,4 @@ def version() -> str:
     try:
         return importlib.metadata.version("jobrun")
     except importlib.metadata.PackageNotFoundError:
-        import jobrun  # noqa: PLC0415 - imported already: this module lives in it
-
-        return jobrun.__version__
+        return __version__

@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
-import inspect
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -62,6 +60,7 @@ from jobrun.job.model import (
     Job,
 )
 from jobrun.job.ports import CommitCallable
+from jobrun.worker.callables import is_async, is_coroutine_handler
 from jobrun.worker.tasks import TaskDecorator, task_options
 
 if TYPE_CHECKING:
@@ -156,30 +155,6 @@ class Done:
             raise ValidationError(
                 "commit", f"Done(commit=...) must be callable, got a {type(self.commit).__name__}"
             )
-
-
-def _unwrap(fn: object) -> object:
-    """What runs when ``fn`` is called: through partials, to an object's ``__call__``."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if not inspect.isroutine(fn) and not inspect.isclass(fn):
-        call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's, not the instance's
-        if call is not None:
-            return call
-    return fn
-
-
-def is_async(fn: object) -> bool:
-    """True for an ``async def`` function (or async generator), a partial of
-    one, or an object whose ``__call__`` is one: what a thread cannot run."""
-    target = _unwrap(fn)
-    return inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target)
-
-
-def is_coroutine_handler(fn: object) -> bool:
-    """True for what the worker runs on its event loop: an ``async def``
-    function, a partial of one, or an object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(_unwrap(fn))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

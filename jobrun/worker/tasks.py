@@ -75,7 +75,6 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from typing import (
-    TYPE_CHECKING,
     Any,
     Concatenate,
     Generic,
@@ -89,10 +88,8 @@ from typing import (
 from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Backoff, Job, NewJob
+from jobrun.worker.callables import is_async, is_coroutine_handler
 from jobrun.worker.context import JobContext
-
-if TYPE_CHECKING:
-    from jobrun.worker.registry import Registry
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -123,6 +120,20 @@ class AsyncJobClient(Protocol):
     """What :meth:`Task.aenqueue` enqueues through: an async client (``jobrun.AsyncClient``)."""
 
     async def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job: ...
+
+
+class Registers(Protocol):
+    """Where a task's handler goes: a :class:`~jobrun.worker.registry.Registry`
+    (named by what it does, so that the registry may import this module)."""
+
+    def register(
+        self,
+        job_type: str,
+        fn: Callable[[JobContext, Job], Any],
+        *,
+        timeout: dt.timedelta | None = None,
+        max_snoozes: int | None = None,
+    ) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -407,7 +418,7 @@ class TaskDecorator:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: Registers,
         job_type: str,
         options: _Options,
         *,
@@ -427,9 +438,6 @@ class TaskDecorator:
     def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
 
     def __call__(self, fn: Callable[..., Any]) -> ContextTask[Any, Any] | Task[Any, Any]:
-        # The registry imports this module: its helpers are imported when used.
-        from jobrun.worker.registry import is_async, is_coroutine_handler  # noqa: PLC0415
-
         if not callable(fn):
             raise ValidationError("task", f"@task({self._type!r}) decorates a function")
         if is_async(fn) and not is_coroutine_handler(fn):

@@ -63,7 +63,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a test tried to start the embedded PostgreSQL")
 
     monkeypatch.setattr(embedded, "ensure_embedded", refuse)
-    monkeypatch.setattr("jobrun.runtime.ensure_embedded", refuse)
+    monkeypatch.setattr("jobrun.postgres.connect.ensure_embedded", refuse)
 
 
 @pytest.fixture
@@ -225,7 +225,7 @@ def test_worker_help_shows_durations_with_their_defaults_and_variables(
         ("--poll-interval", "(default: 1s; env JOBRUN_POLL_INTERVAL)"),
         ("--shutdown-grace", "(default: 30s; env JOBRUN_SHUTDOWN_GRACE)"),
         ("--retention", "(default: 7d; env JOBRUN_RETENTION)"),
-        ("--concurrency", "(default: 10; env WORKER_CONCURRENCY)"),
+        ("--concurrency", "(default: 10; env JOBRUN_CONCURRENCY)"),
     ):
         entry = out.split(f" {flag} ", 1)[1].split(" --", 1)[0]  # the flag's own help
         assert entry.endswith(text), entry

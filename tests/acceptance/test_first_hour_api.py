@@ -47,9 +47,11 @@ TOUCH_APP = "tests.acceptance.apps.touch:registry"
 AMBIENT = (
     "DATABASE_URL",
     "JOB_EVENTS",
+    "JOBRUN_JOB_EVENTS",
     "JOBRUN_NOTIFY_CHANNEL",
     "JOBRUN_SCHEMA",
     "WORKER_CONCURRENCY",
+    "JOBRUN_CONCURRENCY",
     "JOBRUN_QUEUES",
     "COLUMNS",
 )
@@ -81,7 +83,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a test tried to start the embedded PostgreSQL")
 
     monkeypatch.setattr(embedded, "ensure_embedded", refuse)
-    monkeypatch.setattr("jobrun.runtime.ensure_embedded", refuse)
+    monkeypatch.setattr("jobrun.postgres.connect.ensure_embedded", refuse)
     monkeypatch.setattr("jobrun.cli.processes._configure_logging", lambda *args, **kwargs: None)
 
 
@@ -206,7 +208,7 @@ def test_the_embedded_fallback_of_the_library_is_a_logging_warning(
         def url(self, dbname: str) -> str:
             return dsn
 
-    monkeypatch.setattr("jobrun.runtime.ensure_embedded", lambda: (Cluster(), True))
+    monkeypatch.setattr("jobrun.postgres.connect.ensure_embedded", lambda: (Cluster(), True))
     with caplog.at_level(logging.WARNING, logger="jobrun"), Client.connect() as client:
         assert client.depth() == []
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -105,7 +105,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a test tried to start the embedded PostgreSQL")
 
     monkeypatch.setattr(embedded, "ensure_embedded", refuse)
-    monkeypatch.setattr("jobrun.runtime.ensure_embedded", refuse)
+    monkeypatch.setattr("jobrun.postgres.connect.ensure_embedded", refuse)
 
 
 @pytest.fixture

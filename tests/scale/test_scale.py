@@ -83,7 +83,7 @@ def _workers(
                 *("--queues", QUEUE, "--concurrency", str(CONCURRENCY), "--no-scheduler"),
                 *("--log-level", "warning"),
             ]
-            environ = {**os.environ, "JOB_EVENTS": "all", "PYTHONPATH": str(ROOT), **env}
+            environ = {**os.environ, "JOBRUN_JOB_EVENTS": "all", "PYTHONPATH": str(ROOT), **env}
             with open(logs / f"worker-{n}.log", "ab") as log:
                 procs.append(
                     subprocess.Popen(

@@ -20,6 +20,7 @@ def test_all_is_sorted_and_complete() -> None:
 def test_every_public_attribute_is_exported() -> None:
     modules = {
         "client",
+        "producer",
         "config",
         "job",
         "postgres",

@@ -57,7 +57,7 @@ a jobrun handler for those (see docs/stacks.md).
 
 The worker is ``python manage.py jobrun_worker`` (see
 :mod:`jobrun.contrib.django.management.commands.jobrun_worker`). The rest of
-jobrun's settings (``JOBRUN_SCHEMA``, ``JOB_EVENTS``, ...) come from the
+jobrun's settings (``JOBRUN_SCHEMA``, ``JOBRUN_JOB_EVENTS``, ...) come from the
 environment, as everywhere in jobrun.
 """
 
@@ -70,8 +70,6 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from psycopg.conninfo import make_conninfo
 
 from jobrun.client import Client
 from jobrun.config import Settings
@@ -96,6 +94,7 @@ from jobrun.job.model import (
     NewJob,
     State,
 )
+from jobrun.postgres.connect import conninfo
 
 __all__ = ["JOB_TYPE", "JobrunBackend", "close_clients", "enqueue", "task_of", "task_result"]
 
@@ -157,8 +156,8 @@ class JobrunBackend(BaseTaskBackend):
     def database_url(self) -> str:
         """A libpq connection string for the backend's Django database (for the worker)."""
         params = self.connection().get_connection_params()
-        return make_conninfo(
-            "", **{k: v for k, v in params.items() if k not in _NOT_CONNINFO and v is not None}
+        return conninfo(
+            **{k: v for k, v in params.items() if k not in _NOT_CONNINFO and v is not None}
         )
 
     def client(self) -> Client:
