@@ -53,6 +53,7 @@ from jobrun.config import Settings
 from jobrun.job.model import BatchResult, Event, Job, JSONValue, NewJob, jobs_like
 from jobrun.postgres.async_store import AsyncPool, AsyncStore, open_async_pool
 from jobrun.postgres.connect import AsyncConnection, database_url_or_embedded
+from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT
 from jobrun.postgres.wait import DEFAULT_POLL_INTERVAL
 from jobrun.producer import EnqueueOptions, JobOptions, ListFilters
 
@@ -82,6 +83,7 @@ class AsyncClient:
         pool_size: int = 4,
         check_schema: bool = True,
         application_name: str = "jobrun-client",
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
     ) -> AsyncClient:
         """Open an AsyncConnectionPool (``pool_size`` + the reserve) and a store on it.
 
@@ -99,6 +101,7 @@ class AsyncClient:
             min_size=1,
             application_name=application_name,
             pooler=settings.pooler,
+            timeout=pool_timeout,
         )
         try:
             store = make_async_store(pool, settings)
