@@ -48,13 +48,13 @@ def flavour_pool(flavour: Flavour, dsn: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-def make_store(flavour: Flavour, flavour_pool: Any) -> Iterator[Callable[..., Driven]]:
-    """``make_store(**options)``: a Store or an AsyncStore on the flavour's pool."""
+def store_on(flavour: Flavour) -> Iterator[Callable[..., Driven]]:
+    """``store_on(pool, **options)``: a Store or an AsyncStore on ``pool``."""
     made: list[Driven] = []
 
-    def make(**options: Any) -> Driven:
+    def make(pool: Any, **options: Any) -> Driven:
         cls = Store if flavour.name == "sync" else AsyncStore
-        store = flavour.drive(cls(flavour_pool, **options))
+        store = flavour.drive(cls(pool, **options))
         made.append(store)
         return store
 
@@ -62,6 +62,12 @@ def make_store(flavour: Flavour, flavour_pool: Any) -> Iterator[Callable[..., Dr
     if flavour.name == "async":
         for store in made:  # diagnostics still running (AsyncStore.aclose)
             store.aclose()
+
+
+@pytest.fixture
+def make_store(store_on: Callable[..., Driven], flavour_pool: Any) -> Callable[..., Driven]:
+    """``make_store(**options)``: a Store or an AsyncStore on the flavour's pool."""
+    return lambda **options: store_on(flavour_pool, **options)
 
 
 @pytest.fixture

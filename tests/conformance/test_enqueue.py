@@ -64,17 +64,15 @@ def test_enqueue_returns_the_job_as_stored(store: Driven) -> None:
             assert job.run_at - job.created_at == (spec.delay or dt.timedelta(0))
 
 
-def test_enqueue_times_are_the_database_clock(store: Driven) -> None:
+def test_enqueue_stamps_the_job_by_the_database_clock_and_writes_its_enqueued_event(
+    store: Driven,
+) -> None:
     before = store.now()
     job = store.enqueue(new_job())
     after = store.now()
     assert before.tzinfo is dt.UTC
     assert before <= job.created_at <= after
     assert job.run_at == job.created_at == job.updated_at
-
-
-def test_enqueue_writes_one_enqueued_event(store: Driven) -> None:
-    job = store.enqueue(new_job())
     (event,) = store.events(job.id)
     assert (event.kind, event.job_id, event.attempt) == ("enqueued", job.id, 0)
     assert event.at.tzinfo is dt.UTC

@@ -8,17 +8,20 @@ not cancel (the pool would then never hand out a connection).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
 from jobrun.job.errors import TransientError, ValidationError
+from jobrun.job.model import State
 from jobrun.postgres.embedded import free_port
-from jobrun.postgres.pool import RESERVED_CONNECTIONS, conninfo_with
-from tests.conformance.drive import Flavour
+from jobrun.postgres.pool import RESERVED_CONNECTIONS
+from tests.conformance.drive import Driven, Flavour
+from tests.postgres.conftest import new_job
 
 
 @pytest.fixture
@@ -91,10 +94,11 @@ def test_a_tiny_database_statement_timeout_never_cancels_a_new_sessions_set_up(
     assert cancelled == []
 
 
-def test_a_pool_wants_a_positive_int_concurrency(flavour: Flavour, dsn: str) -> None:
+def test_a_pool_wants_a_positive_int_concurrency_before_connecting(flavour: Flavour) -> None:
+    nowhere = f"postgresql://jobrun@127.0.0.1:{free_port()}/jobrun?connect_timeout=2"
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValidationError):
-            flavour.open_pool(dsn, concurrency=bad)
+            flavour.open_pool(nowhere, concurrency=bad)
 
 
 def test_an_unreachable_server_is_a_transient_error_without_the_password(flavour: Flavour) -> None:
@@ -104,3 +108,25 @@ def test_an_unreachable_server_is_a_transient_error_without_the_password(flavour
         flavour.open_pool(url)
     assert "cannot connect to PostgreSQL at jobrun@127.0.0.1" in str(info.value)
     assert canary not in str(info.value) and canary not in repr(info.value)
+
+
+def test_behind_a_transaction_pooler_no_session_state_and_every_time_still_in_utc(
+    flavour: Flavour, dsn: str, tokyo: None, store_on: Callable[..., Driven]
+) -> None:
+    """A pooler in transaction mode may run each transaction on another server
+    session: the pool sets no session state (its sessions keep the database's
+    time zone), and the stores make every timestamp UTC themselves."""
+    pool = flavour.open_pool(dsn, concurrency=1, pooler="transaction")
+    try:
+        with flavour.pooled(pool) as session:
+            assert session.execute("SHOW TimeZone") == [("Asia/Tokyo",)]
+        store = store_on(pool)
+        job = store.enqueue(new_job())
+        assert job.created_at.tzinfo is dt.UTC and job.run_at.tzinfo is dt.UTC
+        assert store.get(job.id) == job
+        store.cancel(job.id)
+        # No LISTEN behind such a pooler: wait re-reads the row instead.
+        assert store.wait(job.id, timeout=5, poll_interval=0.1).state is State.CANCELLED
+        assert store.now().tzinfo is dt.UTC  # the database clock, in UTC
+    finally:
+        flavour.close_pool(pool)

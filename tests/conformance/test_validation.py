@@ -104,12 +104,9 @@ BAD_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def test_bad_store_options_are_validation_errors(make_store: Callable[..., Driven]) -> None:
+def test_the_store_options_are_checked(make_store: Callable[..., Driven]) -> None:
     for case, options in BAD_OPTIONS.items():
         with pytest.raises(ValidationError):
             make_store(**options)
             pytest.fail(case)
-
-
-def test_the_event_mode_may_be_named_by_its_value(make_store: Callable[..., Driven]) -> None:
     assert make_store(event_mode="terminal").event_mode is EventMode.TERMINAL
