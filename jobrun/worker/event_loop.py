@@ -17,6 +17,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
+from jobrun.job.service import Service
 from jobrun.worker.stall_watch import Activity
 
 ASYNC_IO_THREADS = 8
@@ -24,7 +25,7 @@ ASYNC_IO_THREADS = 8
 writes of async jobs (failures, snoozes, progress), started as needed."""
 
 
-class EventLoop:
+class EventLoop(Service):
     """The worker's event loop for async handlers, on the ``jobrun-async-loop`` thread.
 
     A ticker task marks the loop busy on every tick (the stall watch sees a
@@ -47,8 +48,9 @@ class EventLoop:
     def submit(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def stop(self, timeout: float | None) -> None:
-        """Stop the loop (tasks still pending are abandoned) and the io threads."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the loop (tasks still pending are abandoned) and the io threads,
+        waiting up to ``timeout`` seconds for its thread (None: not at all)."""
         with contextlib.suppress(RuntimeError):  # already closed
             self.loop.call_soon_threadsafe(self.loop.stop)
         if timeout is not None and self.thread.is_alive():
