@@ -88,7 +88,7 @@ class WorkerConfig:
     blocked. Defaults to the lease TTL."""
     unknown_type_delay: dt.timedelta = DEFAULT_UNKNOWN_TYPE_DELAY
     """How long a job of a type no handler knows waits after its first release
-    (doubling with each release, up to ten times this; see the module docstring)."""
+    (doubling with each release, up to ten times this: :meth:`unknown_type_delay_for`)."""
     unknown_type_releases: int = DEFAULT_UNKNOWN_TYPE_RELEASES
     """How many times such a job is released before it is dead (0: dead at once)."""
     success_log_level: int | str | None = None

@@ -302,7 +302,13 @@ class Outcomes:
 
     def unknown_type(self, job: Job) -> None:
         """No handler for the job's type: release it, not counting the attempt, up to a
-        limit; then it is dead (see the module docstring)."""
+        limit; then it is dead.
+
+        Not failed: that would burn its attempts while a worker that knows the
+        type rolls out. The release count is the job's own, across workers:
+        written in ``last_error`` and read back here (``_RELEASED``); anything
+        else written there starts it again.
+        """
         known = ", ".join(self.registry.types) or "none"
         limit = self.config.unknown_type_releases
         match = _RELEASED.match(job.last_error or "")
@@ -363,8 +369,8 @@ class Outcomes:
 
     def snooze(self, job: Job, registration: Registration, snooze: Snooze, started: float) -> None:
         """The handler snoozed: queue the job again after the delay, its attempt
-        given back, or fail the attempt past ``max_snoozes`` (see the module
-        docstring)."""
+        given back (snoozing never burns ``max_attempts``), or fail the attempt
+        past ``max_snoozes``, so that a job that snoozes forever still ends."""
         limit = registration.max_snoozes
         if limit is not None and job.snoozes >= limit:
             self.fail(

@@ -230,8 +230,8 @@ class Worker(Service):
         """One WARNING line for settings that contradict each other but can run.
 
         A commit timeout longer than the lease: the completer gives a
-        completion up when its lease runs out (see the module docstring), so
-        a commit callable never gets the whole commit timeout. Warned, not
+        completion up when its lease runs out (:mod:`jobrun.worker.completer`),
+        so a commit callable never gets the whole commit timeout. Warned, not
         refused: nothing runs twice because of it, and the default commit
         timeout (30 s) would otherwise refuse every worker configured with
         only a shorter lease.
