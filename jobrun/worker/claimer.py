@@ -85,62 +85,17 @@ class Claimer(WorkerLoop):
             plan = self._claim_plan()
             if not plan:
                 activity.idle()
-                if self._leases.holding():
-                    # A slot freed soon takes them along with its claim; if
-                    # none frees within a batch window, the completer does.
-                    window = self.config.complete_flush_interval.total_seconds()
-                    if not self._leases.slot_freed.wait(window):
-                        self._leases.hand_over()
-                else:
-                    self._leases.slot_freed.wait(self.config.poll_interval.total_seconds())
-                self._leases.slot_freed.clear()
+                self._wait_for_room()
                 continue
-            coalesce_until = time.monotonic() + CLAIM_COALESCE
-            while (
-                sum(n for _, n in plan) < batch
-                and self._leases.busy()
-                and not self._leases.holding()
-            ):
-                left = coalesce_until - time.monotonic()
-                if left <= 0:
-                    break
-                self._leases.slot_freed.wait(left)
-                self._leases.slot_freed.clear()
-                plan = self._claim_plan()
-            drained = False
-            held_back: float | None = None  # seconds until a limit lets more through
-            claimed = 0
+            plan = self._coalesce(plan, batch)
             try:
-                for queues, n in plan:
-                    activity.busy(f"claiming up to {n} job(s) of {queues}")
-                    finished = self._leases.take(queues, self.config.complete_batch_size)
-                    if finished:
-                        jobs = self._complete_and_claim(
-                            finished, queues, min(n, validate.MAX_CLAIM_LIMIT)
-                        )
-                    else:
-                        jobs = self.claim(queues, min(n, validate.MAX_CLAIM_LIMIT))
-                    self._executor.dispatch(jobs)
-                    claimed += len(jobs)
-                    if len(jobs) < n:
-                        drained = True
-                        wait = self._held_back_by_limits(queues)
-                        if wait is not None:
-                            held_back = wait if held_back is None else min(held_back, wait)
+                drained, held_back, claimed = self._claim_round(plan)
                 failures = 0
-                self._leases.hand_over_unplanned({name for queues, _ in plan for name in queues})
             except JobrunError as exc:
                 activity.idle()
                 self._leases.hand_over()
-                if isinstance(exc, OutcomeUnknown):
-                    # It may have committed (now, or when a dead link heals).
-                    self.claim_may_be_lost()
                 failures += 1
-                pause = DB_RETRY_BACKOFF[min(failures, len(DB_RETRY_BACKOFF)) - 1]
-                if isinstance(exc, ConnectionUnavailable):
-                    pause = 0.0  # it waited its whole bound for a connection already
-                outage.of(self.store).failed(exc, "claim")
-                self.stopping.wait(pause)
+                self._back_off(exc, failures)
                 continue
             except Exception:
                 activity.idle()
@@ -149,26 +104,92 @@ class Claimer(WorkerLoop):
                 self.stopping.wait(1.0)
                 continue
             activity.idle()
-            # Ready jobs a queue limit held back: no wake-up comes when a slot
-            # frees elsewhere or the rate window moves on, so claim again by
-            # itself: when the full rate window opens, or (a slot frees who
-            # knows when) soon, at once when the completer frees a slot here.
-            # Such claims that get nothing back off, doubling up to the poll
-            # interval, so that workers facing a full limit do not poll it 20
-            # times a second.
             held_streak = held_streak + 1 if held_back is not None and not claimed else 0
             if held_back is not None:
-                poll = max(self.config.poll_interval.total_seconds(), LIMITED_RECLAIM)
-                if held_back > 0:
-                    pause = min(held_back + 0.001, poll)
-                else:
-                    pause = min(LIMITED_RECLAIM * 2 ** min(max(held_streak - 1, 0), 8), poll)
-                self._leases.slot_freed.wait(pause)
-                self._leases.slot_freed.clear()
+                self._wait_for_limits(held_back, held_streak)
             elif drained:
                 self._leases.hand_over()  # the wait ends on new work, not on them
                 self._wait_for_work()
         self._leases.hand_over()
+
+    def _wait_for_room(self) -> None:
+        """No room to claim: wait for a freed slot (or the poll interval)."""
+        if self._leases.holding():
+            # A slot freed soon takes them along with its claim; if
+            # none frees within a batch window, the completer does.
+            window = self.config.complete_flush_interval.total_seconds()
+            if not self._leases.slot_freed.wait(window):
+                self._leases.hand_over()
+        else:
+            self._leases.slot_freed.wait(self.config.poll_interval.total_seconds())
+        self._leases.slot_freed.clear()
+
+    def _coalesce(
+        self, plan: list[tuple[list[str], int]], batch: int
+    ) -> list[tuple[list[str], int]]:
+        """A busy worker with fewer than ``batch`` free slots waits a moment
+        (``CLAIM_COALESCE``) for more to free, to claim them in one statement."""
+        coalesce_until = time.monotonic() + CLAIM_COALESCE
+        while (
+            sum(n for _, n in plan) < batch and self._leases.busy() and not self._leases.holding()
+        ):
+            left = coalesce_until - time.monotonic()
+            if left <= 0:
+                break
+            self._leases.slot_freed.wait(left)
+            self._leases.slot_freed.clear()
+            plan = self._claim_plan()
+        return plan
+
+    def _claim_round(self, plan: list[tuple[list[str], int]]) -> tuple[bool, float | None, int]:
+        """Claim (and complete, where the claimer holds completions) what ``plan`` says,
+        and dispatch the jobs: (a queue ran dry, seconds until a limit lets more
+        through or None, jobs claimed)."""
+        drained = False
+        held_back: float | None = None
+        claimed = 0
+        for queues, n in plan:
+            self._activity.busy(f"claiming up to {n} job(s) of {queues}")
+            finished = self._leases.take(queues, self.config.complete_batch_size)
+            if finished:
+                jobs = self._complete_and_claim(finished, queues, min(n, validate.MAX_CLAIM_LIMIT))
+            else:
+                jobs = self.claim(queues, min(n, validate.MAX_CLAIM_LIMIT))
+            self._executor.dispatch(jobs)
+            claimed += len(jobs)
+            if len(jobs) < n:
+                drained = True
+                wait = self._held_back_by_limits(queues)
+                if wait is not None:
+                    held_back = wait if held_back is None else min(held_back, wait)
+        self._leases.hand_over_unplanned({name for queues, _ in plan for name in queues})
+        return drained, held_back, claimed
+
+    def _back_off(self, exc: JobrunError, failures: int) -> None:
+        """A claim failed: note a claim that may have committed, then pause."""
+        if isinstance(exc, OutcomeUnknown):
+            # It may have committed (now, or when a dead link heals).
+            self.claim_may_be_lost()
+        pause = DB_RETRY_BACKOFF[min(failures, len(DB_RETRY_BACKOFF)) - 1]
+        if isinstance(exc, ConnectionUnavailable):
+            pause = 0.0  # it waited its whole bound for a connection already
+        outage.of(self.store).failed(exc, "claim")
+        self.stopping.wait(pause)
+
+    def _wait_for_limits(self, held_back: float, held_streak: int) -> None:
+        """Ready jobs a queue limit held back: no wake-up comes when a slot
+        frees elsewhere or the rate window moves on, so claim again by itself:
+        when the full rate window opens, or (a slot frees who knows when) soon,
+        at once when the completer frees a slot here. Such claims that get
+        nothing back off, doubling up to the poll interval, so that workers
+        facing a full limit do not poll it 20 times a second."""
+        poll = max(self.config.poll_interval.total_seconds(), LIMITED_RECLAIM)
+        if held_back > 0:
+            pause = min(held_back + 0.001, poll)
+        else:
+            pause = min(LIMITED_RECLAIM * 2 ** min(max(held_streak - 1, 0), 8), poll)
+        self._leases.slot_freed.wait(pause)
+        self._leases.slot_freed.clear()
 
     def _claim_plan(self) -> list[tuple[list[str], int]]:
         """What to claim now: per-queue limited queues alone, the others together.
