@@ -27,12 +27,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import threading
 import time
 
 from jobrun.job import outage, validate
 from jobrun.job.errors import JobrunError, LeaderLost, ValidationError
 from jobrun.job.ports import Locker, Store
+from jobrun.job.service import LoopThread
 
 log = logging.getLogger("jobrun.scheduler")
 
@@ -81,17 +81,19 @@ class TickReport:
     pruned: int = 0
 
 
-class SchedulerService:
-    """Leader election plus the leader's periodic work. ``start``/``stop`` are idempotent."""
+class SchedulerService(LoopThread):
+    """Leader election plus the leader's periodic work, on the ``jobrun-scheduler`` thread.
+
+    ``start``/``stop`` are idempotent; ``with service:`` starts and stops it.
+    """
 
     def __init__(self, store: Store, locker: Locker, config: SchedulerConfig | None = None) -> None:
+        super().__init__("jobrun-scheduler")
         self.store = store
         self.locker = locker
         self._acting = store
         """The store leader actions go through: fenced by the term, when the locker has one."""
         self.config = config or SchedulerConfig()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._leader = False
         self._last_reap = float("-inf")
         self._last_retention = float("-inf")
@@ -108,32 +110,23 @@ class SchedulerService:
         Empty before start() and once stop() began, like ``Worker.dead_threads``:
         for health checks (:mod:`jobrun.observe.health`).
         """
-        thread = self._thread
-        if thread is None or self._stop.is_set() or thread.is_alive():
-            return []
-        return [thread.name]
+        return [self.thread.name] if self.dead else []
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="jobrun-scheduler", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+    def stop(self, timeout: float | None = 10.0) -> bool:
+        """Stop ticking (waiting up to ``timeout`` seconds), step down, close the locker."""
+        ended = super().stop(timeout)
         self._step_down("stopping", expected=True)
         self.locker.close()
+        return ended
 
-    def _loop(self) -> None:
+    def loop(self) -> None:
         interval = self.config.tick_interval.total_seconds()
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 self.run_once()
             except Exception:
                 log.exception("scheduler tick failed")
-            self._stop.wait(interval)
+            self.stopping.wait(interval)
 
     def _step_down(self, why: str, *, expected: bool = False) -> None:
         if self._leader:

@@ -30,8 +30,10 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
+
+from jobrun.job.service import Service
 
 __all__ = ["STOP_SIGNALS", "Interrupted", "StopSignals"]
 
@@ -53,7 +55,7 @@ class Interrupted(BaseException):
         super().__init__(f"interrupted by {signal.Signals(signum).name} while starting")
 
 
-class StopSignals:
+class StopSignals(Service):
     """Handlers for SIGTERM and SIGINT, installed on enter, the previous ones put back on exit.
 
     Until :meth:`attach`, a signal raises :class:`Interrupted`; attached, the
@@ -78,18 +80,14 @@ class StopSignals:
         owner = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
         return owner if isinstance(owner, StopSignals) else None
 
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
+    def start(self) -> None:
+        """Install the handlers (what entering the ``with`` block does)."""
+        if threading.current_thread() is threading.main_thread() and not self._previous:
             for signum in STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
+        """Put the previous handlers back (what leaving the ``with`` block does)."""
         previous, self._previous = self._previous, {}
         for signum, handler in previous.items():
             signal.signal(signum, handler)

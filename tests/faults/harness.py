@@ -189,8 +189,8 @@ class InProcess:
     def threads_alive(self) -> dict[str, bool]:
         """Every worker and scheduler thread, by name: alive or not."""
         threads = [*self.worker._threads, *self.worker._handlers]
-        if self.runtime.scheduler is not None and self.runtime.scheduler._thread is not None:
-            threads.append(self.runtime.scheduler._thread)
+        if self.runtime.scheduler is not None and self.runtime.scheduler.started:
+            threads.append(self.runtime.scheduler.thread)
         return {t.name: t.is_alive() for t in threads}
 
     def stop(self) -> None:

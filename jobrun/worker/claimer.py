@@ -1,0 +1,399 @@
+"""The claimer: claims only the jobs this worker can start now, and hands them on.
+
+It claims as many jobs as there are free handler slots (and per-queue
+slots), then waits for a freed slot, a notification or the poll interval. A
+limited queue (``Store.set_queue_limits``) sends no wake-up when another
+worker frees a slot or a rate window moves on, so after a short claim the
+claimer asks whether a limit held ready jobs back and, if so, claims again
+soon (``LIMITED_RECLAIM``, doubling up to the poll interval while it gets
+nothing), at once when its own completer frees a slot.
+
+Complete-and-claim: a lease lasts until its success is recorded, so a worker
+whose completions and claims alternate holds far fewer leases than a limit
+allows. The plain successes of limited queues therefore wait for the
+claimer's next claim of their queue (:class:`~jobrun.worker.leases.Leases`
+routes them), which completes them in the same transaction
+(``Store.complete_and_claim``) and claims the freed slots again at once. The
+claimer hands what it holds to the completer whenever it is about to wait
+for anything other than a freed slot (no work, a fault, the stop).
+
+Lost claims: a claim whose connection died (``OutcomeUnknown``) may still
+have committed, now or when a dead link heals, leaving jobs leased to this
+worker that it never saw. For a while after such a failure the claimer looks
+for them, confirms each lease with a heartbeat and runs them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+
+from jobrun.job import outage, validate
+from jobrun.job.errors import ConnectionUnavailable, JobrunError, OutcomeUnknown
+from jobrun.job.model import Job, State
+from jobrun.job.ports import Waiter
+from jobrun.worker.executor import Executor
+from jobrun.worker.leases import FLUSH_NOW, Finished, token
+from jobrun.worker.outcomes import DB_RETRY_BACKOFF
+from jobrun.worker.parts import Parts, WorkerLoop
+from jobrun.worker.stall_watch import Activity
+
+LIMITED_RECLAIM = 0.05
+"""Seconds a claimer whose claim a queue limit held back waits for a slot of
+its own to free before it claims again (another worker's freed slot, or a
+rate window moving on, sends no wake-up)."""
+CLAIM_COALESCE = 0.002  # seconds a busy worker waits to claim several jobs at once
+LOST_CLAIM_DELIVERY = 30.0
+"""Seconds after a claim's connection died during which the server may still
+run it: a request stuck in a dead link is delivered when the link heals, for
+as long as the kernel retransmits it (``tcp_user_timeout``, 20 s by default).
+The claimer looks for lost claims this long plus one lease TTL."""
+_LIST_PAGE = 1000
+
+
+class Claimer(WorkerLoop):
+    """The ``jobrun-claimer`` thread: the only one that claims."""
+
+    def __init__(self, parts: Parts, activity: Activity, executor: Executor) -> None:
+        super().__init__("jobrun-claimer", parts, activity)
+        self._queue_names = list(self.config.queues)
+        self._executor = executor
+        self.waiter: Waiter | None = None
+        """Notifications of new jobs (set by the worker's start), or None: polling."""
+        # Lost claims: look for them until then.
+        self._lost_claims_until = 0.0
+        self._next_lost_claim_check = 0.0
+
+    def wake(self) -> None:
+        self._leases.slot_freed.set()
+        if self.waiter is not None:
+            self.waiter.wake()
+
+    def loop(self) -> None:
+        failures = 0
+        # Claim in batches: with only a few threads free while others still
+        # run, wait a moment for more to free up (one claim statement for
+        # several jobs); an idle worker claims at once.
+        batch = max(1, min(self.config.concurrency // 2, 16))
+        activity = self._activity
+        held_streak = 0  # claims in a row that a limit held back and got nothing
+        while not self.stopping.is_set():
+            activity.busy("planning a claim")
+            self._adopt_lost_claims_if_due()
+            self._leases.claimer_completes()
+            plan = self._claim_plan()
+            if not plan:
+                activity.idle()
+                self._wait_for_room()
+                continue
+            plan = self._coalesce(plan, batch)
+            try:
+                drained, held_back, claimed = self._claim_round(plan)
+                failures = 0
+            except JobrunError as exc:
+                activity.idle()
+                self._leases.hand_over()
+                failures += 1
+                self._back_off(exc, failures)
+                continue
+            except Exception:
+                activity.idle()
+                self._leases.hand_over()
+                self._log.exception("claim loop error")
+                self.stopping.wait(1.0)
+                continue
+            activity.idle()
+            held_streak = held_streak + 1 if held_back is not None and not claimed else 0
+            if held_back is not None:
+                self._wait_for_limits(held_back, held_streak)
+            elif drained:
+                self._leases.hand_over()  # the wait ends on new work, not on them
+                self._wait_for_work()
+        self._leases.hand_over()
+
+    def _wait_for_room(self) -> None:
+        """No room to claim: wait for a freed slot (or the poll interval)."""
+        if self._leases.holding():
+            # A slot freed soon takes them along with its claim; if
+            # none frees within a batch window, the completer does.
+            window = self.config.complete_flush_interval.total_seconds()
+            if not self._leases.slot_freed.wait(window):
+                self._leases.hand_over()
+        else:
+            self._leases.slot_freed.wait(self.config.poll_interval.total_seconds())
+        self._leases.slot_freed.clear()
+
+    def _coalesce(
+        self, plan: list[tuple[list[str], int]], batch: int
+    ) -> list[tuple[list[str], int]]:
+        """A busy worker with fewer than ``batch`` free slots waits a moment
+        (``CLAIM_COALESCE``) for more to free, to claim them in one statement."""
+        coalesce_until = time.monotonic() + CLAIM_COALESCE
+        while (
+            sum(n for _, n in plan) < batch and self._leases.busy() and not self._leases.holding()
+        ):
+            left = coalesce_until - time.monotonic()
+            if left <= 0:
+                break
+            self._leases.slot_freed.wait(left)
+            self._leases.slot_freed.clear()
+            plan = self._claim_plan()
+        return plan
+
+    def _claim_round(self, plan: list[tuple[list[str], int]]) -> tuple[bool, float | None, int]:
+        """Claim (and complete, where the claimer holds completions) what ``plan`` says,
+        and dispatch the jobs: (a queue ran dry, seconds until a limit lets more
+        through or None, jobs claimed)."""
+        drained = False
+        held_back: float | None = None
+        claimed = 0
+        for queues, n in plan:
+            self._activity.busy(f"claiming up to {n} job(s) of {queues}")
+            finished = self._leases.take(queues, self.config.complete_batch_size)
+            if finished:
+                jobs = self._complete_and_claim(finished, queues, min(n, validate.MAX_CLAIM_LIMIT))
+            else:
+                jobs = self.claim(queues, min(n, validate.MAX_CLAIM_LIMIT))
+            self._executor.dispatch(jobs)
+            claimed += len(jobs)
+            if len(jobs) < n:
+                drained = True
+                wait = self._held_back_by_limits(queues)
+                if wait is not None:
+                    held_back = wait if held_back is None else min(held_back, wait)
+        self._leases.hand_over_unplanned({name for queues, _ in plan for name in queues})
+        return drained, held_back, claimed
+
+    def _back_off(self, exc: JobrunError, failures: int) -> None:
+        """A claim failed: note a claim that may have committed, then pause."""
+        if isinstance(exc, OutcomeUnknown):
+            # It may have committed (now, or when a dead link heals).
+            self.claim_may_be_lost()
+        pause = DB_RETRY_BACKOFF[min(failures, len(DB_RETRY_BACKOFF)) - 1]
+        if isinstance(exc, ConnectionUnavailable):
+            pause = 0.0  # it waited its whole bound for a connection already
+        outage.of(self.store).failed(exc, "claim")
+        self.stopping.wait(pause)
+
+    def _wait_for_limits(self, held_back: float, held_streak: int) -> None:
+        """Ready jobs a queue limit held back: no wake-up comes when a slot
+        frees elsewhere or the rate window moves on, so claim again by itself:
+        when the full rate window opens, or (a slot frees who knows when) soon,
+        at once when the completer frees a slot here. Such claims that get
+        nothing back off, doubling up to the poll interval, so that workers
+        facing a full limit do not poll it 20 times a second."""
+        poll = max(self.config.poll_interval.total_seconds(), LIMITED_RECLAIM)
+        if held_back > 0:
+            pause = min(held_back + 0.001, poll)
+        else:
+            pause = min(LIMITED_RECLAIM * 2 ** min(max(held_streak - 1, 0), 8), poll)
+        self._leases.slot_freed.wait(pause)
+        self._leases.slot_freed.clear()
+
+    def _claim_plan(self) -> list[tuple[list[str], int]]:
+        """What to claim now: per-queue limited queues alone, the others together.
+
+        Free threads, less the completion backlog beyond one batch's worth
+        (the larger of ``concurrency`` and ``complete_batch_size``): results
+        waiting for the completer still hold their leases, so a completer
+        slower than the handlers (commit callables run one after another)
+        slows claiming down instead of letting leased jobs pile up without
+        bound, while a completer that keeps up is never waited for. A worker
+        holds at most ``concurrency`` plus that allowance of leases, and
+        claims no more jobs than it can start at once (see complete-and-claim
+        in the module docstring).
+
+        A queue whose global concurrency limit this worker's own leases fill
+        (running, or finished and waiting for the completer) is left out: a
+        claim of it would get nothing, unless the claimer holds completions
+        of it to send along. The completer then flushes at once instead of
+        collecting a batch, since the freed slots are what the next claim
+        waits for (the limit as the store last read it, at most a second
+        old: a limit raised since is seen within that second).
+        """
+        limits = self._queue_limits()
+        self._leases.limited = frozenset(limits)
+        held = self._leases.holdings()
+        full = {
+            name
+            for name, limit in limits.items()
+            if limit is not None
+            and held.inflight_by_queue.get(name, 0) + held.unflushed_by_queue.get(name, 0) >= limit
+            and name not in held.completing
+        }
+        allowance = max(self.config.concurrency, self.config.complete_batch_size)
+        backlog = max(held.unflushed - allowance, 0)
+        free = self.config.concurrency - held.inflight - backlog
+        plan: list[tuple[list[str], int]] = []
+        unlimited: list[str] = []
+        for name, limit in self.config.queues.items():
+            if free <= 0:
+                break
+            if name in full:
+                continue
+            if limit is None:
+                unlimited.append(name)
+                continue
+            n = min(limit - held.inflight_by_queue[name], free)
+            if n > 0:
+                plan.append(([name], n))
+                free -= n
+        if unlimited and free > 0:
+            plan.append((unlimited, free))
+        return plan
+
+    def _queue_limits(self) -> Mapping[str, int | None]:
+        """The limited queues among this worker's, each with its global
+        concurrency limit (None: none), as the store last read them (none
+        known when it cannot tell: the claims then find out)."""
+        self._activity.busy("reading the limits of its queues")
+        try:
+            return self.store.limited_queues(self._queue_names)
+        except JobrunError as exc:
+            self._log.debug("reading the queues' limits failed: %s", exc)
+            return {}
+
+    def _complete_and_claim(self, finished: list[Finished], queues: list[str], n: int) -> list[Job]:
+        """Complete ``finished`` and claim up to ``n`` jobs of ``queues`` in one
+        transaction (Store.complete_and_claim): the slots they hold under the
+        queue's limits are claimed again at once. On any error the
+        completions go to the completer, which retries them alone (safe: a
+        completion that committed after all reports completed)."""
+        jobs = [done.job for done in finished]
+        results = {d.job.id: d.result for d in finished if d.result is not None} or None
+        self._leases.sent_claim()
+        try:
+            outcome, claimed = self._outcomes.call(
+                "claim",
+                lambda answer: len(answer[1]),
+                lambda: self.store.complete_and_claim(
+                    jobs, results=results, queues=queues, limit=n, ttl=self.config.lease_ttl
+                ),
+                tuple(queues),
+            )
+        except BaseException:
+            self._leases.to_completer(finished)
+            raise
+        self._outcomes.account(outcome, finished)
+        self._leases.flushed(finished)
+        return claimed
+
+    def _held_back_by_limits(self, queues: list[str]) -> float | None:
+        """After a short claim: None when no queue limit held back ready jobs of
+        ``queues``, else the seconds until a claim may get some (0: unknown).
+
+        A worker that itself holds leases of a limited queue among them (jobs
+        running, or finished and waiting for the completer) frees slots when
+        they end: it asks the completer to flush at once and claims again then,
+        without asking the database (the limit is likely what it ran into;
+        if the queue is empty instead, the next short claim asks).
+        """
+        if not self.store.queues_limited(queues):
+            return None
+        unflushed, running = self._leases.held_in(queues)
+        if unflushed:
+            self._leases.completions.put(FLUSH_NOW)
+            return 0.0
+        if running:
+            return 0.0
+        self._activity.busy(f"asking whether a limit holds back {queues}")
+        try:
+            return self.store.limits_hold_back(queues)
+        except JobrunError as exc:  # then wait for work as usual
+            self._log.debug("asking whether a limit holds back %s failed: %s", queues, exc)
+            return None
+
+    def _wait_for_work(self) -> None:
+        timeout = self.config.poll_interval.total_seconds()
+        if self.waiter is None:
+            self.stopping.wait(timeout)
+            return
+        try:
+            self.waiter.wait(timeout)
+        except Exception:
+            self._log.exception("dispatcher wait failed; polling")
+            self.stopping.wait(timeout)
+
+    def claim(self, queues: list[str], limit: int) -> list[Job]:
+        self._leases.sent_claim()  # the leases it grants start after this
+        return self._outcomes.call(
+            "claim",
+            len,  # the jobs it got
+            lambda: self.store.claim(self.owner, queues, limit, self.config.lease_ttl),
+            tuple(queues),
+        )
+
+    def claim_may_be_lost(self) -> None:
+        now = time.monotonic()
+        window = LOST_CLAIM_DELIVERY + self.config.lease_ttl.total_seconds()
+        self._lost_claims_until = max(self._lost_claims_until, now + window)
+        if self._next_lost_claim_check <= now:
+            self._next_lost_claim_check = now + self._lost_claim_interval()
+
+    def _lost_claim_interval(self) -> float:
+        # Often enough to find a lost claim long before its lease expires.
+        return min(
+            self.config.heartbeat_interval.total_seconds(),
+            max(self.config.poll_interval.total_seconds(), 0.1),
+        )
+
+    def _adopt_lost_claims_if_due(self) -> None:
+        now = time.monotonic()
+        if now >= self._lost_claims_until or now < self._next_lost_claim_check:
+            return
+        self._next_lost_claim_check = now + self._lost_claim_interval()
+        self._activity.busy("looking for claims whose reply was lost")
+        try:
+            self.adopt_lost_claims()
+        except JobrunError as exc:
+            self._log.info("looking for lost claims failed (%s); trying again", exc)
+
+    def adopt_lost_claims(self) -> list[Job]:
+        """Run the jobs leased to this worker's owner id that it never saw claimed.
+
+        A claim whose reply was lost leaves such a lease. Each is confirmed by
+        a heartbeat (owner + token, not expired, not cancel-requested) before
+        it is dispatched like a fresh claim; a lost claim of a job whose cancel
+        was requested meanwhile is failed, which ends it cancelled. Called by
+        the claimer (the only thread that claims) for a while after a claim
+        failed with an unknown outcome; returns the jobs adopted.
+        """
+        # Known before the listing: a claim this worker finished since then
+        # had committed its outcome before the listing began.
+        known = self._leases.known()
+        lost: list[Job] = []
+        for name in self._queue_names:
+            after: uuid.UUID | None = None
+            while True:
+                page = self.store.list(
+                    queue=name, state=State.LEASED, after=after, limit=_LIST_PAGE
+                )
+                lost += [
+                    job
+                    for job in page
+                    if job.lease_owner == self.owner
+                    and job.lease_token is not None
+                    and job.lease_token not in known
+                ]
+                if len(page) < _LIST_PAGE:
+                    break
+                after = page[-1].id
+        if not lost:
+            return []
+        self._leases.sent_claim()  # the heartbeat below is their lease
+        until = self.store.now() + self.config.lease_ttl
+        kept = self.store.heartbeat(self.owner, [(job.id, token(job)) for job in lost], until)
+        adopted = [job for job in lost if job.id in kept]
+        if adopted:
+            self._log.warning(
+                "adopting %d job(s) leased to this worker by a claim whose reply was lost: %s",
+                len(adopted),
+                ", ".join(str(job.id) for job in adopted),
+            )
+            self._outcomes.count("adopted", len(adopted))
+            self._executor.dispatch(adopted)
+        for job in lost:
+            if job.id not in kept and job.cancel_requested:
+                self._outcomes.fail(job, "cancelled (requested while the claim's reply was lost)")
+        return adopted

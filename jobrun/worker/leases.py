@@ -1,0 +1,338 @@
+"""The ledger of what a worker holds: its leases, from claim to recorded outcome.
+
+Every job a worker claimed is, until its outcome is recorded, in one of two
+places here: *running* (its handler on a thread or the event loop, or waiting
+for a thread) or *unflushed* (its handler succeeded; the success waits for the
+completer, or for the claimer's next claim of its queue). The claimer plans
+its claims from these counts, the heartbeat extends exactly these leases, the
+completer bounds each completion by when they end, and the shutdown waits for
+them. So the counts, the lease ends and the one lock that guards them live in
+one object, and the other parts ask it rather than share its dicts.
+
+It also decides where a success goes (:meth:`Leases.finished`): a plain
+success of a limited queue, while the claimer is claiming, waits for the
+claimer's next claim of that queue (complete-and-claim: one transaction
+completes it and claims the slot it frees again); everything else goes to the
+completer's queue. The claimer hands what it holds back to the completer
+whenever it is about to wait for anything other than a freed slot.
+
+Leases are keyed by their token, not the job id: a job reaped and claimed
+again by this same worker runs under two claims for a moment (the stale
+handler has not returned yet), and each must be tracked alone. Lease ends
+are this worker's own reckoning on its monotonic clock (the time the claim,
+or the last heartbeat that kept it, was sent, plus the TTL), never later
+than the database's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from jobrun.job.model import Job
+from jobrun.job.ports import CommitCallable as Commit
+from jobrun.worker.context import JobContext
+
+if TYPE_CHECKING:
+    from jobrun.worker.progress import OffloadedProgress
+
+
+def token(job: Job) -> uuid.UUID:
+    """The lease token: what identifies one claim of a job."""
+    assert job.lease_token is not None  # claimed jobs carry their lease
+    return job.lease_token
+
+
+@dataclasses.dataclass(eq=False)
+class Running:
+    """A claimed job whose handler runs (or waits for a thread)."""
+
+    job: Job
+    ctx: JobContext
+    in_handler: bool = False
+    """While its handler runs (plain writes by its thread: threads_busy reads them)."""
+    on_loop: bool = False
+    """An async handler's job: a task on the event loop, not a thread's."""
+    progress: OffloadedProgress | None = None
+    """An async job's progress writer (its writes off the loop)."""
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Finished:
+    """A handler's success on its way to the completer (or the claimer)."""
+
+    job: Job
+    commit: Commit | None
+    result: Any
+    """The job's result (a checked JSON value), or None."""
+    duration: float
+    """Seconds the handler ran."""
+
+
+class FlushNow:
+    """Put on the completer's queue: flush the batch collected so far at once
+    (the claimer waits on a limit that those leases hold)."""
+
+
+FLUSH_NOW = FlushNow()
+
+Completion = Finished | FlushNow | None
+"""What the completer's queue carries (None: the worker is stopping)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Holdings:
+    """A consistent reading of the ledger's counts, for the claim plan."""
+
+    inflight: int
+    inflight_by_queue: dict[str, int]
+    unflushed: int
+    unflushed_by_queue: dict[str, int]
+    completing: frozenset[str]
+    """Queues whose successes the claimer holds for its next claim."""
+
+
+class Leases:
+    """What one worker holds, under one lock (see the module docstring)."""
+
+    def __init__(self, queues: Iterable[str], lease_ttl: float) -> None:
+        self._lock = threading.Lock()
+        self._ttl = lease_ttl
+        self._running: dict[uuid.UUID, Running] = {}
+        self._unflushed: dict[uuid.UUID, Job] = {}
+        self._unflushed_by_queue: dict[str, int] = {}
+        # When each claim's lease ends by this worker's reckoning (monotonic).
+        self._lease_until: dict[uuid.UUID, float] = {}
+        # Claims whose handler ran but whose outcome could not be recorded:
+        # still leased to this owner in the database, and not lost claims.
+        self._abandoned: dict[uuid.UUID, float] = {}
+        self._inflight = 0  # claimed and not yet returned by its handler
+        self._inflight_by_queue: dict[str, int] = dict.fromkeys(queues, 0)
+        self._on_threads = 0  # of those, the jobs dispatched to handler threads
+        self._claimer_done: list[Finished] = []
+        self._claimer_completes = False
+        self.claim_sent = 0.0
+        """When the claimer's latest claim was sent (the leases it grants start after)."""
+        self.limited: frozenset[str] = frozenset()
+        """The limited queues among the worker's, as the store last read them:
+        their plain successes ride with the claims, or the completer flushes
+        them at once (their slots are what claims wait for)."""
+        self.completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        """The completer's queue."""
+        self.slot_freed = threading.Event()
+        """Set when a job's run ended or a batch was flushed: the claimer may claim."""
+
+    # -- running -------------------------------------------------------------------
+
+    def sent_claim(self) -> None:
+        self.claim_sent = time.monotonic()
+
+    def add(self, running: Running, *, reckon: bool) -> None:
+        """Track a claimed job as running; ``reckon``: bound its lease (not in drain())."""
+        lease_from = self.claim_sent or time.monotonic()
+        job = running.job
+        with self._lock:
+            self._running[token(job)] = running
+            if reckon:
+                self._lease_until[token(job)] = lease_from + self._ttl
+            self._inflight += 1
+            self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
+
+    def get(self, job: Job) -> Running | None:
+        with self._lock:
+            return self._running.get(token(job))
+
+    def to_thread(self) -> int:
+        """One more job for the handler threads: how many they have now."""
+        with self._lock:
+            self._on_threads += 1
+            return self._on_threads
+
+    def release(self, job: Job, *, on_thread: bool = False) -> None:
+        """The job's run is over (its outcome recorded or handed on): free its slot."""
+        with self._lock:
+            running = self._running.pop(token(job), None)
+            if token(job) not in self._unflushed:  # its success waits for the completer
+                self._lease_until.pop(token(job), None)
+            self._inflight -= 1
+            self._inflight_by_queue[job.queue] -= 1
+            if on_thread:
+                self._on_threads -= 1
+        if running is not None:
+            # The context and its progress writer refer to each other: a cycle
+            # (with the job and its payload) the collector alone would free.
+            running.ctx._progress_sink = None
+        self.slot_freed.set()
+
+    # -- finished ------------------------------------------------------------------
+
+    def finished(self, done: Finished) -> None:
+        """A success to record: the claimer's next claim takes it along (a plain
+        success of a limited queue while it claims), else the completer."""
+        job = done.job
+        with self._lock:
+            self._unflushed[token(job)] = job
+            self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
+            to_claimer = (
+                done.commit is None and self._claimer_completes and job.queue in self.limited
+            )
+            if to_claimer:
+                self._claimer_done.append(done)
+        if not to_claimer:
+            self.completions.put(done)
+
+    def flushed(self, batch: Sequence[Finished]) -> None:
+        """These results are recorded (or given up on): their leases no longer
+        count against this worker."""
+        with self._lock:
+            for done in batch:
+                claim = token(done.job)
+                if self._unflushed.pop(claim, None) is not None:
+                    self._unflushed_by_queue[done.job.queue] -= 1
+                    if claim not in self._running:
+                        self._lease_until.pop(claim, None)
+        self.slot_freed.set()  # the backlog shrank: the claimer may claim again
+
+    def to_completer(self, batch: Iterable[Finished]) -> None:
+        for done in batch:
+            self.completions.put(done)
+
+    # -- the claimer's completions (complete-and-claim) ----------------------------
+
+    def claimer_completes(self) -> None:
+        """From now on plain successes of limited queues wait for the claimer."""
+        with self._lock:
+            self._claimer_completes = True
+
+    def holding(self) -> bool:
+        """Whether the claimer holds completions to send with its next claim."""
+        with self._lock:
+            return bool(self._claimer_done)
+
+    def take(self, queues: list[str], limit: int) -> list[Finished]:
+        """The successes of ``queues`` held for the claimer, at most ``limit`` and
+        one claim per job (a job that finished under two claims, reaped and
+        claimed again meanwhile, sends the other with a later claim: fenced by
+        its token, one of them is lease_lost)."""
+        with self._lock:
+            if not self._claimer_done:
+                return []
+            taken: list[Finished] = []
+            kept: list[Finished] = []
+            ids: set[uuid.UUID] = set()
+            for done in self._claimer_done:
+                if done.job.queue in queues and len(taken) < limit and done.job.id not in ids:
+                    taken.append(done)
+                    ids.add(done.job.id)
+                else:
+                    kept.append(done)
+            self._claimer_done = kept
+            return taken
+
+    def hand_over(self) -> None:
+        """Give the completer what the claimer holds, and what handlers finish
+        from now on, until the claimer claims again (it is about to wait for
+        something other than a freed slot, to fail over, or to stop)."""
+        with self._lock:
+            self._claimer_completes = False
+            held, self._claimer_done = self._claimer_done, []
+        self.to_completer(held)
+
+    def hand_over_unplanned(self, planned: set[str]) -> None:
+        """Give the completer the completions of queues this round did not
+        claim (a per-worker limit left no room): no claim is due to take them."""
+        with self._lock:
+            unplanned = [done for done in self._claimer_done if done.job.queue not in planned]
+            if unplanned:
+                self._claimer_done = [d for d in self._claimer_done if d.job.queue in planned]
+        self.to_completer(unplanned)
+
+    # -- readings ------------------------------------------------------------------
+
+    def holdings(self) -> Holdings:
+        with self._lock:
+            return Holdings(
+                inflight=self._inflight,
+                inflight_by_queue=dict(self._inflight_by_queue),
+                unflushed=len(self._unflushed),
+                unflushed_by_queue=dict(self._unflushed_by_queue),
+                completing=frozenset(done.job.queue for done in self._claimer_done),
+            )
+
+    def held_in(self, queues: list[str]) -> tuple[bool, bool]:
+        """Whether this worker holds leases of ``queues``: (unflushed, running)."""
+        with self._lock:
+            unflushed = any(job.queue in queues for job in self._unflushed.values())
+            running = any(self._inflight_by_queue.get(name, 0) for name in queues)
+        return unflushed, running
+
+    def running(self) -> list[Running]:
+        with self._lock:
+            return list(self._running.values())
+
+    def held(self) -> tuple[list[Running], list[Job]]:
+        """Every lease held, read at once: (running, unflushed)."""
+        with self._lock:
+            return list(self._running.values()), list(self._unflushed.values())
+
+    def busy(self) -> bool:
+        with self._lock:
+            return self._inflight > 0
+
+    def idle(self) -> bool:
+        with self._lock:
+            return self._inflight == 0 and not self._unflushed
+
+    def in_handler(self, *, on_loop: bool) -> int:
+        """Handlers running right now, on the event loop or on threads."""
+        with self._lock:
+            return sum(1 for r in self._running.values() if r.in_handler and r.on_loop == on_loop)
+
+    def wait_idle(self, deadline: float) -> bool:
+        """Wait until no job runs, at most until ``deadline``; whether none does."""
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._inflight == 0:
+                    return True
+            self.slot_freed.wait(0.05)
+            self.slot_freed.clear()
+        with self._lock:
+            return self._inflight == 0
+
+    # -- lease ends ----------------------------------------------------------------
+
+    def extend(self, kept: Iterable[uuid.UUID], until: float) -> None:
+        """A heartbeat kept these leases until ``until`` (monotonic)."""
+        with self._lock:
+            for claim in kept:
+                if claim in self._lease_until:
+                    self._lease_until[claim] = max(self._lease_until[claim], until)
+
+    def lease_left(self, jobs: Sequence[Job]) -> float:
+        """Seconds until the first of these leases ends by this worker's reckoning."""
+        now = time.monotonic()
+        with self._lock:
+            ends = [self._lease_until.get(token(job)) for job in jobs]
+        return min((end for end in ends if end is not None), default=math.inf) - now
+
+    def abandon(self, jobs: Sequence[Job]) -> None:
+        """These claims ran but their outcome is not recorded: they stay leased
+        to this owner until they expire, and they are not lost claims."""
+        now = time.monotonic()
+        with self._lock:
+            for job in jobs:
+                self._abandoned[token(job)] = now
+
+    def known(self) -> set[uuid.UUID]:
+        """The claims this worker knows of (running, unflushed, recently abandoned)."""
+        with self._lock:
+            cutoff = time.monotonic() - 2 * self._ttl
+            for claim in [t for t, at in self._abandoned.items() if at < cutoff]:
+                del self._abandoned[claim]
+            return set(self._running) | set(self._unflushed) | set(self._abandoned)
