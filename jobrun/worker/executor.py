@@ -359,9 +359,11 @@ class Executor:
             # Cancel wins: a handler that returns after cancellation never succeeds.
             self._outcomes.fail(job, f"cancelled ({ctx.cancel_reason})", started=started)
             return
+        checked: validate.CheckedResult | None = None
         if result is not None:
             try:
-                validate.result(result)
+                # Walked and encoded once, here: the completer stores this text.
+                checked = validate.checked_result(result)
             except ValidationError as exc:
                 # Refused here, in its own attempt: never in the batch it would join.
                 self._outcomes.fail(
@@ -373,7 +375,7 @@ class Executor:
                 return
         # Completed in a batch by the completer thread, or with the claimer's
         # next claim of a limited queue; heartbeated until then.
-        finished = Finished(job, commit, result, time.monotonic() - started)
+        finished = Finished(job, commit, checked, time.monotonic() - started)
         self._leases.finished(finished)
 
 

@@ -33,10 +33,11 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jobrun.job.model import Job
 from jobrun.job.ports import CommitCallable as Commit
+from jobrun.job.validate import CheckedResult
 from jobrun.worker.context import JobContext
 
 if TYPE_CHECKING:
@@ -69,8 +70,8 @@ class Finished:
 
     job: Job
     commit: Commit | None
-    result: Any
-    """The job's result (a checked JSON value), or None."""
+    result: CheckedResult | None
+    """The job's result, checked and serialised once on the handler's thread."""
     duration: float
     """Seconds the handler ran."""
 

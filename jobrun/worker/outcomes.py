@@ -456,7 +456,7 @@ class Outcomes:
                         kind,
                         done.job,
                         duration=done.duration,
-                        result=done.result if kind == "succeeded" else None,
+                        result=done.result.value if kind == "succeeded" and done.result else None,
                     )
         level = self.success_level
         if result.completed and log.isEnabledFor(level):

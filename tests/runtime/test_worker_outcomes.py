@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import jobrun
+from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Backoff, EventKind, Job, NewJob, State
 from jobrun.postgres.store import Store
@@ -104,6 +105,32 @@ def test_results_survive_a_commit_batch_that_falls_back_to_one_by_one(
     assert state_of(store, jobs[0]) is State.DEAD
     assert store.get(jobs[0].id).result is None
     assert [store.get(j.id).result for j in jobs[1:]] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_a_result_is_checked_and_serialised_once_on_its_way_to_the_database(
+    store: Store,
+    registry: Registry,
+    make_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The handler's thread checks the value (so a bad one fails its own
+    # attempt); the completer then stores that text, not a second encoding.
+    returned = {"rows": list(range(1000))}
+    encodings: list[object] = []
+    payload = validate.payload
+
+    def counting(value: Any) -> Any:
+        if isinstance(value, dict) and value.get("result") is returned:
+            encodings.append(value)
+        return payload(value)
+
+    monkeypatch.setattr(validate, "payload", counting)
+    registry.register("t", lambda ctx, job: returned)
+    job = enqueue(store)
+    make_worker(concurrency=1)
+    wait_for(lambda: state_of(store, job) is State.SUCCEEDED)
+    assert store.get(job.id).result == returned
+    assert len(encodings) == 1
 
 
 def test_an_unstorable_result_fails_its_own_attempt_naming_result_and_spares_its_batch(
