@@ -11,15 +11,14 @@ counting and reporting outcomes its own way.
 A database fault while recording is retried a few times; past that (or on a
 lost lease) the claim is given up: its lease expires and the reaper requeues
 it. An unknown job type is *released*, not failed (a worker that knows the
-type may still be rolling out), its release count read back from the text of
-``last_error``; see docs/architecture.md.
+type may still be rolling out), counted in the job's ``releases``; see
+docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import threading
 import time
 import traceback
@@ -41,10 +40,6 @@ log = logging.getLogger("jobrun.worker")
 
 DB_RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Pauses between tries of a write a database fault failed."""
-_RELEASED = re.compile(
-    r"no handler for job type '[^']*' \(release (\d+) of \d+, attempt not counted\)"
-)
-"""The release counter, read back from ``last_error``."""
 
 _T = TypeVar("_T")
 
@@ -305,14 +300,13 @@ class Outcomes:
         limit; then it is dead.
 
         Not failed: that would burn its attempts while a worker that knows the
-        type rolls out. The release count is the job's own, across workers:
-        written in ``last_error`` and read back here (``_RELEASED``); anything
-        else written there starts it again.
+        type rolls out. The release count is the job's own, across workers
+        (``Job.releases``, counted by the store's release); a retry from a
+        terminal state starts it again.
         """
         known = ", ".join(self.registry.types) or "none"
         limit = self.config.unknown_type_releases
-        match = _RELEASED.match(job.last_error or "")
-        release = (int(match.group(1)) if match else 0) + 1
+        release = job.releases + 1
         if release > limit:
             self.fail(
                 job,
