@@ -94,7 +94,7 @@ from typing import TYPE_CHECKING
 from jobrun.job.errors import JobrunError, ValidationError
 from jobrun.job.model import LeaderTerm
 from jobrun.postgres.lock import LOCK_LEADER, lock_key
-from jobrun.postgres.notify import check_seconds
+from jobrun.postgres.session import check_seconds
 
 if TYPE_CHECKING:
     from jobrun.postgres.sqlc.leader import GetLeaderRow

@@ -76,8 +76,8 @@ from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
 from jobrun.postgres.migrate import LOCK_NAMESPACE
-from jobrun.postgres.notify import check_seconds, configure_session, interrupt_after
 from jobrun.postgres.pool import conninfo_with, describe
+from jobrun.postgres.session import check_seconds, configure_session, interrupt_after
 
 log = logging.getLogger(__name__)
 

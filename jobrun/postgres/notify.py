@@ -74,12 +74,11 @@ import contextlib
 import dataclasses
 import logging
 import math
-import random
 import re
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -90,17 +89,18 @@ from jobrun.job import outage, validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
-from jobrun.postgres.convert import statement_timeout_setting
-from jobrun.postgres.deadline import shutdown_socket
 from jobrun.postgres.pool import conninfo_with, describe
+from jobrun.postgres.session import (
+    DEFAULT_CHANNEL,
+    ProbeTimeout,
+    backoff_delay,
+    check_seconds,
+    configure_session,
+    interrupt_after,
+    validate_channel,
+)
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CHANNEL = "jobrun_jobs"
-CHANNEL_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-"""A channel is an identifier: lower-case ASCII so LISTEN cannot case-fold it,
-at most 63 bytes so PostgreSQL cannot truncate it (``pg_notify`` would then
-notify a name nobody listens on)."""
 
 DEFAULT_LIVENESS_INTERVAL = 5.0
 DEFAULT_PROBE_TIMEOUT = 5.0
@@ -117,100 +117,6 @@ MAX_DUE_TIMES = 1024
 
 DELAYED_PAYLOAD = re.compile(rf"({validate.QUEUE_NAME_PATTERN.pattern})@([0-9]{{1,15}})")
 """A delayed job's notification: ``<queue>@<milliseconds until it is due>``."""
-
-
-def validate_channel(name: object, field: str = "channel") -> str:
-    """``name`` if it is a valid channel identifier, else ValidationError."""
-    if not isinstance(name, str) or not CHANNEL_PATTERN.fullmatch(name):
-        raise ValidationError(
-            field,
-            f"{name!r} is not a valid channel name (1-63 characters of a-z 0-9 _, "
-            "not starting with a digit)",
-        )
-    return name
-
-
-def check_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(field, f"must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ValidationError(
-            field, f"must be a finite number of seconds {'>=' if allow_zero else '>'} 0"
-        )
-    return seconds
-
-
-def backoff_delay(attempt: int, initial: float, maximum: float) -> float:
-    """The pause before reconnect ``attempt`` (0-based): doubling from ``initial``,
-    capped at ``maximum``, with "equal jitter" (uniform in [d/2, d]) so that many
-    workers that lost the server together do not all come back at once."""
-    delay = min(maximum, initial * (2 ** min(attempt, 32)))
-    return random.uniform(delay / 2, delay)
-
-
-# -- bounding a blocking call client-side ---------------------------------------
-
-
-class ProbeTimeout(psycopg.OperationalError):
-    """The server did not answer in time; the connection was shut down."""
-
-
-@contextlib.contextmanager
-def interrupt_after(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
-    """Bound the statements run on ``conn`` in this block by ``seconds``, client-side.
-
-    ``statement_timeout`` cannot help when the network is half-open (the
-    server never sees the query, or its answer never arrives). When the
-    block is still running after ``seconds``, a watchdog shuts the
-    connection's socket down: the blocked call fails, the connection is
-    unusable afterwards (close it), and :class:`ProbeTimeout` is raised.
-    Race-free: once the block has finished, the watchdog does nothing.
-    """
-    mutex = threading.Lock()
-    state = {"done": False, "fired": False}
-
-    def fire() -> None:
-        with mutex:
-            if state["done"]:
-                return
-            state["fired"] = True
-            shutdown_socket(conn)
-
-    timer = threading.Timer(seconds, fire)
-    timer.name = "jobrun-probe-watchdog"
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    except psycopg.Error as exc:
-        if state["fired"]:
-            raise ProbeTimeout(f"no answer from the server within {seconds:g}s") from exc
-        raise
-    finally:
-        with mutex:
-            state["done"] = True
-        timer.cancel()
-    if state["fired"]:
-        # The block finished but the socket is gone: report it all the same.
-        raise ProbeTimeout(f"no answer from the server within {seconds:g}s")
-
-
-def configure_session(conn: psycopg.Connection[Any], statement_timeout: float) -> None:
-    """Session settings for a long-lived, mostly idle dedicated connection.
-
-    ``idle_session_timeout`` (role or database wide) would kill a listener or a
-    lock holder between probes; it is switched off for this session only.
-    ``statement_timeout`` is set to the probe bound, so that a role-wide 1 ms
-    cannot break our tiny statements and nothing of ours can run long.
-    """
-    conn.execute(
-        "SELECT set_config('statement_timeout', %s, false),"
-        " set_config('idle_in_transaction_session_timeout', '0', false)",
-        [statement_timeout_setting(statement_timeout)],
-    )
-    if conn.info.server_version >= 140000:
-        conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
 
 
 # -- waiters ------------------------------------------------------------------

@@ -53,6 +53,7 @@ translated into :class:`~jobrun.job.errors.PoolerError`, naming the setting.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -65,6 +66,7 @@ from jobrun.job.errors import TransientError, ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.forksafe import ForkSafePool
 from jobrun.postgres.reconnect import RECONNECT_TIMEOUT
+from jobrun.postgres.session import configure_pooled
 
 log = logging.getLogger("jobrun")
 
@@ -132,10 +134,49 @@ def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
             return row is not None and row[0] != conn.info.backend_pid
     except psycopg.OperationalError as exc:
-        text = str(exc).strip()
-        reason = dsn.redact_for(conninfo, text.splitlines()[-1] if text else type(exc).__name__)
+        failure = ping_failure(conninfo, exc)
     # Raised outside the except block: the driver's error is not chained to it.
-    raise TransientError(f"cannot connect to PostgreSQL at {describe(conninfo)}: {reason}")
+    raise failure
+
+
+def ping_failure(conninfo: str, exc: psycopg.OperationalError) -> TransientError:
+    """A failed ping as a clear, password-free error (either pool's)."""
+    text = str(exc).strip()
+    reason = dsn.redact_for(conninfo, text.splitlines()[-1] if text else type(exc).__name__)
+    return TransientError(f"cannot connect to PostgreSQL at {describe(conninfo)}: {reason}")
+
+
+def check_pool_args(concurrency: object, pooler: object) -> str:
+    """Either pool's arguments checked before it connects; the pooler mode asked for."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValidationError("concurrency", "must be a positive int")
+    return pooler_mode(pooler, "pooler")
+
+
+def pool_options(
+    conninfo: str,
+    mode: str,
+    *,
+    pooled: bool,
+    concurrency: int,
+    min_size: int | None,
+    max_size: int | None,
+    application_name: str,
+) -> tuple[str, dict[str, Any]]:
+    """The pooler mode decided (after the ping) and either pool's options.
+
+    Autocommit: a lone statement is its own transaction (one round trip);
+    the store opens explicit transactions where it needs more.
+    """
+    mode = resolve_pooler(conninfo, mode, pooled=pooled)
+    if max_size is None:
+        max_size = concurrency + RESERVED_CONNECTIONS
+    return mode, {
+        "conninfo": conninfo_with(conninfo, application_name=application_name),
+        "kwargs": {"autocommit": True, **connection_kwargs(mode)},
+        "min_size": min(min_size if min_size is not None else 4, max_size),
+        "max_size": max_size,
+    }
 
 
 def resolve_pooler(conninfo: str, pooler: str, *, pooled: bool) -> str:
@@ -181,25 +222,27 @@ def pooler_of(pool: Any) -> str:
     return "transaction" if kwargs.get("prepare_threshold", 5) is None else "none"
 
 
+def sync_conninfo(pool: Any) -> str:
+    """A pool's connection string (the pool may hold a callable making it)."""
+    given: Any = pool.conninfo
+    return str(given() if callable(given) else given)
+
+
+async def async_conninfo(pool: Any) -> str:
+    """An asyncio pool's connection string (a callable making it may be async)."""
+    given: Any = pool.conninfo
+    text = given() if callable(given) else given
+    if inspect.isawaitable(text):
+        text = await text
+    return str(text)
+
+
 def connection_kwargs(pooler: str) -> dict[str, Any]:
     """psycopg connection arguments for a (resolved) pooler mode."""
     if pooler == "transaction":
         # A statement prepared on one server session is missing on the next.
         return {"prepare_threshold": None}
     return {}
-
-
-_CONFIGURE = "SET statement_timeout = 0; SET TIME ZONE 'UTC'; RESET statement_timeout"
-"""A new session's settings, in one simple-protocol round trip: timestamps come
-back in UTC whatever the server's or role's TimeZone. It is a cold session's
-first statement (the time zone's data is read from disk then), so a role- or
-database-wide statement_timeout of a few milliseconds could cancel it, and
-the pool would then never hand out a connection; the timeout is off for this
-one statement and back to the session's own value (RESET) after it."""
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(_CONFIGURE)
 
 
 def open_pool(
@@ -232,29 +275,27 @@ def open_pool(
     forked after this call gets a fresh pool of its own, with the same
     settings, on first use, and never touches the parent's connections.
     """
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValidationError("concurrency", "must be a positive int")
-    mode = pooler_mode(pooler, "pooler")
-    full = conninfo_with(conninfo, application_name=application_name)
+    mode = check_pool_args(concurrency, pooler)
     pooled = ping(conninfo, application_name=application_name)
-    mode = resolve_pooler(conninfo, mode, pooled=pooled)
-    if max_size is None:
-        max_size = concurrency + RESERVED_CONNECTIONS
-    # Autocommit: a lone statement is its own transaction (one round trip);
-    # Store._with_tx opens explicit transactions where it needs more.
+    mode, options = pool_options(
+        conninfo,
+        mode,
+        pooled=pooled,
+        concurrency=concurrency,
+        min_size=min_size,
+        max_size=max_size,
+        application_name=application_name,
+    )
     pool = ForkSafePool(
-        full,
-        kwargs={"autocommit": True, **connection_kwargs(mode)},
         # Behind a transaction pooler no session state: a SET would stay on
         # one server session and be missing on the next. Every timestamp
         # jobrun reads is made UTC in Python there (jobrun.postgres.convert.utc).
-        configure=None if mode == "transaction" else _configure,
-        min_size=min(min_size if min_size is not None else 4, max_size),
-        max_size=max_size,
+        configure=None if mode == "transaction" else configure_pooled,
         timeout=timeout,
         name="jobrun",
         open=False,
         reconnect_timeout=RECONNECT_TIMEOUT,
+        **options,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]
     pool.outage = outage.for_database(describe(conninfo))
