@@ -28,7 +28,6 @@ from psycopg_pool import AsyncConnectionPool
 from jobrun.job import outage
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import BatchResult, Job, NewJob
-from jobrun.postgres import reconnect
 from jobrun.postgres.admin_async import AsyncAdmin
 from jobrun.postgres.base import DEFAULT_CALL_TIMEOUT
 from jobrun.postgres.events import EventMode
@@ -85,22 +84,12 @@ async def open_async_pool(
     :mod:`jobrun.postgres.reconnect`) for asyncio."""
     mode = check_pool_args(concurrency, pooler)
     pooled = await ping(conninfo, application_name=application_name)
-    mode, options = pool_options(
-        conninfo,
-        mode,
-        pooled=pooled,
-        concurrency=concurrency,
-        min_size=min_size,
-        max_size=max_size,
-        application_name=application_name,
-    )
+    sizes = (concurrency, min_size, max_size)
+    mode, options = pool_options(conninfo, mode, pooled, sizes, application_name, timeout=timeout)
     pool = AsyncReconnectingPool(
         # Behind a transaction pooler no session state (see jobrun.postgres.pool).
         configure=None if mode == "transaction" else configure_pooled_async,
-        timeout=timeout,
         name="jobrun-async",
-        open=False,
-        reconnect_timeout=reconnect.RECONNECT_TIMEOUT,
         **options,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]

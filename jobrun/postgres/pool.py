@@ -156,18 +156,19 @@ def check_pool_args(concurrency: object, pooler: object) -> str:
 def pool_options(
     conninfo: str,
     mode: str,
-    *,
     pooled: bool,
-    concurrency: int,
-    min_size: int | None,
-    max_size: int | None,
+    sizes: tuple[int, int | None, int | None],
     application_name: str,
+    *,
+    timeout: float,
 ) -> tuple[str, dict[str, Any]]:
     """The pooler mode decided (after the ping) and either pool's options.
 
-    Autocommit: a lone statement is its own transaction (one round trip);
-    the store opens explicit transactions where it needs more.
+    ``sizes`` is (concurrency, min_size, max_size). Autocommit: a lone
+    statement is its own transaction (one round trip); the store opens
+    explicit transactions where it needs more.
     """
+    concurrency, min_size, max_size = sizes
     mode = resolve_pooler(conninfo, mode, pooled=pooled)
     if max_size is None:
         max_size = concurrency + RESERVED_CONNECTIONS
@@ -176,6 +177,9 @@ def pool_options(
         "kwargs": {"autocommit": True, **connection_kwargs(mode)},
         "min_size": min(min_size if min_size is not None else 4, max_size),
         "max_size": max_size,
+        "timeout": timeout,
+        "open": False,
+        "reconnect_timeout": RECONNECT_TIMEOUT,
     }
 
 
@@ -277,24 +281,14 @@ def open_pool(
     """
     mode = check_pool_args(concurrency, pooler)
     pooled = ping(conninfo, application_name=application_name)
-    mode, options = pool_options(
-        conninfo,
-        mode,
-        pooled=pooled,
-        concurrency=concurrency,
-        min_size=min_size,
-        max_size=max_size,
-        application_name=application_name,
-    )
+    sizes = (concurrency, min_size, max_size)
+    mode, options = pool_options(conninfo, mode, pooled, sizes, application_name, timeout=timeout)
     pool = ForkSafePool(
         # Behind a transaction pooler no session state: a SET would stay on
         # one server session and be missing on the next. Every timestamp
         # jobrun reads is made UTC in Python there (jobrun.postgres.convert.utc).
         configure=None if mode == "transaction" else configure_pooled,
-        timeout=timeout,
         name="jobrun",
-        open=False,
-        reconnect_timeout=RECONNECT_TIMEOUT,
         **options,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]
