@@ -18,7 +18,6 @@ completion stay with the (threaded) worker and its sync Store.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,12 +28,11 @@ from jobrun.job import outage
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import BatchResult, Job, NewJob
 from jobrun.postgres.admin_async import AsyncAdmin
-from jobrun.postgres.base import DEFAULT_CALL_TIMEOUT
-from jobrun.postgres.events import EventMode
 from jobrun.postgres.plans import batch_stream, many_stream
 from jobrun.postgres.pool import (
     DEFAULT_POOL_TIMEOUT,
     DEFAULT_POOLER,
+    PING,
     check_pool_args,
     conninfo_with,
     describe,
@@ -42,8 +40,7 @@ from jobrun.postgres.pool import (
     pool_options,
 )
 from jobrun.postgres.reconnect import AsyncReconnectingPool
-from jobrun.postgres.schema import DEFAULT_SCHEMA
-from jobrun.postgres.session import DEFAULT_CHANNEL, configure_pooled_async
+from jobrun.postgres.session import configure_pooled_async
 from jobrun.postgres.sqlc.aio import AsyncQueries
 
 AsyncPool = AsyncConnectionPool[psycopg.AsyncConnection[Any]]
@@ -58,7 +55,8 @@ async def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
     full = conninfo_with(conninfo, application_name=application_name)
     try:
         async with await psycopg.AsyncConnection.connect(full, prepare_threshold=None) as conn:
-            cur = await conn.execute("SELECT pg_backend_pid()")
+            cur = await conn.execute(PING)
+            cur.nextset()
             row = await cur.fetchone()
             return row is not None and row[0] != conn.info.backend_pid
     except psycopg.OperationalError as exc:
@@ -104,30 +102,19 @@ async def open_async_pool(
 class AsyncStore(AsyncAdmin):
     """The client side of the Store on an ``AsyncConnectionPool`` (see the module docstring).
 
-    The options are :class:`~jobrun.postgres.store.Store`'s of the same names,
-    and must match the workers' (the schema, the event mode, the channel).
+    Made as ``AsyncStore(pool, event_mode=..., notify_channel=..., call_timeout=...,
+    schema=..., direct_url=...)``: the options are :class:`~jobrun.postgres.store.Store`'s
+    of the same names (see :class:`~jobrun.postgres.base.StoreBase`), and must match the
+    workers' (the schema, the event mode, the channel).
     """
 
-    def __init__(
-        self,
-        pool: AsyncPool,
-        *,
-        event_mode: EventMode | str = EventMode.ALL,
-        notify_channel: str = DEFAULT_CHANNEL,
-        call_timeout: dt.timedelta | None = DEFAULT_CALL_TIMEOUT,
-        schema: str = DEFAULT_SCHEMA,
-        direct_url: str | None = None,
-    ) -> None:
+    pool: AsyncPool
+
+    def _accept(self, pool: Any) -> None:
         if not isinstance(pool, AsyncConnectionPool):
             raise ValidationError("pool", "must be a psycopg_pool.AsyncConnectionPool")
-        super().__init__(
-            pool,
-            event_mode=event_mode,
-            notify_channel=notify_channel,
-            call_timeout=call_timeout,
-            schema=schema,
-            direct_url=direct_url,
-        )
+
+    def _setup(self) -> None:
         self.q = AsyncQueries(schema=self.schema)
         self._background: set[asyncio.Task[None]] = set()
 

@@ -53,6 +53,7 @@ class StoreBase:
         schema: str = DEFAULT_SCHEMA,
         direct_url: str | None = None,
     ) -> None:
+        self._accept(pool)
         self.schema = schema_name(schema)
         self.direct_url = direct_url
         """A connection string to PostgreSQL itself (JOBRUN_DIRECT_URL), for
@@ -75,6 +76,13 @@ class StoreBase:
         self._notify_warned_at = -math.inf
         self._notify_warn_lock = threading.Lock()
         self._bounds = threading.local()  # .until: this thread's deadline (see bounded)
+        self._setup()
+
+    def _accept(self, pool: Any) -> None:
+        """Refuse a pool of the wrong kind, before anything else is checked."""
+
+    def _setup(self) -> None:
+        """What a store adds once its options are set (its queries, its state)."""
 
     @contextlib.contextmanager
     def bounded(self, seconds: float) -> Iterator[None]:

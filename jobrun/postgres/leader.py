@@ -88,11 +88,11 @@ import socket
 import threading
 import time
 import uuid
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from jobrun.job.errors import JobrunError, ValidationError
 from jobrun.job.model import LeaderTerm
+from jobrun.job.service import Closing
 from jobrun.postgres.lock import LOCK_LEADER, lock_key
 from jobrun.postgres.session import check_seconds
 
@@ -122,7 +122,7 @@ def new_holder() -> str:
     return f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-class LeaseLocker:
+class LeaseLocker(Closing):
     """A leadership held by a lease row with a fencing term (see the module docs).
 
     ``store`` is the scheduler's Store (its pool may go through a transaction
@@ -233,17 +233,6 @@ class LeaseLocker:
     def current(self) -> GetLeaderRow | None:
         """The election's row as the database has it now (for status and tests)."""
         return self.store._on_pool_read(lambda c: self.store.q.get_leader(c, name=self.name))
-
-    def __enter__(self) -> LeaseLocker:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- internals (called with the mutex held) -----------------------------------
 

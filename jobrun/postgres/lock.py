@@ -66,13 +66,13 @@ import hashlib
 import logging
 import threading
 import time
-from types import TracebackType
 from typing import Any
 
 import psycopg
 
 from jobrun.job import outage
 from jobrun.job.errors import ValidationError
+from jobrun.job.service import Closing
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
 from jobrun.postgres.migrate import LOCK_NAMESPACE
@@ -128,7 +128,7 @@ def _reason(exc: BaseException | str) -> str:
     return redact(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
 
 
-class AdvisoryLocker:
+class AdvisoryLocker(Closing):
     """A leadership lock held by a session advisory lock (see the module docs).
 
     Thread-safe. ``check_interval`` is the longest ``held()`` trusts its last
@@ -243,17 +243,6 @@ class AdvisoryLocker:
         self.release()
         with self._mutex:
             self._close_conn()
-
-    def __enter__(self) -> AdvisoryLocker:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def backend_pid(self) -> int | None:

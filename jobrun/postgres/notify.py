@@ -79,7 +79,6 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -87,6 +86,7 @@ from psycopg import sql
 
 from jobrun.job import outage, validate
 from jobrun.job.errors import ValidationError
+from jobrun.job.service import Closing, Service
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
 from jobrun.postgres.pool import conninfo_with, describe
@@ -122,7 +122,7 @@ DELAYED_PAYLOAD = re.compile(rf"({validate.QUEUE_NAME_PATTERN.pattern})@([0-9]{{
 # -- waiters ------------------------------------------------------------------
 
 
-class Waiter:
+class Waiter(Closing):
     """A one-slot wake-up channel for a fixed set of queues (see the module docs).
 
     Created by :meth:`Notifier.subscribe`; keep it for the life of the worker
@@ -199,17 +199,6 @@ class Waiter:
         if hub is not None:
             hub._unsubscribe(self)
 
-    def __enter__(self) -> Waiter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 class _Hub:
     """The waiter registry shared by :class:`Notifier` and :class:`NullDispatcher`."""
@@ -277,7 +266,7 @@ class _Hub:
         return waiter.wait(timeout)
 
 
-class NullDispatcher(_Hub):
+class NullDispatcher(_Hub, Service):
     """A ``Dispatcher`` without notifications: ``wait`` sleeps until its timeout.
 
     For deployments where LISTEN cannot work (PgBouncer in transaction mode)
@@ -320,7 +309,7 @@ class _Gone(Exception):
     """The listener connection is unusable; reconnect."""
 
 
-class Notifier(_Hub):
+class Notifier(_Hub, Service):
     """The ``Dispatcher`` over LISTEN/NOTIFY (see the module docs).
 
     ``conninfo`` is a URL or key=value string; the listener connection adds
@@ -399,18 +388,6 @@ class Notifier(_Hub):
 
     def close(self) -> None:
         """Same as :meth:`stop`."""
-        self.stop()
-
-    def __enter__(self) -> Notifier:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
         self.stop()
 
     # -- observable state -------------------------------------------------------

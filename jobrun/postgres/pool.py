@@ -121,6 +121,12 @@ def pooler_mode(value: object, field: str = POOLER_FIELD) -> str:
     return mode
 
 
+PING = "SET LOCAL statement_timeout = 0; SELECT pg_backend_pid()"
+"""The ping, in one simple-protocol round trip: the first statement of a cold
+session, guarded as the pools' session set-up is against a tiny role- or
+database-wide statement_timeout (LOCAL: nothing stays behind a pooler)."""
+
+
 def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
     """Connect once and run one statement; a clear, password-free error if that fails.
 
@@ -131,7 +137,9 @@ def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
     full = conninfo_with(conninfo, application_name=application_name)
     try:
         with psycopg.connect(full, prepare_threshold=None) as conn:
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            cur = conn.execute(PING)
+            cur.nextset()
+            row = cur.fetchone()
             return row is not None and row[0] != conn.info.backend_pid
     except psycopg.OperationalError as exc:
         failure = ping_failure(conninfo, exc)
