@@ -1,70 +1,29 @@
 """Wake-ups for idle workers over LISTEN/NOTIFY: the :class:`Notifier` (a ``Dispatcher``).
 
 The store sends ``pg_notify(channel, queue)`` in the same transaction as the
-row it announces, so PostgreSQL delivers the notification only at COMMIT (a
-rolled-back enqueue wakes no one) and the payload is a queue name (with
-the time left for a delayed job, see below). Here one
-**dedicated listener connection** (never from the pool: a pool would recycle
-it and lose the LISTEN) runs ``LISTEN <channel>`` and a daemon thread
-(``jobrun-listener``) turns notifications into wake-ups.
+row it announces, so a notification arrives only at COMMIT (a rolled-back
+enqueue wakes no one). One **dedicated listener connection** (never pooled:
+a pool would recycle it and lose the LISTEN) and a daemon thread
+(``jobrun-listener``) turn notifications into wake-ups.
 
-Waiters
-    A worker registers its queues once with :meth:`Notifier.subscribe` and
-    gets a :class:`Waiter`, a **one-slot channel**: a notification for one of
-    its queues sets the slot, :meth:`Waiter.wait` consumes it. Notifications
-    coalesce (a burst of 10,000 costs one wake-up), and a notification that
-    arrives while the worker is busy claiming is kept in the slot until the
-    next ``wait``, so it is never lost. The port's
-    :meth:`Notifier.wait(queues, timeout) <Notifier.wait>` is a convenience
-    over a per-thread, per-queue-set waiter created on first use (so it
-    inherits the same "kept while busy" guarantee from its second call on).
+A worker registers its queues once (:meth:`Notifier.subscribe`) and gets a
+:class:`Waiter`, a **one-slot channel**: notifications coalesce (a burst of
+10,000 costs one wake-up), and one that arrives while the worker is busy
+stays in the slot until its next ``wait``, so it is never lost. A delayed
+job's enqueue sends ``<queue>@<ms>`` (the milliseconds until its run_at, by
+the database clock); its waiters end their wait then, on this process's
+monotonic clock, and keep the :data:`MAX_DUE_TIMES` soonest due times.
 
-Delayed jobs
-    A delayed job's enqueue sends ``<queue>@<ms>``: the milliseconds until
-    its ``run_at``, counted by the database before the COMMIT that delivers
-    the notification and rounded up. The waiters of that queue note the due
-    time (``ms`` after the notification arrived, on this process's monotonic
-    clock: no wall clock is compared with the database's) and their ``wait``
-    ends then, so an idle worker claims the job when it is due instead of at
-    its next poll. A waiter keeps its :data:`MAX_DUE_TIMES` soonest due
-    times (to the millisecond); later ones are found by polling. Workers of
-    older versions ignore such payloads (they are not queue names) and poll.
-
-Notifications are hints
-    Workers poll as well. A payload is only ever compared with the queue
-    names the waiters registered (and its delay parsed as digits); anything
-    else (another role's garbage, an unknown queue, an empty or oversize
-    payload) is counted and ignored. A
-    payload the driver cannot even decode (possible only in a ``SQL_ASCII``
-    database) is treated like a connection fault: reconnect and wake everyone.
-
-Reconnects
-    Any error while connecting, in ``LISTEN`` (``cannot execute LISTEN during
-    recovery`` on a standby included) or while listening is a connection
-    fault: close the connection, back off (0.1 s doubling to 5 s, with
-    jitter, interruptible by :meth:`Notifier.stop`), connect and ``LISTEN``
-    again. Notifications sent during the gap are lost, so after every
-    successful (re)connect **every waiter is woken once** and polls.
-
-Liveness
-    A half-open network leaves a listener waiting for notifications that will
-    never come, without any error. Every ``liveness_interval`` seconds the
-    listener thread runs a probe on its own session (the channel must still
-    be in ``pg_listening_channels()``); the probe is bounded client-side by
-    ``probe_timeout`` (:func:`interrupt_after` shuts the socket down when the
-    server does not answer), and a failed probe is a connection fault. TCP
-    keepalives (from :func:`~jobrun.postgres.pool.conninfo_with`) back this
-    up at the socket level. A dead connection is therefore noticed within
-    ``liveness_interval + probe_timeout`` (plus one backoff step to recover).
-    :meth:`Notifier.activity` tells a stall watch (the worker's) what the
-    listener thread is doing and since when, so that a listener stuck on one
-    step longer than those bounds is reported instead of going silent.
-
-Disabled mode
-    ``Notifier(..., enabled=False)`` (or :class:`NullDispatcher`) opens no
-    connection: ``wait`` sleeps until its timeout and everything works by
-    polling (e.g. behind PgBouncer in transaction mode, where LISTEN does not
-    stick).
+Notifications are hints: workers poll as well, and a payload is only ever
+compared with the queue names registered (anything else is counted and
+ignored). Any error while connecting or listening is a connection fault:
+close, back off with jitter, reconnect and LISTEN again, then wake every
+waiter once (notifications sent during the gap are lost). A half-open
+network is found by a probe every ``liveness_interval``, bounded
+client-side by ``probe_timeout`` (:func:`~jobrun.postgres.session.interrupt_after`).
+``Notifier(..., enabled=False)`` or :class:`NullDispatcher` opens no
+connection, and everything works by polling (as behind a transaction pooler,
+where LISTEN does not stick).
 """
 
 from __future__ import annotations
