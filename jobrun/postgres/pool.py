@@ -1,54 +1,26 @@
-"""The connection pool, with production limits, opened and pinged.
+"""The connection pools (sync and asyncio), with production limits, opened and pinged.
 
-``max_size = WORKER_CONCURRENCY + 8``: one connection per handler thread
-(a commit callable holds one for the length of Complete) plus room for the
-claim loop, the heartbeat loop, the completer and the scheduler, so that
-those loops are never starved by busy handlers.
+``max_size = WORKER_CONCURRENCY + 8``: one connection per handler thread (a
+commit callable holds one for the length of Complete) plus room for the
+claim, heartbeat, completer and scheduler loops, so that busy handlers never
+starve them. Every connection says what it is for in ``application_name``
+(``jobrun-pool``, ``jobrun-listener``, ``jobrun-leader``, ...), is bounded
+client-side (connect timeout, TCP keepalives), and its errors never carry
+the password (:mod:`jobrun.postgres.dsn`). A new session's first statement
+is guarded against a tiny role- or database-wide ``statement_timeout``
+(:data:`~jobrun.postgres.session.POOL_SESSION_SETUP`, :data:`PING`).
 
-Every connection jobrun opens says what it is for in ``application_name``
-(``jobrun-pool``, ``jobrun-listener``, ``jobrun-leader``, ``jobrun-migrate``),
-so operators (``pg_stat_activity``) and tests (``pg_terminate_backend``) can
-tell them apart. Every connection is bounded client-side: a connect timeout
-and TCP keepalives, so a half-open network cannot hang a thread forever.
-
-Error messages never carry the password: :mod:`jobrun.postgres.dsn` parses
-and normalises every connection string and removes its secrets from the
-driver messages that might echo one.
-
-Poolers (``JOBRUN_POOLER``)
----------------------------
-A connection string may point at a connection pooler (PgBouncer, pgcat,
-Odyssey, Supavisor) rather than at PostgreSQL. What that changes is the
-pooler's mode, one of :data:`POOLERS`:
-
-==============  ==============================================================
-``auto``        the default: detect a pooler at the ping (below); one found is
-                treated as ``transaction`` (what works behind either mode),
-                and an INFO line says so and how to be explicit
-``none``        PostgreSQL itself (or a proxy that keeps sessions whole)
-``session``     a pooler in session mode: a client keeps one server session
-                for as long as it is connected, so everything works as direct
-``transaction`` a pooler in transaction mode: each transaction may run on
-                another server session. No server-side prepared statements
-                (psycopg's ``prepare_threshold=None``: a statement psycopg
-                prepared on one session is missing on, or collides with,
-                the next); no session state (the pool's connections set no
-                ``SET`` of their own; every jobrun setting is ``SET LOCAL``
-                or ``set_config(..., true)``, inside its transaction); and
-                no work that needs a session (LISTEN, the leader's session
-                lock): that takes the direct connection (``JOBRUN_DIRECT_URL``)
-                when one is given, else falls back to polling and to the
-                lease-row leader (:mod:`jobrun.postgres.leader`)
-==============  ==============================================================
-
-Detection costs nothing extra: the ping compares the backend pid the
-connection was given at startup (BackendKeyData) with ``pg_backend_pid()``.
-PostgreSQL sends its own pid; a pooler sends a key of its own (it has to
-answer cancel requests itself), so the two differ exactly when a pooler is
-in between. It cannot tell session from transaction pooling, hence the
-safe guess. Where no setting was given and no detection ran (a pool built
-by the application), a prepared-statement error from the pooler is still
-translated into :class:`~jobrun.job.errors.PoolerError`, naming the setting.
+Poolers (``JOBRUN_POOLER``, one of :data:`POOLERS`): ``none`` is PostgreSQL
+itself, ``session`` a pooler that keeps a server session per client (all
+works as direct), ``transaction`` one where each transaction may run on
+another server session: no server-side prepared statements, no session
+state (every jobrun setting is ``SET LOCAL`` or ``set_config(..., true)``),
+and no LISTEN or session lock (the direct connection, ``JOBRUN_DIRECT_URL``,
+takes those, else polling and the lease-row leader). ``auto``, the default,
+detects a pooler at the ping for free: PostgreSQL sends its own pid as the
+startup BackendKeyData, a pooler a key of its own, so the two differ exactly
+when a pooler is in between; one found is treated as ``transaction`` (what
+works behind either mode), and an INFO line says how to be explicit.
 """
 
 from __future__ import annotations
