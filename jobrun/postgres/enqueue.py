@@ -46,7 +46,7 @@ from jobrun.postgres.convert import (
     run_at,
     trace_json,
 )
-from jobrun.postgres.events import EventMode, EventRow
+from jobrun.postgres.events import EventMode, EventRow, wanted_events
 from jobrun.postgres.plans import (
     BATCH_CHUNK,
     END,
@@ -63,7 +63,6 @@ from jobrun.postgres.plans import (
     replay,
     same_job_or_conflict,
     unique_violations,
-    wanted_events,
 )
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.transactions import Conn, Transactions

@@ -44,7 +44,7 @@ from jobrun.postgres.convert import (
     run_at,
     trace_json,
 )
-from jobrun.postgres.events import EventMode, EventRow
+from jobrun.postgres.events import EventMode, EventRow, wanted_events
 from jobrun.postgres.plans import (
     BATCH_CHUNK,
     END,
@@ -61,7 +61,6 @@ from jobrun.postgres.plans import (
     replay,
     same_job_or_conflict,
     unique_violations,
-    wanted_events,
 )
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.transactions_async import AsyncConn, AsyncTransactions

@@ -107,19 +107,6 @@ def enqueued_event_rows(jobs: Iterable[NewJob]) -> builtins.list[EventRow]:
     return [EventRow(j.id, EventKind.ENQUEUED, 0) for j in jobs]
 
 
-def wanted_events(mode: EventMode, rows: Iterable[EventRow]) -> dict[str, Any] | None:
-    """The parameters of InsertEvents for the rows ``mode`` records; None when it records none."""
-    wanted = [r for r in rows if mode.wants(r.kind)]
-    if not wanted:
-        return None
-    return dict(
-        job_ids=[r.job_id for r in wanted],
-        kinds=[str(r.kind) for r in wanted],
-        attempts=[r.attempt for r in wanted],
-        details=[r.detail for r in wanted],
-    )
-
-
 def list_args(
     *,
     queue: str | None,
