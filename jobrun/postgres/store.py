@@ -22,7 +22,6 @@ datetimes are refused; results are aware UTC.
 
 from __future__ import annotations
 
-import builtins
 import copy
 import datetime as dt
 import threading
@@ -36,15 +35,11 @@ from jobrun.job import propagation, validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import (
     BatchResult,
-    EffectKey,
     Job,
     LeaderTerm,
     NewJob,
-    QueueDepth,
-    State,
-    StateCount,
 )
-from jobrun.postgres import effects, forksafe
+from jobrun.postgres import forksafe
 from jobrun.postgres.base import DEFAULT_CALL_TIMEOUT
 from jobrun.postgres.completion import Completion
 from jobrun.postgres.events import EventMode
@@ -201,73 +196,6 @@ class Store(SchedulesMixin, Completion):
                 lambda carrier: self._send_many(template, stream, conn, carrier),
             )
         return self._send_many(template, stream, conn, None)
-
-    # -- housekeeping -------------------------------------------------------------
-
-    def purge(self, older_than: dt.timedelta, limit: int) -> int:
-        """Delete up to ``limit`` terminal jobs that finished more than ``older_than`` ago."""
-        validate.delay(older_than, "older_than")
-        validate.batch_limit(limit)
-        return self._on_pool(
-            lambda c: self.q.purge_jobs(c, age_seconds=older_than.total_seconds(), max_jobs=limit)
-        )
-
-    def depth(self) -> builtins.list[QueueDepth]:
-        rows = self._on_pool_read(self.q.queue_depth)
-        return [
-            QueueDepth(
-                queue=r.queue, ready=r.ready, scheduled=r.scheduled, leased=r.leased, dead=r.dead
-            )
-            for r in rows
-        ]
-
-    def prune_events(self, older_than: dt.timedelta, limit: int) -> int:
-        validate.delay(older_than, "older_than")
-        validate.batch_limit(limit)
-        return self._on_pool(
-            lambda c: self.q.prune_events(
-                c, age_seconds=older_than.total_seconds(), max_events=limit
-            )
-        )
-
-    def state_counts(self, queue: str | None = None) -> dict[State, StateCount]:
-        """Jobs and attempts burned per state, for ``queue`` or every queue."""
-        if queue is not None:
-            validate.queue_name(queue)
-        rows = self._on_pool_read(lambda c: self.q.count_by_state(c, queue=queue))
-        return {
-            State(r.state): StateCount(state=State(r.state), jobs=r.jobs, attempts=r.attempts)
-            for r in rows
-        }
-
-    def pause_queue(self, queue: str) -> None:
-        """Stop every worker from claiming from ``queue``; enqueue still works."""
-        validate.queue_name(queue)
-        self._on_pool(lambda c: self.q.pause_queue(c, queue=queue))
-
-    def resume_queue(self, queue: str) -> bool:
-        """Let workers claim from ``queue`` again; False when it was not paused."""
-        validate.queue_name(queue)
-        usage = self._on_pool(
-            lambda c: self.q.resume_queue(
-                c,
-                queue=queue,
-                channel=self.notify_channel,
-                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
-            )
-        )
-        if usage is None:
-            return False
-        self._notified(usage)
-        return True
-
-    def paused_queues(self) -> builtins.list[str]:
-        return self._on_pool_read(self.q.paused_queues)
-
-    def effect_done(self, job: Job | EffectKey) -> bool:
-        """Whether the job's (or key's) effect has committed."""
-        key = job if isinstance(job, EffectKey) else EffectKey.of(job)
-        return self._on_pool_read(lambda c: effects.effect_done(self.q, c, key))
 
 
 __all__ = [
