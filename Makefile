@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## create .venv with jobrun (editable) and the dev tools
 
 .PHONY: generate
-generate: $(STAMP) ## regenerate jobrun/postgres/sqlc from db/query and db/migrations
+generate: $(STAMP) ## regenerate jobrun/postgres/sqlc (db/query, db/migrations) and the sync store (*_async.py)
 	rm -rf $(GENERATED)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/sqlc generate
 	$(PY) tools/check_sqlc_schema.py
+	$(PY) tools/async_to_sync.py
 
 .PHONY: check
 check: $(STAMP) ## ruff, mypy strict, the import layers, and the generated code is fresh

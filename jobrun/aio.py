@@ -50,7 +50,7 @@ from typing import Any, Unpack
 
 from jobrun import producer
 from jobrun.config import Settings
-from jobrun.job.model import BatchResult, Event, Job, JSONValue, NewJob, jobs_like
+from jobrun.job.model import BatchResult, Event, Job, JSONValue, NewJob
 from jobrun.postgres.async_store import AsyncPool, AsyncStore, open_async_pool
 from jobrun.postgres.connect import AsyncConnection, database_url_or_embedded
 from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT
@@ -166,8 +166,7 @@ class AsyncClient:
         a new id (for a batch you may retry, give NewJobs to
         :meth:`enqueue_batch`).
         """
-        jobs = jobs_like(producer.template(type, options), payloads)
-        return await self.store.enqueue_batch(jobs, conn=conn)
+        return await self.store.enqueue_many(producer.template(type, options), payloads, conn=conn)
 
     async def enqueue_batch(
         self, jobs: Iterable[NewJob], *, conn: AsyncConnection[Any] | None = None

@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return 1
     print(f"check_generated: {GENERATED}/ is up to date")
+    # The sync store modules generated from their asyncio source (tools/async_to_sync.py).
+    if (root / "jobrun" / "postgres" / "transactions_async.py").exists():
+        unasync = [sys.executable, str(Path(__file__).with_name("async_to_sync.py")), "--check"]
+        if subprocess.run([*unasync, "--root", str(root)], check=False).returncode != 0:
+            return 1
+        print("check_generated: the sync store modules are up to date")
     return 0
 
 

@@ -24,17 +24,21 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import psycopg
 import psycopg.errors
+from psycopg.types.json import Jsonb
 from psycopg_pool import PoolTimeout
 
+from jobrun.job import propagation
 from jobrun.job.errors import DatabaseError, OutcomeUnknown, PoolerError, TransientError
 from jobrun.job.model import Backoff, Event, EventKind, Job, NewJob, Schedule, State
 from jobrun.job.validate import redact
+from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
 
 UTC = dt.UTC
@@ -343,3 +347,61 @@ def statement_timeout_setting(seconds: float | None) -> str:
     if seconds is None:
         return "0"
     return str(max(1, int(seconds * 1000)))
+
+
+# -- JSON parameters ----------------------------------------------------------------
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def raw_json(text: str) -> Jsonb:
+    """A jsonb parameter from JSON text already made (sent as is, not serialised again)."""
+    return Jsonb(text, dumps=_identity)
+
+
+_backoff_json: dict[Backoff, Jsonb] = {}
+
+
+def backoff_json(policy: Backoff) -> Jsonb:
+    """The stored form of a policy, serialised once per distinct policy."""
+    cached = _backoff_json.get(policy)
+    if cached is None:
+        cached = raw_json(json.dumps(policy.to_json(), separators=(",", ":")))
+        if len(_backoff_json) < 1024:
+            _backoff_json[policy] = cached
+    return cached
+
+
+def run_at(job: NewJob, db_now: dt.datetime) -> dt.datetime:
+    if job.run_at is not None:
+        return job.run_at
+    if job.delay is not None:
+        return db_now + job.delay
+    return db_now
+
+
+def carrier_json(carrier: propagation.Carrier | None) -> Jsonb | None:
+    """The enqueue's trace carrier as stored: serialised once, shared by its jobs."""
+    return None if carrier is None else raw_json(json.dumps(carrier, separators=(",", ":")))
+
+
+def trace_json(job: NewJob, shared: Jsonb | None) -> Jsonb | None:
+    """The creation context stored with ``job``: its own if it brings one, else the enqueue's."""
+    return shared if job.trace_context is None else Jsonb(job.trace_context)
+
+
+def copy_row(job: NewJob, db_now: dt.datetime, shared: Jsonb | None) -> q.CopyJobsParams:
+    return q.CopyJobsParams(
+        id=job.id,
+        queue=job.queue,
+        type=job.type,
+        payload=raw_json(job.payload_json),
+        priority=job.priority,
+        max_attempts=job.max_attempts,
+        backoff=backoff_json(job.backoff),
+        run_at=run_at(job, db_now),
+        trace_context=trace_json(job, shared),
+        concurrency_key=job.concurrency_key,
+    )

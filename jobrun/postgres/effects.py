@@ -21,9 +21,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from jobrun.job.errors import CommitRefused
-from jobrun.job.model import EffectKey, Job
+from jobrun.job.model import Job
 from jobrun.job.ports import CommitCallable
-from jobrun.postgres.sqlc import Queries
 
 
 def run_commit(conn: psycopg.Connection[Any], commit: CommitCallable, job: Job) -> None:
@@ -41,7 +40,3 @@ def run_commit(conn: psycopg.Connection[Any], commit: CommitCallable, job: Job) 
             f"the commit callable of job {job.id} committed or rolled back Complete's "
             "transaction; it may only run statements on the connection"
         )
-
-
-def effect_done(queries: Queries, conn: psycopg.Connection[Any], key: EffectKey) -> bool:
-    return bool(queries.effect_done(conn, scope=key.scope, key=key.key))

@@ -48,17 +48,23 @@ class EventRow:
     detail: dict[str, Any] | None = None
 
 
+def wanted_events(mode: EventMode, rows: Iterable[EventRow]) -> dict[str, Any] | None:
+    """The parameters of InsertEvents for the rows ``mode`` records; None when it records none."""
+    wanted = [r for r in rows if mode.wants(r.kind)]
+    if not wanted:
+        return None
+    return dict(
+        job_ids=[r.job_id for r in wanted],
+        kinds=[str(r.kind) for r in wanted],
+        attempts=[r.attempt for r in wanted],
+        details=[r.detail for r in wanted],
+    )
+
+
 def record(
     queries: Queries, conn: psycopg.Connection[Any], mode: EventMode, rows: Iterable[EventRow]
-) -> int:
-    """Insert the rows ``mode`` wants, in one statement; returns how many."""
-    wanted = [r for r in rows if mode.wants(r.kind)]
-    if wanted:
-        queries.insert_events(
-            conn,
-            job_ids=[r.job_id for r in wanted],
-            kinds=[str(r.kind) for r in wanted],
-            attempts=[r.attempt for r in wanted],
-            details=[r.detail for r in wanted],
-        )
-    return len(wanted)
+) -> None:
+    """Insert the rows ``mode`` wants, in one statement (the sync store's leases)."""
+    args = wanted_events(mode, rows)
+    if args is not None:
+        queries.insert_events(conn, **args)

@@ -1,83 +1,30 @@
 """Leader election without a session: :class:`LeaseLocker` (a ``Locker``), a lease row with a term.
 
-Why
----
-:class:`~jobrun.postgres.lock.AdvisoryLocker` holds a *session* advisory
-lock. Behind a transaction pooler (PgBouncer in transaction mode) a client
-has no session of its own: the lock is taken on whichever server connection
-ran the statement, stays there when the pooler hands that connection to
-someone else, and the holder's next probe runs elsewhere. Measured before
-this module: leadership flapping 25 times in 150 s, two leaders at once for
-up to 5 s, cron occurrences missed. Without a direct connection
-(``JOBRUN_DIRECT_URL``), the leader is therefore a **lease row**
-(``jobrun.leader``, migration 0008), which needs nothing but transactions.
+Why: :class:`~jobrun.postgres.lock.AdvisoryLocker` holds a *session*
+advisory lock, and behind a transaction pooler a client has no session of
+its own (the lock stays on whichever server connection ran the statement;
+measured: leadership flapping, two leaders at once, cron occurrences
+missed). Without a direct connection (``JOBRUN_DIRECT_URL``) the leader is
+therefore a **lease row** (``jobrun.leader``), which needs nothing but
+transactions: AcquireLeader inserts it or takes it over once expired (term
++ 1), RenewLeader extends it while holder and term match, ResignLeader
+expires it. A term's number is never reused, so ``(name, term)`` names one
+leadership.
 
-The row and its term
---------------------
-One row per election (``name``: ``scheduler``, or ``scheduler:<schema>``
-style names for several deployments in one database). Every statement is
-one autocommit transaction, every time is the database clock::
+The fence: every leader action runs through ``store.fenced(locker.term())``,
+whose transaction begins by locking the row FOR SHARE while this term is
+running (else LeaderLost, having done nothing). A takeover is an UPDATE of
+that row, so it waits for every fenced action in flight: in the database's
+commit order every action of term ``n`` precedes term ``n + 1``, whatever
+the clocks, pauses or network of the old leader do.
 
-    AcquireLeader   insert the row (term 1), or take it over when its lease
-                    has expired: holder = me, term = term + 1,
-                    expires_at = now() + ttl
-    RenewLeader     expires_at = now() + ttl   WHERE holder = me AND term = mine
-                                                 AND expires_at > now()
-    ResignLeader    expires_at = now()          (same guard; the term stays)
-    FenceLeader     SELECT ... FOR SHARE        (same guard), inside an action
-
-States::
-
-                  AcquireLeader -> term n
-    +----------+ --------------------------> +-----------+  RenewLeader each
-    | follower |                             | leader(n) |  held(force=True)
-    +----------+ <-------------------------- +-----------+
-         ^     release(): ResignLeader            |  RenewLeader -> nothing, or no
-         |                                        |  answer before the local deadline
-         +----------------------------------------+  (a loss: step down at once)
-
-A term's number is never reused: the row is never deleted, each takeover
-adds one. ``(name, term)`` therefore names one leadership.
-
-The fence: two leaders never overlap, by the term
--------------------------------------------------
-Every leader action runs through ``store.fenced(locker.term())``: its
-transaction begins with FenceLeader, which finds the row only while this
-holder's term ``n`` is running (``expires_at > now()``) and locks it FOR
-SHARE until the action commits or rolls back; otherwise the action raises
-:class:`~jobrun.job.errors.LeaderLost` having done nothing. A takeover to
-term ``n + 1`` is an UPDATE of the same row, which conflicts with that
-share lock. So:
-
-1. an action of term ``n`` that passed its fence holds the row; term
-   ``n + 1`` cannot be granted until that action's transaction has ended;
-2. an action of term ``n`` that starts after term ``n + 1`` was granted
-   finds ``term <> n`` and is refused.
-
-In the database's commit order every action of term ``n`` precedes term
-``n + 1``, whatever the clocks, pauses or network of the old leader do.
-This is stronger than the session lock's guarantee ("at most one action of
-overlap"): a stalled old leader can never commit beside its successor.
-
-Timing
-------
-``ttl`` (default 15 s) is how long a lease lasts unrenewed, by the database
-clock. The scheduler renews it before every action (each tick, by default
-every second). A leader that cannot renew steps down once its local
-deadline passes (the send time of its last successful renewal plus
-``ttl``, by the monotonic clock: the lease cannot have outlived that). A
-crashed leader is replaced ``ttl`` after its last renewal; a resigning one
-at once.
-
-Mixed fleets
-------------
-Every process of one deployment should elect the same way: all with a
-direct connection (the session lock) or all through the pooler (this
-lease). As a guard, AcquireLeader refuses while any session holds the
-session lock of the same election, so a lease leader is never elected
-beside a session-lock leader; the converse is not guarded (the session
-lock knows nothing of the row), and the durable guards (the cron
-occurrence's idempotency key, the reaper's re-checked lease) cover it.
+Timing: ``ttl`` (default 15 s, database clock) is how long a lease lasts
+unrenewed; the scheduler renews before every action, and a leader that
+cannot renew steps down once its local deadline (last successful renewal
+plus ``ttl``, monotonic clock) passes. A crashed leader is replaced ``ttl``
+after its last renewal, a resigning one at once. AcquireLeader refuses
+while any session holds the session lock of the same election, so a lease
+leader is never elected beside a session-lock leader.
 """
 
 from __future__ import annotations
@@ -88,14 +35,14 @@ import socket
 import threading
 import time
 import uuid
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from jobrun.job.errors import JobrunError, ValidationError
 from jobrun.job.model import LeaderTerm
+from jobrun.job.service import Closing
 from jobrun.postgres.lock import LOCK_LEADER, lock_key
-from jobrun.postgres.notify import check_seconds
 from jobrun.postgres.schema import DEFAULT_SCHEMA
+from jobrun.postgres.session import check_seconds
 
 if TYPE_CHECKING:
     from jobrun.postgres.sqlc.leader import GetLeaderRow
@@ -132,7 +79,7 @@ def new_holder() -> str:
     return f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-class LeaseLocker:
+class LeaseLocker(Closing):
     """A leadership held by a lease row with a fencing term (see the module docs).
 
     ``store`` is the scheduler's Store (its pool may go through a transaction
@@ -243,17 +190,6 @@ class LeaseLocker:
     def current(self) -> GetLeaderRow | None:
         """The election's row as the database has it now (for status and tests)."""
         return self.store._on_pool_read(lambda c: self.store.q.get_leader(c, name=self.name))
-
-    def __enter__(self) -> LeaseLocker:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- internals (called with the mutex held) -----------------------------------
 

@@ -1,62 +1,27 @@
 """Leader election for the scheduler: :class:`AdvisoryLocker` (a ``Locker``).
 
-The lock is a PostgreSQL *session* advisory lock, ``pg_try_advisory_lock(ns,
-key)`` in the two-int form (namespace ``0x6A6F62``, "job", shared with the
-migration lock; purpose 2 = leader), so it cannot collide with an
-application's one-bigint advisory locks. A ``name`` derives a different key
-from the purpose, for tests and for several jobrun deployments in one
-database.
-
-It is taken on a **dedicated connection** (``application_name=jobrun-leader``,
-autocommit, never idle in a transaction), never on a pooled one: a pool
-recycles connections (``max_lifetime``) and every recycle would silently drop
-the lock. The session also switches off ``idle_session_timeout`` for itself,
-so a database-wide setting cannot end the term of an idle leader.
-
-States::
-
-                      try_acquire() -> True
-        +----------+ ----------------------> +--------+
-        | follower |                         | leader |  held() -> True
-        +----------+ <---------------------- +--------+  (probe before each action)
-          ^     ^          release()             |
-          |     |                                | held() -> False: the connection
-          |     |                                | died or the lock is not in pg_locks
-          |     |   try_acquire() -> True        v
-          |     +------------------------ +------+
-          |        (a new term, new       | lost |  step down: stop acting at once
-          +--------  connection)          +------+
-             try_acquire() -> False
+The lock is a PostgreSQL *session* advisory lock in the two-int form
+(namespace ``0x6A6F62``, "job", shared with the migration lock; purpose 2 =
+leader), so it cannot collide with an application's one-bigint advisory
+locks; a ``name`` derives a different key, for several deployments in one
+database. It is taken on a **dedicated connection** (``jobrun-leader``,
+autocommit), never a pooled one, which a pool would recycle and so drop the
+lock; the session switches off ``idle_session_timeout`` for itself.
 
 A follower calls :meth:`~AdvisoryLocker.try_acquire` on every tick; it never
-blocks (a connection fault counts as "not acquired" and the next call
-reconnects). A leader calls :meth:`~AdvisoryLocker.held` before **every**
-leader action and steps down as soon as it returns False.
+blocks (a connection fault is "not acquired", the next call reconnects). A
+leader calls :meth:`~AdvisoryLocker.held` before **every** action and steps
+down as soon as it returns False.
 
-Timing: how a lost lock is noticed
-    The lock lives exactly as long as the holder's session *on the server*.
-
-    * Terminated backend, server restart or crash: the session ends at once
-      server-side, so another instance can acquire on its next tick. The old
-      holder notices at its next ``held()``: a connection psycopg already
-      knows to be broken answers False at once; otherwise ``held()`` does a
-      real round trip (its own backend pid must hold the lock in
-      ``pg_locks``) at most every ``check_interval`` seconds, and
-      ``held(force=True)`` always does. Every round trip is bounded
-      client-side by ``probe_timeout``.
-    * Half-open network: the server keeps the session (and the lock) until
-      its own TCP keepalive or ``tcp_user_timeout`` gives up on the client,
-      so no one else can acquire before that; the old holder's probe fails
-      within ``probe_timeout`` and it steps down first. The cluster is then
-      briefly leaderless, never doubly led. (Tune the server's
-      ``tcp_keepalives_*`` to shorten that gap.)
-
-    So the overlap between an old leader that has not yet noticed and a new
-    one is at most one leader action when the leader probes with
-    ``force=True`` before each action (plus ``check_interval`` when it relies
-    on the cached answer). Leader actions must tolerate that window: cron
-    materialisation is deduplicated by its ``sched:<id>:<next_run>`` key and
-    the reaper re-checks every row in SQL.
+The lock lives exactly as long as the holder's session on the server. A
+terminated backend or a restart frees it at once, and the old holder
+notices at its next ``held()`` (a round trip at most every
+``check_interval``, always with ``force=True``, each bounded by
+``probe_timeout``). On a half-open network the server keeps the lock until
+its own keepalive gives up, while the old holder's probe fails first: the
+cluster is briefly leaderless, never doubly led. The overlap between an old
+leader that has not noticed and a new one is at most one action, which the
+durable guards cover (the cron occurrence's key, the reaper's re-check).
 """
 
 from __future__ import annotations
@@ -66,18 +31,18 @@ import hashlib
 import logging
 import threading
 import time
-from types import TracebackType
 from typing import Any
 
 import psycopg
 
 from jobrun.job import outage
 from jobrun.job.errors import ValidationError
+from jobrun.job.service import Closing
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
 from jobrun.postgres.migrate import LOCK_NAMESPACE
-from jobrun.postgres.notify import check_seconds, configure_session, interrupt_after
 from jobrun.postgres.pool import conninfo_with, describe
+from jobrun.postgres.session import check_seconds, configure_session, interrupt_after
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +93,7 @@ def _reason(exc: BaseException | str) -> str:
     return redact(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
 
 
-class AdvisoryLocker:
+class AdvisoryLocker(Closing):
     """A leadership lock held by a session advisory lock (see the module docs).
 
     Thread-safe. ``check_interval`` is the longest ``held()`` trusts its last
@@ -243,17 +208,6 @@ class AdvisoryLocker:
         self.release()
         with self._mutex:
             self._close_conn()
-
-    def __enter__(self) -> AdvisoryLocker:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def backend_pid(self) -> int | None:

@@ -1,70 +1,29 @@
 """Wake-ups for idle workers over LISTEN/NOTIFY: the :class:`Notifier` (a ``Dispatcher``).
 
 The store sends ``pg_notify(channel, queue)`` in the same transaction as the
-row it announces, so PostgreSQL delivers the notification only at COMMIT (a
-rolled-back enqueue wakes no one) and the payload is a queue name (with
-the time left for a delayed job, see below). Here one
-**dedicated listener connection** (never from the pool: a pool would recycle
-it and lose the LISTEN) runs ``LISTEN <channel>`` and a daemon thread
-(``jobrun-listener``) turns notifications into wake-ups.
+row it announces, so a notification arrives only at COMMIT (a rolled-back
+enqueue wakes no one). One **dedicated listener connection** (never pooled:
+a pool would recycle it and lose the LISTEN) and a daemon thread
+(``jobrun-listener``) turn notifications into wake-ups.
 
-Waiters
-    A worker registers its queues once with :meth:`Notifier.subscribe` and
-    gets a :class:`Waiter`, a **one-slot channel**: a notification for one of
-    its queues sets the slot, :meth:`Waiter.wait` consumes it. Notifications
-    coalesce (a burst of 10,000 costs one wake-up), and a notification that
-    arrives while the worker is busy claiming is kept in the slot until the
-    next ``wait``, so it is never lost. The port's
-    :meth:`Notifier.wait(queues, timeout) <Notifier.wait>` is a convenience
-    over a per-thread, per-queue-set waiter created on first use (so it
-    inherits the same "kept while busy" guarantee from its second call on).
+A worker registers its queues once (:meth:`Notifier.subscribe`) and gets a
+:class:`Waiter`, a **one-slot channel**: notifications coalesce (a burst of
+10,000 costs one wake-up), and one that arrives while the worker is busy
+stays in the slot until its next ``wait``, so it is never lost. A delayed
+job's enqueue sends ``<queue>@<ms>`` (the milliseconds until its run_at, by
+the database clock); its waiters end their wait then, on this process's
+monotonic clock, and keep the :data:`MAX_DUE_TIMES` soonest due times.
 
-Delayed jobs
-    A delayed job's enqueue sends ``<queue>@<ms>``: the milliseconds until
-    its ``run_at``, counted by the database before the COMMIT that delivers
-    the notification and rounded up. The waiters of that queue note the due
-    time (``ms`` after the notification arrived, on this process's monotonic
-    clock: no wall clock is compared with the database's) and their ``wait``
-    ends then, so an idle worker claims the job when it is due instead of at
-    its next poll. A waiter keeps its :data:`MAX_DUE_TIMES` soonest due
-    times (to the millisecond); later ones are found by polling. Workers of
-    older versions ignore such payloads (they are not queue names) and poll.
-
-Notifications are hints
-    Workers poll as well. A payload is only ever compared with the queue
-    names the waiters registered (and its delay parsed as digits); anything
-    else (another role's garbage, an unknown queue, an empty or oversize
-    payload) is counted and ignored. A
-    payload the driver cannot even decode (possible only in a ``SQL_ASCII``
-    database) is treated like a connection fault: reconnect and wake everyone.
-
-Reconnects
-    Any error while connecting, in ``LISTEN`` (``cannot execute LISTEN during
-    recovery`` on a standby included) or while listening is a connection
-    fault: close the connection, back off (0.1 s doubling to 5 s, with
-    jitter, interruptible by :meth:`Notifier.stop`), connect and ``LISTEN``
-    again. Notifications sent during the gap are lost, so after every
-    successful (re)connect **every waiter is woken once** and polls.
-
-Liveness
-    A half-open network leaves a listener waiting for notifications that will
-    never come, without any error. Every ``liveness_interval`` seconds the
-    listener thread runs a probe on its own session (the channel must still
-    be in ``pg_listening_channels()``); the probe is bounded client-side by
-    ``probe_timeout`` (:func:`interrupt_after` shuts the socket down when the
-    server does not answer), and a failed probe is a connection fault. TCP
-    keepalives (from :func:`~jobrun.postgres.pool.conninfo_with`) back this
-    up at the socket level. A dead connection is therefore noticed within
-    ``liveness_interval + probe_timeout`` (plus one backoff step to recover).
-    :meth:`Notifier.activity` tells a stall watch (the worker's) what the
-    listener thread is doing and since when, so that a listener stuck on one
-    step longer than those bounds is reported instead of going silent.
-
-Disabled mode
-    ``Notifier(..., enabled=False)`` (or :class:`NullDispatcher`) opens no
-    connection: ``wait`` sleeps until its timeout and everything works by
-    polling (e.g. behind PgBouncer in transaction mode, where LISTEN does not
-    stick).
+Notifications are hints: workers poll as well, and a payload is only ever
+compared with the queue names registered (anything else is counted and
+ignored). Any error while connecting or listening is a connection fault:
+close, back off with jitter, reconnect and LISTEN again, then wake every
+waiter once (notifications sent during the gap are lost). A half-open
+network is found by a probe every ``liveness_interval``, bounded
+client-side by ``probe_timeout`` (:func:`~jobrun.postgres.session.interrupt_after`).
+``Notifier(..., enabled=False)`` or :class:`NullDispatcher` opens no
+connection, and everything works by polling (as behind a transaction pooler,
+where LISTEN does not stick).
 """
 
 from __future__ import annotations
@@ -74,13 +33,11 @@ import contextlib
 import dataclasses
 import logging
 import math
-import random
 import re
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from types import TracebackType
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -88,19 +45,21 @@ from psycopg import sql
 
 from jobrun.job import outage, validate
 from jobrun.job.errors import ValidationError
+from jobrun.job.service import Closing, Service
 from jobrun.job.validate import redact
 from jobrun.postgres import forksafe
-from jobrun.postgres.convert import statement_timeout_setting
-from jobrun.postgres.deadline import shutdown_socket
 from jobrun.postgres.pool import conninfo_with, describe
+from jobrun.postgres.session import (
+    DEFAULT_CHANNEL,
+    ProbeTimeout,
+    backoff_delay,
+    check_seconds,
+    configure_session,
+    interrupt_after,
+    validate_channel,
+)
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CHANNEL = "jobrun_jobs"
-CHANNEL_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-"""A channel is an identifier: lower-case ASCII so LISTEN cannot case-fold it,
-at most 63 bytes so PostgreSQL cannot truncate it (``pg_notify`` would then
-notify a name nobody listens on)."""
 
 DEFAULT_LIVENESS_INTERVAL = 5.0
 DEFAULT_PROBE_TIMEOUT = 5.0
@@ -119,104 +78,10 @@ DELAYED_PAYLOAD = re.compile(rf"({validate.QUEUE_NAME_PATTERN.pattern})@([0-9]{{
 """A delayed job's notification: ``<queue>@<milliseconds until it is due>``."""
 
 
-def validate_channel(name: object, field: str = "channel") -> str:
-    """``name`` if it is a valid channel identifier, else ValidationError."""
-    if not isinstance(name, str) or not CHANNEL_PATTERN.fullmatch(name):
-        raise ValidationError(
-            field,
-            f"{name!r} is not a valid channel name (1-63 characters of a-z 0-9 _, "
-            "not starting with a digit)",
-        )
-    return name
-
-
-def check_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(field, f"must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ValidationError(
-            field, f"must be a finite number of seconds {'>=' if allow_zero else '>'} 0"
-        )
-    return seconds
-
-
-def backoff_delay(attempt: int, initial: float, maximum: float) -> float:
-    """The pause before reconnect ``attempt`` (0-based): doubling from ``initial``,
-    capped at ``maximum``, with "equal jitter" (uniform in [d/2, d]) so that many
-    workers that lost the server together do not all come back at once."""
-    delay = min(maximum, initial * (2 ** min(attempt, 32)))
-    return random.uniform(delay / 2, delay)
-
-
-# -- bounding a blocking call client-side ---------------------------------------
-
-
-class ProbeTimeout(psycopg.OperationalError):
-    """The server did not answer in time; the connection was shut down."""
-
-
-@contextlib.contextmanager
-def interrupt_after(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
-    """Bound the statements run on ``conn`` in this block by ``seconds``, client-side.
-
-    ``statement_timeout`` cannot help when the network is half-open (the
-    server never sees the query, or its answer never arrives). When the
-    block is still running after ``seconds``, a watchdog shuts the
-    connection's socket down: the blocked call fails, the connection is
-    unusable afterwards (close it), and :class:`ProbeTimeout` is raised.
-    Race-free: once the block has finished, the watchdog does nothing.
-    """
-    mutex = threading.Lock()
-    state = {"done": False, "fired": False}
-
-    def fire() -> None:
-        with mutex:
-            if state["done"]:
-                return
-            state["fired"] = True
-            shutdown_socket(conn)
-
-    timer = threading.Timer(seconds, fire)
-    timer.name = "jobrun-probe-watchdog"
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    except psycopg.Error as exc:
-        if state["fired"]:
-            raise ProbeTimeout(f"no answer from the server within {seconds:g}s") from exc
-        raise
-    finally:
-        with mutex:
-            state["done"] = True
-        timer.cancel()
-    if state["fired"]:
-        # The block finished but the socket is gone: report it all the same.
-        raise ProbeTimeout(f"no answer from the server within {seconds:g}s")
-
-
-def configure_session(conn: psycopg.Connection[Any], statement_timeout: float) -> None:
-    """Session settings for a long-lived, mostly idle dedicated connection.
-
-    ``idle_session_timeout`` (role or database wide) would kill a listener or a
-    lock holder between probes; it is switched off for this session only.
-    ``statement_timeout`` is set to the probe bound, so that a role-wide 1 ms
-    cannot break our tiny statements and nothing of ours can run long.
-    """
-    conn.execute(
-        "SELECT set_config('statement_timeout', %s, false),"
-        " set_config('idle_in_transaction_session_timeout', '0', false)",
-        [statement_timeout_setting(statement_timeout)],
-    )
-    if conn.info.server_version >= 140000:
-        conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
-
-
 # -- waiters ------------------------------------------------------------------
 
 
-class Waiter:
+class Waiter(Closing):
     """A one-slot wake-up channel for a fixed set of queues (see the module docs).
 
     Created by :meth:`Notifier.subscribe`; keep it for the life of the worker
@@ -293,17 +158,6 @@ class Waiter:
         if hub is not None:
             hub._unsubscribe(self)
 
-    def __enter__(self) -> Waiter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 class _Hub:
     """The waiter registry shared by :class:`Notifier` and :class:`NullDispatcher`."""
@@ -371,7 +225,7 @@ class _Hub:
         return waiter.wait(timeout)
 
 
-class NullDispatcher(_Hub):
+class NullDispatcher(_Hub, Service):
     """A ``Dispatcher`` without notifications: ``wait`` sleeps until its timeout.
 
     For deployments where LISTEN cannot work (PgBouncer in transaction mode)
@@ -414,7 +268,7 @@ class _Gone(Exception):
     """The listener connection is unusable; reconnect."""
 
 
-class Notifier(_Hub):
+class Notifier(_Hub, Service):
     """The ``Dispatcher`` over LISTEN/NOTIFY (see the module docs).
 
     ``conninfo`` is a URL or key=value string; the listener connection adds
@@ -493,18 +347,6 @@ class Notifier(_Hub):
 
     def close(self) -> None:
         """Same as :meth:`stop`."""
-        self.stop()
-
-    def __enter__(self) -> Notifier:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
         self.stop()
 
     # -- observable state -------------------------------------------------------

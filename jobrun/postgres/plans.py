@@ -1,40 +1,57 @@
-"""The pure halves of the Store calls the asyncio client shares: no I/O here.
+"""The pure halves of the Store calls: no I/O here.
 
 A store call is a plan (check the arguments, build the parameters of each
-statement, sort a batch) and its execution on a connection. The execution is
-sync in :class:`~jobrun.postgres.store.Store` and async in
-:class:`~jobrun.postgres.async_store.AsyncStore`; the plans are written once,
-here, on top of store.py's own helpers (the JSON parameters, the run-at
-rule, the trace carrier, the replay verdicts), so that both stores send the
-same parameters and reach the same verdicts. Everything raises ValidationError
-before any SQL runs.
+statement, sort a batch, judge a replay) and its execution on a connection.
+Both stores execute (sync :class:`~jobrun.postgres.store.Store`, asyncio
+:class:`~jobrun.postgres.async_store.AsyncStore`, the latter generated from
+the same source as the former's client half), and both build their
+parameters and verdicts here, so they cannot drift apart. Everything raises
+ValidationError before any SQL runs.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import datetime as dt
+import itertools
 import uuid
-from collections.abc import Iterable
-from typing import Any, cast
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from jobrun.job import validate
-from jobrun.job.errors import ValidationError
-from jobrun.job.model import EventKind, NewJob, State
+from jobrun.job.errors import AlreadyExists, DatabaseError, IdempotencyConflict, ValidationError
+from jobrun.job.model import EventKind, Job, NewJob, State, new_job_id
+from jobrun.postgres.convert import backoff_json, raw_json, run_at, trace_json
 from jobrun.postgres.events import EventMode, EventRow
 from jobrun.postgres.sqlc import events as eq
+from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
-from jobrun.postgres.store import (
-    MAX_LIST_LIMIT,
-    MAX_NOTIFY_QUEUE_USAGE,
-    _check_id,
-    _run_at,
-    _trace_json,
-    backoff_json,
-    raw_json,
-)
+
+T = TypeVar("T")
+
+BATCH_CHUNK = 5000
+MAX_HEARTBEAT_IDS = 100_000
+"""The most ids one heartbeat or completion call sends (arrays, before any SQL)."""
+MAX_LIST_LIMIT = 10_000
+MAX_NOTIFY_QUEUE_USAGE = 0.5
+"""Above this share of the server's notification queue, no wake-up is sent.
+
+A wake-up is an optimisation; the job row is the truth. A session that
+LISTENs while idle in a long transaction keeps the queue from draining, and
+once it is full every COMMIT that notifies fails ("too many notifications in
+the NOTIFY queue"): enqueues would stop while workers could still drain by
+polling. PostgreSQL itself warns at half full, so jobrun stops notifying
+there, logs a WARNING naming the sessions that may hold the queue, and
+notifies again as soon as it has drained.
+"""
+NOTIFY_WARNING_INTERVAL = 30.0
+"""Seconds between two warnings about a full notification queue (per store)."""
+END = object()
+"""The end of a batch's stream (a None in it is a bad item, not its end)."""
 
 
 def enqueue_args(
@@ -71,36 +88,23 @@ def keyed_insert_args(
         priorities=[j.priority for j in chunk],
         max_attempts=[j.max_attempts for j in chunk],
         backoffs=[backoff_json(j.backoff) for j in chunk],
-        run_ats=[_run_at(j, db_now) for j in chunk],
+        run_ats=[run_at(j, db_now) for j in chunk],
         idempotency_keys=[j.idempotency_key or "" for j in chunk],
-        trace_contexts=[_trace_json(j, shared) for j in chunk],
+        trace_contexts=[trace_json(j, shared) for j in chunk],
         # NULL elements where a job has no key (the array type the generator
         # writes says str).
         concurrency_keys=cast(builtins.list[str], [j.concurrency_key for j in chunk]),
     )
 
 
-def enqueued_events(jobs: Iterable[NewJob]) -> Iterable[eq.CopyEventsParams]:
+def enqueued_events(ids: Iterable[uuid.UUID]) -> Iterable[eq.CopyEventsParams]:
     """The "enqueued" rows of jobs just COPYed."""
-    return (eq.CopyEventsParams(job_id=j.id, kind="enqueued", attempt=0) for j in jobs)
+    return (eq.CopyEventsParams(job_id=i, kind="enqueued", attempt=0) for i in ids)
 
 
 def enqueued_event_rows(jobs: Iterable[NewJob]) -> builtins.list[EventRow]:
     """The "enqueued" events of jobs just inserted by key."""
     return [EventRow(j.id, EventKind.ENQUEUED, 0) for j in jobs]
-
-
-def wanted_events(mode: EventMode, rows: Iterable[EventRow]) -> dict[str, Any] | None:
-    """The parameters of InsertEvents for the rows ``mode`` records; None when it records none."""
-    wanted = [r for r in rows if mode.wants(r.kind)]
-    if not wanted:
-        return None
-    return dict(
-        job_ids=[r.job_id for r in wanted],
-        kinds=[str(r.kind) for r in wanted],
-        attempts=[r.attempt for r in wanted],
-        details=[r.detail for r in wanted],
-    )
 
 
 def list_args(
@@ -123,7 +127,7 @@ def list_args(
         except ValueError:
             raise ValidationError("state", f"unknown state {state!r}") from None
     if after is not None:
-        _check_id(after)
+        check_id(after)
     validate.batch_limit(limit, MAX_LIST_LIMIT)
     return dict(queue=queue, state=st, type=type, after=after, max_rows=limit)
 
@@ -137,3 +141,203 @@ def wait_args(timeout: object, poll_interval: object) -> None:
     if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
         raise ValidationError("poll_interval", "must be a number of seconds")
     validate.positive_duration("poll_interval", dt.timedelta(seconds=poll_interval))
+
+
+def check_id(job_id: object) -> None:
+    if not isinstance(job_id, uuid.UUID):
+        raise ValidationError("job_id", f"must be a uuid.UUID, not {type(job_id).__name__}")
+
+
+def lease_of(job: Job) -> tuple[str, uuid.UUID]:
+    if not isinstance(job, Job):
+        raise ValidationError("job", f"must be a jobrun.Job, not {type(job).__name__}")
+    if job.lease_owner is None or job.lease_token is None:
+        raise ValidationError("job", f"job {job.id} carries no lease (it was not claimed)")
+    return job.lease_owner, job.lease_token
+
+
+def same_job_or_conflict(job: NewJob, stored: Job, same_payload: set[uuid.UUID]) -> Job:
+    """A job whose id is already stored: the same job again (a replay) or a clash."""
+    if (
+        stored.queue == job.queue
+        and stored.idempotency_key == job.idempotency_key
+        and same_body(job, stored, stored.id in same_payload)
+    ):
+        return stored
+    raise AlreadyExists("job", job.id)
+
+
+def replay(job: NewJob, stored: Job, same_payload: set[uuid.UUID]) -> Job:
+    """A job whose idempotency key is taken: the stored job, or IdempotencyConflict."""
+    if same_body(job, stored, stored.id in same_payload):
+        return stored
+    assert job.idempotency_key is not None
+    raise IdempotencyConflict(job.queue, job.idempotency_key, stored.id)
+
+
+def same_body(job: NewJob, stored: Job, same_payload: bool) -> bool:
+    """Whether a replay carries the stored job's body; ``same_payload`` is the
+    database's jsonb comparison of the payloads (the SamePayloads query)."""
+    return (
+        same_payload
+        and stored.type == job.type
+        and stored.priority == job.priority
+        and stored.max_attempts == job.max_attempts
+        and stored.backoff == job.backoff
+        and stored.concurrency_key == job.concurrency_key
+    )
+
+
+@contextlib.contextmanager
+def unique_violations(job: NewJob) -> Iterator[None]:
+    """The client's id taken by another job is AlreadyExists; any other unique
+    index (none today but the idempotency key, which is the conflict target)
+    is a DatabaseError naming it, never a silent replay."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name == "jobs_pkey":
+            raise AlreadyExists("job", job.id) from None
+        raise other_unique_violation(exc) from exc
+
+
+def other_unique_violation(exc: psycopg.errors.UniqueViolation) -> DatabaseError:
+    return DatabaseError(
+        f"the job violates the unique constraint {exc.diag.constraint_name!r}: "
+        f"{exc.diag.message_detail or exc.diag.message_primary}"
+    )
+
+
+def many_rows(
+    payloads: Iterator[Any],
+    start: int,
+    ids: builtins.list[uuid.UUID],
+    shared: dict[str, Any],
+) -> Iterator[q.CopyJobsParams]:
+    """The COPY rows of enqueue_many: each payload checked (a bad one named by its
+    position from ``start``), a new id for each (added to ``ids``)."""
+    for _, text in validate.payloads(payloads, start):
+        job_id = new_job_id()
+        ids.append(job_id)
+        yield q.CopyJobsParams(id=job_id, payload=raw_json(text), **shared)
+
+
+class BatchWakeups:
+    """The wake-ups a batch sends when it commits: per queue, one for its jobs
+    due now and one for its soonest delayed job (whose payload carries the
+    delay, see Notify). Later delayed jobs of the batch are found by polling
+    or by the claims the soonest one's wake-up starts.
+    """
+
+    def __init__(self, db_now: dt.datetime) -> None:
+        self._db_now = db_now
+        self._due: set[str] = set()
+        self._soonest: dict[str, dt.datetime] = {}
+
+    def add(self, jobs: Iterable[NewJob]) -> None:
+        """Count the new jobs ``jobs`` (the ones actually inserted)."""
+        for job in jobs:
+            due = run_at(job, self._db_now)
+            if due <= self._db_now:
+                self._due.add(job.queue)
+            elif (soonest := self._soonest.get(job.queue)) is None or due < soonest:
+                self._soonest[job.queue] = due
+
+    def plan(self) -> builtins.list[tuple[str, dt.datetime | None]]:
+        """(queue, run_at of the soonest delayed job or None for the due ones), sorted."""
+        wakeups: builtins.list[tuple[str, dt.datetime | None]] = [(q, None) for q in self._due]
+        wakeups += self._soonest.items()
+        return sorted(wakeups, key=lambda w: (w[0], w[1] is not None, w[1] or self._db_now))
+
+
+class BatchSplit:
+    """Sorts a batch as it streams by: unkeyed jobs go now, keyed ones wait.
+
+    Unkeyed jobs are COPYed chunk by chunk as they come; keyed jobs are held
+    back and inserted last in (queue, key) order, so that two batches with
+    overlapping keys never deadlock. A foreign item or a key seen twice is a
+    ValidationError (the batch is one transaction: nothing stays written).
+    """
+
+    def __init__(self) -> None:
+        self._keyed: dict[tuple[str, str], NewJob] = {}
+
+    def stream(self, chunk: Iterable[object], plain: builtins.list[NewJob]) -> Iterator[NewJob]:
+        """The unkeyed jobs of ``chunk`` as they are read, each also added to
+        ``plain``; its keyed jobs are kept for :meth:`keyed`."""
+        for job in chunk:
+            if not isinstance(job, NewJob):
+                raise ValidationError(
+                    "jobs", f"every item must be a NewJob, not {type(job).__name__}"
+                )
+            if job.idempotency_key is None:
+                plain.append(job)
+                yield job
+                continue
+            slot = (job.queue, job.idempotency_key)
+            if slot in self._keyed:
+                raise ValidationError(
+                    "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
+                )
+            self._keyed[slot] = job
+
+    def plain(self, chunk: Iterable[object]) -> builtins.list[NewJob]:
+        """The unkeyed jobs of ``chunk``; its keyed jobs are kept for :meth:`keyed`."""
+        plain: builtins.list[NewJob] = []
+        for _ in self.stream(chunk, plain):
+            pass
+        return plain
+
+    def keyed(self) -> builtins.list[NewJob]:
+        """Every keyed job seen, in (queue, key) order."""
+        return [self._keyed[slot] for slot in sorted(self._keyed)]
+
+
+def chunks(items: Iterator[T], size: int) -> Iterator[builtins.list[T]]:
+    while chunk := builtins.list(itertools.islice(items, size)):
+        yield chunk
+
+
+def check_batch(jobs: Sequence[NewJob]) -> None:
+    """Up-front checks for a batch we can see whole: before any SQL runs."""
+    if not jobs:
+        raise ValidationError("jobs", "the batch is empty")
+    seen: set[tuple[str, str]] = set()
+    for job in jobs:
+        if not isinstance(job, NewJob):
+            raise ValidationError("jobs", f"every item must be a NewJob, not {type(job).__name__}")
+        if job.idempotency_key is not None:
+            slot = (job.queue, job.idempotency_key)
+            if slot in seen:
+                raise ValidationError(
+                    "jobs", f"idempotency key {job.idempotency_key!r} appears twice in the batch"
+                )
+            seen.add(slot)
+
+
+def batch_stream(jobs: Iterable[NewJob]) -> Iterator[NewJob]:
+    """A batch's jobs as a stream, checked up front as far as can be seen:
+    a batch we can see whole entirely, any other for emptiness."""
+    if isinstance(jobs, Sequence):
+        check_batch(jobs)
+    iterator = iter(jobs)
+    first = next(iterator, None)
+    if first is None:
+        raise ValidationError("jobs", "the batch is empty")
+    return itertools.chain([first], iterator)
+
+
+def many_stream(template: NewJob, payloads: Iterable[Any]) -> Iterator[Any]:
+    """enqueue_many's payloads as a stream, after the checks that need no SQL:
+    ``template`` a NewJob without an idempotency key, at least one payload."""
+    if not isinstance(template, NewJob):
+        raise ValidationError("template", "must be a jobrun.NewJob")
+    if template.idempotency_key is not None:
+        raise ValidationError(
+            "idempotency_key", "one key cannot name many jobs: give each its own NewJob"
+        )
+    iterator = iter(payloads)
+    first = next(iterator, END)
+    if first is END:
+        raise ValidationError("payloads", "the batch is empty")
+    return itertools.chain([first], iterator)

@@ -1,58 +1,31 @@
-"""The connection pool, with production limits, opened and pinged.
+"""The connection pools (sync and asyncio), with production limits, opened and pinged.
 
-``max_size = JOBRUN_CONCURRENCY + 8``: one connection per handler thread
-(a commit callable holds one for the length of Complete) plus room for the
-claim loop, the heartbeat loop, the completer and the scheduler, so that
-those loops are never starved by busy handlers.
+``max_size = JOBRUN_CONCURRENCY + 8``: one connection per handler thread (a
+commit callable holds one for the length of Complete) plus room for the
+claim, heartbeat, completer and scheduler loops, so that busy handlers never
+starve them. Every connection says what it is for in ``application_name``
+(``jobrun-pool``, ``jobrun-listener``, ``jobrun-leader``, ...), is bounded
+client-side (connect timeout, TCP keepalives), and its errors never carry
+the password (:mod:`jobrun.postgres.dsn`). A new session's first statement
+is guarded against a tiny role- or database-wide ``statement_timeout``
+(:data:`~jobrun.postgres.session.POOL_SESSION_SETUP`, :data:`PING`).
 
-Every connection jobrun opens says what it is for in ``application_name``
-(``jobrun-pool``, ``jobrun-listener``, ``jobrun-leader``, ``jobrun-migrate``),
-so operators (``pg_stat_activity``) and tests (``pg_terminate_backend``) can
-tell them apart. Every connection is bounded client-side: a connect timeout
-and TCP keepalives, so a half-open network cannot hang a thread forever.
-
-Error messages never carry the password: :mod:`jobrun.postgres.dsn` parses
-and normalises every connection string and removes its secrets from the
-driver messages that might echo one.
-
-Poolers (``JOBRUN_POOLER``)
----------------------------
-A connection string may point at a connection pooler (PgBouncer, pgcat,
-Odyssey, Supavisor) rather than at PostgreSQL. What that changes is the
-pooler's mode, one of :data:`POOLERS`:
-
-==============  ==============================================================
-``auto``        the default: detect a pooler at the ping (below); one found is
-                treated as ``transaction`` (what works behind either mode),
-                and an INFO line says so and how to be explicit
-``none``        PostgreSQL itself (or a proxy that keeps sessions whole)
-``session``     a pooler in session mode: a client keeps one server session
-                for as long as it is connected, so everything works as direct
-``transaction`` a pooler in transaction mode: each transaction may run on
-                another server session. No server-side prepared statements
-                (psycopg's ``prepare_threshold=None``: a statement psycopg
-                prepared on one session is missing on, or collides with,
-                the next); no session state (the pool's connections set no
-                ``SET`` of their own; every jobrun setting is ``SET LOCAL``
-                or ``set_config(..., true)``, inside its transaction); and
-                no work that needs a session (LISTEN, the leader's session
-                lock): that takes the direct connection (``JOBRUN_DIRECT_URL``)
-                when one is given, else falls back to polling and to the
-                lease-row leader (:mod:`jobrun.postgres.leader`)
-==============  ==============================================================
-
-Detection costs nothing extra: the ping compares the backend pid the
-connection was given at startup (BackendKeyData) with ``pg_backend_pid()``.
-PostgreSQL sends its own pid; a pooler sends a key of its own (it has to
-answer cancel requests itself), so the two differ exactly when a pooler is
-in between. It cannot tell session from transaction pooling, hence the
-safe guess. Where no setting was given and no detection ran (a pool built
-by the application), a prepared-statement error from the pooler is still
-translated into :class:`~jobrun.job.errors.PoolerError`, naming the setting.
+Poolers (``JOBRUN_POOLER``, one of :data:`POOLERS`): ``none`` is PostgreSQL
+itself, ``session`` a pooler that keeps a server session per client (all
+works as direct), ``transaction`` one where each transaction may run on
+another server session: no server-side prepared statements, no session
+state (every jobrun setting is ``SET LOCAL`` or ``set_config(..., true)``),
+and no LISTEN or session lock (the direct connection, ``JOBRUN_DIRECT_URL``,
+takes those, else polling and the lease-row leader). ``auto``, the default,
+detects a pooler at the ping for free: PostgreSQL sends its own pid as the
+startup BackendKeyData, a pooler a key of its own, so the two differ exactly
+when a pooler is in between; one found is treated as ``transaction`` (what
+works behind either mode), and an INFO line says how to be explicit.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -65,6 +38,7 @@ from jobrun.job.errors import TransientError, ValidationError
 from jobrun.postgres import dsn
 from jobrun.postgres.forksafe import ForkSafePool
 from jobrun.postgres.reconnect import RECONNECT_TIMEOUT
+from jobrun.postgres.session import configure_pooled
 
 log = logging.getLogger("jobrun")
 
@@ -119,6 +93,12 @@ def pooler_mode(value: object, field: str = POOLER_FIELD) -> str:
     return mode
 
 
+PING = "SET LOCAL statement_timeout = 0; SELECT pg_backend_pid()"
+"""The ping, in one simple-protocol round trip: the first statement of a cold
+session, guarded as the pools' session set-up is against a tiny role- or
+database-wide statement_timeout (LOCAL: nothing stays behind a pooler)."""
+
+
 def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
     """Connect once and run one statement; a clear, password-free error if that fails.
 
@@ -129,13 +109,58 @@ def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
     full = conninfo_with(conninfo, application_name=application_name)
     try:
         with psycopg.connect(full, prepare_threshold=None) as conn:
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            cur = conn.execute(PING)
+            cur.nextset()
+            row = cur.fetchone()
             return row is not None and row[0] != conn.info.backend_pid
     except psycopg.OperationalError as exc:
-        text = str(exc).strip()
-        reason = dsn.redact_for(conninfo, text.splitlines()[-1] if text else type(exc).__name__)
+        failure = ping_failure(conninfo, exc)
     # Raised outside the except block: the driver's error is not chained to it.
-    raise TransientError(f"cannot connect to PostgreSQL at {describe(conninfo)}: {reason}")
+    raise failure
+
+
+def ping_failure(conninfo: str, exc: psycopg.OperationalError) -> TransientError:
+    """A failed ping as a clear, password-free error (either pool's)."""
+    text = str(exc).strip()
+    reason = dsn.redact_for(conninfo, text.splitlines()[-1] if text else type(exc).__name__)
+    return TransientError(f"cannot connect to PostgreSQL at {describe(conninfo)}: {reason}")
+
+
+def check_pool_args(concurrency: object, pooler: object) -> str:
+    """Either pool's arguments checked before it connects; the pooler mode asked for."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValidationError("concurrency", "must be a positive int")
+    return pooler_mode(pooler, "pooler")
+
+
+def pool_options(
+    conninfo: str,
+    mode: str,
+    pooled: bool,
+    sizes: tuple[int, int | None, int | None],
+    application_name: str,
+    *,
+    timeout: float,
+) -> tuple[str, dict[str, Any]]:
+    """The pooler mode decided (after the ping) and either pool's options.
+
+    ``sizes`` is (concurrency, min_size, max_size). Autocommit: a lone
+    statement is its own transaction (one round trip); the store opens
+    explicit transactions where it needs more.
+    """
+    concurrency, min_size, max_size = sizes
+    mode = resolve_pooler(conninfo, mode, pooled=pooled)
+    if max_size is None:
+        max_size = concurrency + RESERVED_CONNECTIONS
+    return mode, {
+        "conninfo": conninfo_with(conninfo, application_name=application_name),
+        "kwargs": {"autocommit": True, **connection_kwargs(mode)},
+        "min_size": min(min_size if min_size is not None else 4, max_size),
+        "max_size": max_size,
+        "timeout": timeout,
+        "open": False,
+        "reconnect_timeout": RECONNECT_TIMEOUT,
+    }
 
 
 def resolve_pooler(conninfo: str, pooler: str, *, pooled: bool) -> str:
@@ -181,25 +206,27 @@ def pooler_of(pool: Any) -> str:
     return "transaction" if kwargs.get("prepare_threshold", 5) is None else "none"
 
 
+def sync_conninfo(pool: Any) -> str:
+    """A pool's connection string (the pool may hold a callable making it)."""
+    given: Any = pool.conninfo
+    return str(given() if callable(given) else given)
+
+
+async def async_conninfo(pool: Any) -> str:
+    """An asyncio pool's connection string (a callable making it may be async)."""
+    given: Any = pool.conninfo
+    text = given() if callable(given) else given
+    if inspect.isawaitable(text):
+        text = await text
+    return str(text)
+
+
 def connection_kwargs(pooler: str) -> dict[str, Any]:
     """psycopg connection arguments for a (resolved) pooler mode."""
     if pooler == "transaction":
         # A statement prepared on one server session is missing on the next.
         return {"prepare_threshold": None}
     return {}
-
-
-_CONFIGURE = "SET statement_timeout = 0; SET TIME ZONE 'UTC'; RESET statement_timeout"
-"""A new session's settings, in one simple-protocol round trip: timestamps come
-back in UTC whatever the server's or role's TimeZone. It is a cold session's
-first statement (the time zone's data is read from disk then), so a role- or
-database-wide statement_timeout of a few milliseconds could cancel it, and
-the pool would then never hand out a connection; the timeout is off for this
-one statement and back to the session's own value (RESET) after it."""
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(_CONFIGURE)
 
 
 def open_pool(
@@ -232,29 +259,17 @@ def open_pool(
     forked after this call gets a fresh pool of its own, with the same
     settings, on first use, and never touches the parent's connections.
     """
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValidationError("concurrency", "must be a positive int")
-    mode = pooler_mode(pooler, "pooler")
-    full = conninfo_with(conninfo, application_name=application_name)
+    mode = check_pool_args(concurrency, pooler)
     pooled = ping(conninfo, application_name=application_name)
-    mode = resolve_pooler(conninfo, mode, pooled=pooled)
-    if max_size is None:
-        max_size = concurrency + RESERVED_CONNECTIONS
-    # Autocommit: a lone statement is its own transaction (one round trip);
-    # Store._with_tx opens explicit transactions where it needs more.
+    sizes = (concurrency, min_size, max_size)
+    mode, options = pool_options(conninfo, mode, pooled, sizes, application_name, timeout=timeout)
     pool = ForkSafePool(
-        full,
-        kwargs={"autocommit": True, **connection_kwargs(mode)},
         # Behind a transaction pooler no session state: a SET would stay on
         # one server session and be missing on the next. Every timestamp
         # jobrun reads is made UTC in Python there (jobrun.postgres.convert.utc).
-        configure=None if mode == "transaction" else _configure,
-        min_size=min(min_size if min_size is not None else 4, max_size),
-        max_size=max_size,
-        timeout=timeout,
+        configure=None if mode == "transaction" else configure_pooled,
         name="jobrun",
-        open=False,
-        reconnect_timeout=RECONNECT_TIMEOUT,
+        **options,
     )
     pool.jobrun_pooler = mode  # type: ignore[attr-defined]
     pool.outage = outage.for_database(describe(conninfo))

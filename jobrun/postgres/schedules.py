@@ -46,19 +46,16 @@ import datetime as dt
 import logging
 import re
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
 from jobrun.job import validate
 from jobrun.job.errors import AlreadyExists, IdempotencyConflict, NotFound, ValidationError
 from jobrun.job.model import Job, NewJob, Schedule, ScheduleSpec
-from jobrun.postgres.convert import job_from_row, schedule_from_row
+from jobrun.postgres.convert import job_from_row, raw_json, schedule_from_row
+from jobrun.postgres.enqueue import Enqueue
 from jobrun.postgres.sqlc import Queries
-
-if TYPE_CHECKING:
-    from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -74,22 +71,8 @@ class _LostRace(Exception):
     """Another materialiser advanced the schedule first: roll ours back."""
 
 
-class SchedulesMixin:
+class SchedulesMixin(Enqueue):
     """Cron schedules (mixed into :class:`jobrun.postgres.store.Store`)."""
-
-    if TYPE_CHECKING:
-        q: Queries
-        pool: ConnectionPool[Any]
-
-        def _with_tx(
-            self,
-            fn: Callable[[psycopg.Connection[Any]], T],
-            *,
-            timeout: float | object | None = ...,
-        ) -> T: ...
-        def _on_pool(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T: ...
-        def _on_pool_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T: ...
-        def _enqueue_on(self, conn: psycopg.Connection[Any], job: NewJob) -> Job: ...
 
     # -- definitions -------------------------------------------------------------
 
@@ -294,8 +277,6 @@ def _first_run(queries: Queries, conn: psycopg.Connection[Any], spec: ScheduleSp
 
 
 def _row_args(spec: ScheduleSpec, next_run_at: dt.datetime) -> dict[str, Any]:
-    from jobrun.postgres.store import raw_json  # noqa: PLC0415 - store imports this module
-
     return {
         "id": spec.id,
         "cron": spec.cron,

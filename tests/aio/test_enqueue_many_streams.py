@@ -36,14 +36,7 @@ def session_of(dsn: str) -> tuple[str, str]:
     return state, query
 
 
-ASYNC_STORE_CHUNKS = pytest.mark.xfail(
-    strict=True,
-    reason="AsyncStore.enqueue_batch builds each chunk before its COPY; the streaming "
-    "AsyncStore.enqueue_many (as Store.enqueue_many) is the store's half of the fix",
-)
-
-
-@pytest.mark.parametrize("side", ["sync", pytest.param("async", marks=ASYNC_STORE_CHUNKS)])
+@pytest.mark.parametrize("side", ["sync", "async"])
 def test_enqueue_many_is_inside_its_copy_while_the_first_chunk_is_read(
     side: str, aio: Aio, dsn: str, conn: psycopg.Connection[Any]
 ) -> None:

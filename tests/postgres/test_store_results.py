@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobrun.job import validate
 from jobrun.job.errors import LeaseLost, ValidationError, WaitTimeout
 from jobrun.job.model import Backoff, State
 from jobrun.postgres.store import Store
@@ -67,6 +68,18 @@ def test_complete_many_and_complete_many_tx_store_each_jobs_result(store: Store)
     store.complete_many([a, b], results={a.id: {"n": 1}})
     store.complete_many_tx([(c, lambda conn: None), (d, None)], results={c.id: [3], d.id: "four"})
     assert [store.get(j.id).result for j in (a, b, c, d)] == [{"n": 1}, None, [3], "four"]
+
+
+def test_a_result_checked_on_the_handlers_thread_is_stored_and_returned_as_its_value(
+    store: Store,
+) -> None:
+    store.enqueue_batch([new_job() for _ in range(3)])
+    a, b, c = store.claim(OWNER, ["default"], 3, TTL)
+    done = store.complete(a, lambda conn: None, result=validate.checked_result({"n": 1}))
+    assert done.result == {"n": 1}
+    store.complete_many([b], results={b.id: validate.checked_result([2])})
+    store.complete_many_tx([(c, None)], results={c.id: validate.checked_result("three")})
+    assert [store.get(j.id).result for j in (a, b, c)] == [{"n": 1}, [2], "three"]
 
 
 def test_a_cancelled_job_keeps_no_result(store: Store) -> None:

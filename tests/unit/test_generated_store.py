@@ -1,0 +1,38 @@
+"""One source for both stores (issue 26): the sync half is generated, and fresh.
+
+plans.py said both stores built their parameters there while only the async
+one did; the sync store's enqueue, admin and transactions are now generated
+from the asyncio source, so both run the same code on the same plans.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from jobrun.postgres import admin, admin_async, enqueue, enqueue_async, plans
+from jobrun.postgres.async_store import AsyncStore
+from jobrun.postgres.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_both_stores_build_their_enqueue_parameters_in_plans() -> None:
+    for module in (enqueue, enqueue_async):
+        assert module.enqueue_args is plans.enqueue_args
+        assert module.keyed_insert_args is plans.keyed_insert_args
+    for module in (admin, admin_async):
+        assert module.list_args is plans.list_args
+    assert Store._enqueue_on.__module__ == "jobrun.postgres.enqueue"
+    assert AsyncStore._enqueue_on.__module__ == "jobrun.postgres.enqueue_async"
+    assert Store.list.__module__ == "jobrun.postgres.admin"
+    assert AsyncStore.list.__module__ == "jobrun.postgres.admin_async"
+
+
+def test_the_generated_sync_modules_are_fresh() -> None:
+    tool = ROOT / "tools" / "async_to_sync.py"
+    proc = subprocess.run(
+        [sys.executable, str(tool), "--check"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
