@@ -11,24 +11,31 @@ carries its context as attributes rather than only in the message::
     ├── IdempotencyConflict    the key is taken by a job with a different body
     ├── LeaseLost              the caller no longer holds the job's lease (the fence)
     ├── CommitRefused          a commit callable ended the transaction it was given
+    ├── LeaderLost             the leader's term ended before a leader action could commit:
+    │                          nothing of it was done (the action was fenced by the term)
     ├── SchemaMismatch         the database's jobrun schema is missing, older or newer than
     │                          this code: run ``jobrun migrate`` (or upgrade jobrun)
     ├── WaitTimeout            the job had not finished when a wait for it ran out (also a
     │                          ``TimeoutError``)
     └── DatabaseError          the database could not do it
         ├── TransientError     connection lost, server shutting down, read-only, pool timeout:
-        │                      retry later, nothing was decided
+        │   │                  retry later, nothing was decided
+        │   └── ConnectionUnavailable
+        │                      no pooled connection within the call's bound (the database
+        │                      away, or every connection in use); the wait was the pause
         ├── OutcomeUnknown     the connection died during COMMIT: the change may or may not
         │                      have landed; retry with the same idempotency key
         ├── PoolerError        a transaction pooler (PgBouncer) moved the session's prepared
         │                      statements away: set JOBRUN_POOLER=transaction; nothing committed
         └── InheritedPool      a pool the caller built was inherited through fork(): open
                                one after the fork; retrying in this process never helps
-    LeaderLost                 the leader's term ended before a leader action could commit:
-                               nothing of it was done (the action was fenced by the term)
 
 ``ValidationError`` is also a ``ValueError`` so that callers who treat bad
-arguments generically still catch it.
+arguments generically still catch it. What a handler raises to steer its job
+(``PermanentFailure``, ``Snooze``: :mod:`jobrun.worker.registry`) is no error
+of jobrun's and stands outside the tree. tests/unit/test_error_tree.py
+compares this drawing with the classes, so a class moved or added without
+its line fails there.
 """
 
 from __future__ import annotations
