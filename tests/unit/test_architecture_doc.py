@@ -83,3 +83,17 @@ def test_the_spec_map_covers_every_section() -> None:
         rows = [line for line in spec_map.splitlines() if line.startswith(f"| {name}")]
         assert rows, f"spec item {name!r} has no row in the spec map"
         assert all(mentioned_paths(row) for row in rows), f"{name!r} maps to no file"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_anchor_on_the_page_has_its_heading() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    headings = {slug(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)}
+    anchors = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert anchors, "the page links its own sections"
+    assert anchors - headings == set()
+    assert slug("The worker's threads") == "the-workers-threads"
