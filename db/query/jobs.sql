@@ -143,6 +143,7 @@ INSERT INTO jobrun.jobs (id, queue, type, payload, priority, max_attempts, backo
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: ClaimJobs :many
+-- @deferred
 -- One statement claims up to max_jobs: queued -> leased, a fresh lease
 -- token (the fence) per claim, the progress of an earlier attempt cleared,
 -- and the "claimed" events when write_events. The first start of them (in
@@ -512,6 +513,7 @@ WITH lease AS (
 SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0;
 
 -- name: StartJobs :many
+-- @deferred
 -- A worker is about to run jobs it leased without starting them (claimed
 -- with the others' start, they waited for a thread): each one's attempt is
 -- burned and started_at set, owner- and token-fenced like a heartbeat, for
@@ -962,3 +964,45 @@ WITH released AS (
     WHERE released.state <> 'queued' AND released.notify_finished
 )
 SELECT * FROM released WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: UnclaimJobs :many
+-- Give back leases that never started (the jobs a stopping worker held in
+-- its buffer, claimed ahead of its free threads): queued again as they
+-- were, run_at, attempts and releases unchanged (no attempt was counted,
+-- and this is no release of the job's doing), owner- and token-fenced, and
+-- only while started_at is NULL: a started job is never given back here. A
+-- job whose cancel was requested ends cancelled instead (cancel wins). A
+-- "released" event {"via": "unclaim"} each (a "cancelled" one always), and
+-- one wake-up per queue given jobs back, so that other workers take them
+-- at once. Returns the ids given back or cancelled, with their state.
+WITH lease AS (
+    SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token
+), gone AS (
+    UPDATE jobrun.jobs AS jobs
+    SET state = CASE WHEN jobs.cancel_requested THEN 'cancelled'
+                     ELSE 'queued' END::jobrun.job_state,
+        finished_at = CASE WHEN jobs.cancel_requested THEN now() END,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    FROM lease
+    WHERE jobs.id = lease.id AND jobs.lease_token = lease.token AND jobs.state = 'leased'
+      AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.started_at IS NULL
+    RETURNING jobs.id, jobs.queue, jobs.state, jobs.attempts, jobs.notify_finished
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
+    SELECT gone.id, CASE WHEN gone.state = 'queued' THEN 'released' ELSE 'cancelled' END,
+           gone.attempts,
+           jsonb_build_object('via', 'unclaim',
+                              'reason', 'the worker stopped before it started the job')
+    FROM gone
+    WHERE sqlc.arg(write_all)::boolean OR gone.state <> 'queued'
+), finished AS (
+    SELECT pg_notify(sqlc.arg(finish_channel)::text, gone.id::text) FROM gone
+    WHERE gone.state <> 'queued' AND gone.notify_finished
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, requeued.queue)
+    FROM (SELECT DISTINCT gone.queue FROM gone WHERE gone.state = 'queued') AS requeued
+    WHERE pg_notification_queue_usage() < sqlc.arg(max_notify_usage)::float8
+)
+SELECT gone.id, gone.state FROM gone
+WHERE (SELECT count(*) FROM finished) >= 0 AND (SELECT count(*) FROM wake) >= 0;

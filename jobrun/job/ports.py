@@ -10,6 +10,7 @@ by the caller" (``Store.now()``), never this host's clock.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +34,19 @@ from jobrun.job.model import (
 CommitCallable = Callable[[Any], None]
 """The transactional path: called with the open psycopg connection inside
 Complete's transaction. It may run statements, never commit or roll back."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Exchanged:
+    """What one round of :meth:`Store.exchange` got back."""
+
+    completed: CompleteManyResult | None
+    """The completions' outcome (None: the round completed nothing)."""
+    started: list[Job]
+    """The buffered jobs started, as they now stand (attempt counted); one
+    left out must not run: its lease is gone, or its cancel was requested."""
+    claimed: list[Job]
+    """The jobs claimed, in claim order: the first ``start_now`` started."""
 
 
 class Schedules(Protocol):
@@ -78,6 +92,29 @@ class Store(Schedules, Protocol):
     def start_jobs(self, jobs: Sequence[Job]) -> list[Job]:
         """Start claimed jobs their claim did not start (count their attempt),
         fenced; the jobs left out must not run."""
+        ...
+
+    def exchange(
+        self,
+        owner: str,
+        *,
+        complete: Sequence[Job] = (),
+        results: Mapping[uuid.UUID, Any] | None = None,
+        start: Sequence[Job] = (),
+        queues: Sequence[str],
+        limit: int,
+        ttl: dt.timedelta,
+        start_now: int | None = None,
+    ) -> Exchanged:
+        """A pipelined worker's round: complete ``complete``, start ``start`` (jobs
+        claimed earlier without their start) and claim up to ``limit`` jobs (the
+        first ``start_now`` started; None: all), in one transaction."""
+        ...
+
+    def unclaim(self, jobs: Sequence[Job]) -> dict[uuid.UUID, State]:
+        """Give back claimed jobs that never started (attempts untouched); a job
+        whose cancel was requested ends cancelled. The ids given back, with
+        their state; one left out had started or lost its lease."""
         ...
 
     def heartbeat(

@@ -41,7 +41,7 @@ from jobrun.job.model import (
 )
 from jobrun.postgres import forksafe
 from jobrun.postgres.base import DEFAULT_CALL_TIMEOUT
-from jobrun.postgres.completion import Completion
+from jobrun.postgres.exchange import Exchange
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.limits import (
     _LIMITED_CLAIM_IDLE_TIMEOUT,
@@ -66,7 +66,7 @@ DEFAULT_NOTIFY_CHANNEL = DEFAULT_CHANNEL
 DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
 
 
-class Store(SchedulesMixin, Completion):
+class Store(SchedulesMixin, Exchange):
     """Durable job storage on a psycopg pool (see the module docstring)."""
 
     def __init__(

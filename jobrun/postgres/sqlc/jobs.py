@@ -937,6 +937,46 @@ WITH released AS (
 SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
+UNCLAIM_JOBS: Final = """\
+WITH lease AS (
+    SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token
+), gone AS (
+    UPDATE jobrun.jobs AS jobs
+    SET state = CASE WHEN jobs.cancel_requested THEN 'cancelled'
+                     ELSE 'queued' END::jobrun.job_state,
+        finished_at = CASE WHEN jobs.cancel_requested THEN now() END,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    FROM lease
+    WHERE jobs.id = lease.id AND jobs.lease_token = lease.token AND jobs.state = 'leased'
+      AND jobs.lease_owner = $3::text AND jobs.started_at IS NULL
+    RETURNING jobs.id, jobs.queue, jobs.state, jobs.attempts, jobs.notify_finished
+), ev AS (
+    INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
+    SELECT gone.id, CASE WHEN gone.state = 'queued' THEN 'released' ELSE 'cancelled' END,
+           gone.attempts,
+           jsonb_build_object('via', 'unclaim',
+                              'reason', 'the worker stopped before it started the job')
+    FROM gone
+    WHERE $4::boolean OR gone.state <> 'queued'
+), finished AS (
+    SELECT pg_notify($5::text, gone.id::text) FROM gone
+    WHERE gone.state <> 'queued' AND gone.notify_finished
+), wake AS (
+    SELECT pg_notify($6::text, requeued.queue)
+    FROM (SELECT DISTINCT gone.queue FROM gone WHERE gone.state = 'queued') AS requeued
+    WHERE pg_notification_queue_usage() < $7::float8
+)
+SELECT gone.id, gone.state FROM gone
+WHERE (SELECT count(*) FROM finished) >= 0 AND (SELECT count(*) FROM wake) >= 0"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class UnclaimJobsRow:
+    id: uuid.UUID
+    state: JobState
+
+
 class Queries(QueriesBase):
     """The queries of db/query/jobs.sql, run in the schema given (see QueriesBase)."""
 
@@ -1386,6 +1426,96 @@ class Queries(QueriesBase):
                 for r in cur.fetchall()
             ]
 
+    def claim_jobs_deferred(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        queues: list[str],
+        max_jobs: int,
+        start: int,
+        owner: str,
+        ttl_seconds: float,
+        write_events: bool,
+    ) -> Callable[[], list[Job]]:
+        """One statement claims up to max_jobs: queued -> leased, a fresh lease
+        token (the fence) per claim, the progress of an earlier attempt cleared,
+        and the "claimed" events when write_events. The first start of them (in
+        claim order) start at once: their attempt is burned and started_at set;
+        the others wait for a thread, their attempt uncounted until StartJobs
+        starts them (a process that dies first burns none of theirs: see
+        migration 0010); their events say {"started": false}. Each queue is
+        read on its own through jobs_claim_idx in (priority, run_at, id) order (a
+        LATERAL per queue: an index scan that stops after max_jobs rows, where
+        "queue = ANY(...)" would sort every queued row), then the best max_jobs of
+        them are taken, and returned in that order. LIMIT inside a FOR UPDATE
+        SKIP LOCKED subquery, never IN (subquery), so a claim can never return
+        more than max_jobs rows. Paused queues are skipped, and so are limited
+        queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
+        lock, claims those. This statement is the lock-free path of every queue
+        without limits; it stays this small because PostgreSQL plans it anew on
+        every call (custom plans), and the limited one costs several times more
+        to plan.
+
+        The claim commits asynchronously (synchronous_commit off for this
+        transaction only): if the server crashes before the claim reaches disk, the
+        job simply was never claimed and runs again (at-least-once); a completion
+        commits synchronously and flushes the WAL up to it, claim included, so no
+        durable completion can rest on a lost claim, and the effect ledger still
+        keeps the transactional path exactly-once.
+
+        Deferred: the statement is sent at once and its rows are read when
+        the function returned is called (after what was sent meanwhile).
+        """
+        cur = psycopg.RawCursor(conn, row_factory=tuple_row)
+        try:
+            cur.execute(
+                self.sql(CLAIM_JOBS),
+                (queues, max_jobs, start, owner, ttl_seconds, write_events),
+            )
+        except BaseException:
+            cur.close()
+            raise
+
+        def rows() -> list[Job]:
+            with cur:
+                return [
+                    Job(
+                        id=r[0],
+                        queue=r[1],
+                        type=r[2],
+                        payload=r[3],
+                        priority=r[4],
+                        state=JobState(r[5]),
+                        attempts=r[6],
+                        max_attempts=r[7],
+                        backoff=r[8],
+                        run_at=r[9],
+                        lease_owner=r[10],
+                        lease_token=r[11],
+                        lease_expires_at=r[12],
+                        cancel_requested=r[13],
+                        idempotency_key=r[14],
+                        last_error=r[15],
+                        created_at=r[16],
+                        updated_at=r[17],
+                        finished_at=r[18],
+                        finished_token=r[19],
+                        result=r[20],
+                        notify_finished=r[21],
+                        trace_context=r[22],
+                        concurrency_key=r[23],
+                        snoozes=r[24],
+                        progress=r[25],
+                        progress_message=r[26],
+                        progress_at=r[27],
+                        started_at=r[28],
+                        releases=r[29],
+                    )
+                    for r in cur.fetchall()
+                ]
+
+        return rows
+
     def claim_limited_jobs(
         self,
         conn: psycopg.Connection[Any],
@@ -1811,6 +1941,42 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(START_JOBS), (ids, tokens, owner))
             return [StartJobsRow(id=r[0], attempts=r[1], started_at=r[2]) for r in cur.fetchall()]
+
+    def start_jobs_deferred(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+        tokens: list[uuid.UUID],
+        owner: str,
+    ) -> Callable[[], list[StartJobsRow]]:
+        """A worker is about to run jobs it leased without starting them (claimed
+        with the others' start, they waited for a thread): each one's attempt is
+        burned and started_at set, owner- and token-fenced like a heartbeat, for
+        a live lease (not expired, cancel not requested). Returns the ids that
+        hold such a lease and are started, with their attempt count: a job left
+        out must not run (its lease is gone, or its cancel was requested). A job
+        this claim already started is returned as it stands and counted once
+        (a call retried after its reply was lost). Commits asynchronously like
+        the claim: a start lost in a server crash goes with its claim.
+
+        Deferred: the statement is sent at once and its rows are read when
+        the function returned is called (after what was sent meanwhile).
+        """
+        cur = psycopg.RawCursor(conn, row_factory=tuple_row)
+        try:
+            cur.execute(self.sql(START_JOBS), (ids, tokens, owner))
+        except BaseException:
+            cur.close()
+            raise
+
+        def rows() -> list[StartJobsRow]:
+            with cur:
+                return [
+                    StartJobsRow(id=r[0], attempts=r[1], started_at=r[2]) for r in cur.fetchall()
+                ]
+
+        return rows
 
     def lock_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
@@ -2653,3 +2819,32 @@ class Queries(QueriesBase):
             started_at=r[28],
             releases=r[29],
         )
+
+    def unclaim_jobs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+        tokens: list[uuid.UUID],
+        owner: str,
+        write_all: bool,
+        finish_channel: str,
+        channel: str,
+        max_notify_usage: float,
+    ) -> list[UnclaimJobsRow]:
+        """Give back leases that never started (the jobs a stopping worker held in
+        its buffer, claimed ahead of its free threads): queued again as they
+        were, run_at, attempts and releases unchanged (no attempt was counted,
+        and this is no release of the job's doing), owner- and token-fenced, and
+        only while started_at is NULL: a started job is never given back here. A
+        job whose cancel was requested ends cancelled instead (cancel wins). A
+        "released" event {"via": "unclaim"} each (a "cancelled" one always), and
+        one wake-up per queue given jobs back, so that other workers take them
+        at once. Returns the ids given back or cancelled, with their state.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(
+                self.sql(UNCLAIM_JOBS),
+                (ids, tokens, owner, write_all, finish_channel, channel, max_notify_usage),
+            )
+            return [UnclaimJobsRow(id=r[0], state=JobState(r[1])) for r in cur.fetchall()]

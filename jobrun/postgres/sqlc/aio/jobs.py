@@ -62,6 +62,7 @@ from jobrun.postgres.sqlc.jobs import (
     SELECT_EXPIRED_LEASES,
     SET_QUEUE_LIMITS,
     START_JOBS,
+    UNCLAIM_JOBS,
     WATCH_JOB,
     CompleteBeginManyRow,
     CompleteBeginRow,
@@ -76,6 +77,7 @@ from jobrun.postgres.sqlc.jobs import (
     QueueDepthRow,
     ReapJobParams,
     StartJobsRow,
+    UnclaimJobsRow,
 )
 from jobrun.postgres.sqlc.models import Job, JobState, QueueLimit
 
@@ -542,6 +544,96 @@ class AsyncQueries(QueriesBase):
                 for r in await cur.fetchall()
             ]
 
+    async def claim_jobs_deferred(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        queues: list[str],
+        max_jobs: int,
+        start: int,
+        owner: str,
+        ttl_seconds: float,
+        write_events: bool,
+    ) -> Callable[[], Awaitable[list[Job]]]:
+        """One statement claims up to max_jobs: queued -> leased, a fresh lease
+        token (the fence) per claim, the progress of an earlier attempt cleared,
+        and the "claimed" events when write_events. The first start of them (in
+        claim order) start at once: their attempt is burned and started_at set;
+        the others wait for a thread, their attempt uncounted until StartJobs
+        starts them (a process that dies first burns none of theirs: see
+        migration 0010); their events say {"started": false}. Each queue is
+        read on its own through jobs_claim_idx in (priority, run_at, id) order (a
+        LATERAL per queue: an index scan that stops after max_jobs rows, where
+        "queue = ANY(...)" would sort every queued row), then the best max_jobs of
+        them are taken, and returned in that order. LIMIT inside a FOR UPDATE
+        SKIP LOCKED subquery, never IN (subquery), so a claim can never return
+        more than max_jobs rows. Paused queues are skipped, and so are limited
+        queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
+        lock, claims those. This statement is the lock-free path of every queue
+        without limits; it stays this small because PostgreSQL plans it anew on
+        every call (custom plans), and the limited one costs several times more
+        to plan.
+
+        The claim commits asynchronously (synchronous_commit off for this
+        transaction only): if the server crashes before the claim reaches disk, the
+        job simply was never claimed and runs again (at-least-once); a completion
+        commits synchronously and flushes the WAL up to it, claim included, so no
+        durable completion can rest on a lost claim, and the effect ledger still
+        keeps the transactional path exactly-once.
+
+        Deferred: the statement is sent at once and its rows are read when
+        the function returned is called (after what was sent meanwhile).
+        """
+        cur = psycopg.AsyncRawCursor(conn, row_factory=tuple_row)
+        try:
+            await cur.execute(
+                self.sql(CLAIM_JOBS),
+                (queues, max_jobs, start, owner, ttl_seconds, write_events),
+            )
+        except BaseException:
+            await cur.close()
+            raise
+
+        async def rows() -> list[Job]:
+            async with cur:
+                return [
+                    Job(
+                        id=r[0],
+                        queue=r[1],
+                        type=r[2],
+                        payload=r[3],
+                        priority=r[4],
+                        state=JobState(r[5]),
+                        attempts=r[6],
+                        max_attempts=r[7],
+                        backoff=r[8],
+                        run_at=r[9],
+                        lease_owner=r[10],
+                        lease_token=r[11],
+                        lease_expires_at=r[12],
+                        cancel_requested=r[13],
+                        idempotency_key=r[14],
+                        last_error=r[15],
+                        created_at=r[16],
+                        updated_at=r[17],
+                        finished_at=r[18],
+                        finished_token=r[19],
+                        result=r[20],
+                        notify_finished=r[21],
+                        trace_context=r[22],
+                        concurrency_key=r[23],
+                        snoozes=r[24],
+                        progress=r[25],
+                        progress_message=r[26],
+                        progress_at=r[27],
+                        started_at=r[28],
+                        releases=r[29],
+                    )
+                    for r in await cur.fetchall()
+                ]
+
+        return rows
+
     async def claim_limited_jobs(
         self,
         conn: psycopg.AsyncConnection[Any],
@@ -982,6 +1074,43 @@ class AsyncQueries(QueriesBase):
             return [
                 StartJobsRow(id=r[0], attempts=r[1], started_at=r[2]) for r in await cur.fetchall()
             ]
+
+    async def start_jobs_deferred(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+        tokens: list[uuid.UUID],
+        owner: str,
+    ) -> Callable[[], Awaitable[list[StartJobsRow]]]:
+        """A worker is about to run jobs it leased without starting them (claimed
+        with the others' start, they waited for a thread): each one's attempt is
+        burned and started_at set, owner- and token-fenced like a heartbeat, for
+        a live lease (not expired, cancel not requested). Returns the ids that
+        hold such a lease and are started, with their attempt count: a job left
+        out must not run (its lease is gone, or its cancel was requested). A job
+        this claim already started is returned as it stands and counted once
+        (a call retried after its reply was lost). Commits asynchronously like
+        the claim: a start lost in a server crash goes with its claim.
+
+        Deferred: the statement is sent at once and its rows are read when
+        the function returned is called (after what was sent meanwhile).
+        """
+        cur = psycopg.AsyncRawCursor(conn, row_factory=tuple_row)
+        try:
+            await cur.execute(self.sql(START_JOBS), (ids, tokens, owner))
+        except BaseException:
+            await cur.close()
+            raise
+
+        async def rows() -> list[StartJobsRow]:
+            async with cur:
+                return [
+                    StartJobsRow(id=r[0], attempts=r[1], started_at=r[2])
+                    for r in await cur.fetchall()
+                ]
+
+        return rows
 
     async def lock_job(self, conn: psycopg.AsyncConnection[Any], *, id: uuid.UUID) -> Job | None:
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
@@ -1834,3 +1963,32 @@ class AsyncQueries(QueriesBase):
             started_at=r[28],
             releases=r[29],
         )
+
+    async def unclaim_jobs(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+        tokens: list[uuid.UUID],
+        owner: str,
+        write_all: bool,
+        finish_channel: str,
+        channel: str,
+        max_notify_usage: float,
+    ) -> list[UnclaimJobsRow]:
+        """Give back leases that never started (the jobs a stopping worker held in
+        its buffer, claimed ahead of its free threads): queued again as they
+        were, run_at, attempts and releases unchanged (no attempt was counted,
+        and this is no release of the job's doing), owner- and token-fenced, and
+        only while started_at is NULL: a started job is never given back here. A
+        job whose cancel was requested ends cancelled instead (cancel wins). A
+        "released" event {"via": "unclaim"} each (a "cancelled" one always), and
+        one wake-up per queue given jobs back, so that other workers take them
+        at once. Returns the ids given back or cancelled, with their state.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(
+                self.sql(UNCLAIM_JOBS),
+                (ids, tokens, owner, write_all, finish_channel, channel, max_notify_usage),
+            )
+            return [UnclaimJobsRow(id=r[0], state=JobState(r[1])) for r in await cur.fetchall()]

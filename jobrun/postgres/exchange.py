@@ -1,0 +1,161 @@
+"""The worker's round trip: complete, start and claim in one transaction.
+
+A pipelined worker (:mod:`jobrun.worker.claimer`) keeps a buffer of jobs
+claimed ahead of its free threads. Each of its rounds has up to three things
+to tell the database: the successes its handlers returned since the last
+round (to complete), the buffered jobs its freed threads are about to run
+(to start: their attempt counts now, see migration 0010), and how many jobs
+to claim next. Sent apart, they are three round trips and three commits;
+here they are one transaction sent in one pipeline, so the database's
+per-transaction cost and the network's latency are paid once per round,
+whatever the batch sizes.
+
+The transaction commits synchronously when it completes jobs (a success is
+durable once COMMIT answers, as :meth:`Completion.complete_many` promises),
+asynchronously otherwise, like a claim alone (a claim or a start lost in a
+server crash is a job that never ran, and the fence keeps it safe). The
+claim statements switch ``synchronous_commit`` off for their transaction,
+so a round that completes jobs puts back the session's setting after its
+claim. A fault leaves all three undone, or (OutcomeUnknown) all three
+unknown: completing, starting and claiming again are each safe to repeat.
+
+:meth:`Exchange.unclaim` gives a stopping worker's buffer back at once.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from jobrun.job.errors import ValidationError
+from jobrun.job.model import Job, State
+from jobrun.job.ports import Exchanged
+from jobrun.postgres.completion import Completion, _completed_outcome
+from jobrun.postgres.convert import job_from_row, utc
+from jobrun.postgres.events import EventMode
+from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, MAX_NOTIFY_QUEUE_USAGE, lease_of
+from jobrun.postgres.sqlc import jobs as q
+from jobrun.postgres.sqlc import models
+
+_KEEP_COMMIT_MODE = (
+    "SELECT set_config('jobrun.commit_mode', current_setting('synchronous_commit'), true)"
+)
+_PUT_BACK_COMMIT_MODE = (
+    "SELECT set_config('synchronous_commit', current_setting('jobrun.commit_mode'), true)"
+)
+
+
+class Exchange(Completion):
+    """The worker's combined round trip (see the module docstring)."""
+
+    def exchange(
+        self,
+        owner: str,
+        *,
+        complete: Sequence[Job] = (),
+        results: Mapping[uuid.UUID, Any] | None = None,
+        start: Sequence[Job] = (),
+        queues: Sequence[str],
+        limit: int,
+        ttl: dt.timedelta,
+        start_now: int | None = None,
+    ) -> Exchanged:
+        """Complete ``complete``, start ``start`` and claim up to ``limit`` jobs of
+        ``queues`` for ``owner`` (the first ``start_now`` of them started at
+        once; None: all), in one transaction and one round trip. ``limit`` 0
+        claims nothing. Every argument is checked before anything is sent."""
+        names: builtins.list[str] = []
+        claim_args: dict[str, Any] = {}
+        if limit:
+            names, claim_args = self._claim_args(owner, queues, limit, ttl, start_now)
+        completing = self._complete_jobs_args(complete, results) if complete else None
+        if completing is not None and completing["owner"] != owner:
+            raise ValidationError("complete", "the jobs to complete are another owner's")
+        starting = self._start_args(owner, start) if start else None
+        limited = bool(names) and self._any_limited(names)
+
+        def round_trip(
+            c: psycopg.Connection[Any], committing: list[bool]
+        ) -> tuple[
+            builtins.list[q.CompleteJobsRow],
+            builtins.list[q.StartJobsRow],
+            builtins.list[models.Job],
+        ]:
+            done: Callable[[], builtins.list[q.CompleteJobsRow]] = list
+            started: Callable[[], builtins.list[q.StartJobsRow]] = list
+            claimed: Callable[[], builtins.list[models.Job]] = list
+            with c.pipeline():
+                c.execute("BEGIN")
+                if completing is not None:
+                    done = self.q.complete_jobs_deferred(c, **completing)
+                if starting is not None:
+                    started = self.q.start_jobs_deferred(c, **starting)
+                if limited:
+                    claimed = self._limited_claim(
+                        c, names, claim_args, committing, commit_async=completing is None
+                    )
+                else:
+                    if claim_args:
+                        if completing is not None:
+                            c.execute(_KEEP_COMMIT_MODE)
+                        claimed = self.q.claim_jobs_deferred(c, **claim_args)
+                    if completing is not None:
+                        c.execute(_PUT_BACK_COMMIT_MODE)
+                    committing[0] = True
+                    c.execute("COMMIT")
+                return done(), started(), claimed()
+
+        rows, started_rows, claimed_rows = self._with_explicit_tx(round_trip)
+        by_id = {row.id: row for row in started_rows}
+        return Exchanged(
+            completed=_completed_outcome(complete, rows) if complete else None,
+            started=[
+                dataclasses.replace(
+                    job, attempts=by_id[job.id].attempts, started_at=utc(by_id[job.id].started_at)
+                )
+                for job in start
+                if job.id in by_id
+            ],
+            claimed=[job_from_row(row) for row in claimed_rows],
+        )
+
+    def _start_args(self, owner: str, jobs: Sequence[Job]) -> dict[str, Any]:
+        if len(jobs) > MAX_HEARTBEAT_IDS:
+            raise ValidationError("start", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
+        leases = [lease_of(j) for j in jobs]
+        if any(o != owner for o, _ in leases):
+            raise ValidationError("start", "the jobs to start are another owner's")
+        return dict(ids=[j.id for j in jobs], tokens=[t for _, t in leases], owner=owner)
+
+    def unclaim(self, jobs: Sequence[Job]) -> dict[uuid.UUID, State]:
+        """Give back claimed jobs that never started (a stopping worker's buffer):
+        queued again as they were, attempts untouched; a job whose cancel was
+        requested ends cancelled. Returns the ids given back (or cancelled)
+        with their state; a job left out had started, or its lease was gone."""
+        if not jobs:
+            return {}
+        if len(jobs) > MAX_HEARTBEAT_IDS:
+            raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
+        leases = [lease_of(j) for j in jobs]
+        owners = {owner for owner, _ in leases}
+        if len(owners) != 1:
+            raise ValidationError("jobs", "unclaim takes the jobs of one owner")
+        rows = self._on_pool(
+            lambda c: self.q.unclaim_jobs(
+                c,
+                ids=[j.id for j in jobs],
+                tokens=[t for _, t in leases],
+                owner=owners.pop(),
+                write_all=self.event_mode is EventMode.ALL,
+                finish_channel=self.finish_channel,
+                channel=self.notify_channel,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
+        )
+        return {row.id: State(row.state.value) for row in rows}
