@@ -41,8 +41,8 @@ from jobrun.job.model import (
 )
 from jobrun.postgres import forksafe
 from jobrun.postgres.base import DEFAULT_CALL_TIMEOUT
-from jobrun.postgres.exchange import Exchange
 from jobrun.postgres.events import EventMode
+from jobrun.postgres.exchange import Exchange
 from jobrun.postgres.limits import (
     _LIMITED_CLAIM_IDLE_TIMEOUT,
     LIMITED_CLAIM_IDLE_SECONDS,

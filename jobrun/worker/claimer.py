@@ -25,6 +25,7 @@ for them, confirms each lease with a heartbeat and runs them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Mapping
@@ -33,8 +34,9 @@ from jobrun.job import outage, validate
 from jobrun.job.errors import ConnectionUnavailable, JobrunError, OutcomeUnknown
 from jobrun.job.model import Job, State
 from jobrun.job.ports import Waiter
+from jobrun.worker.ahead import Ahead
 from jobrun.worker.executor import Executor
-from jobrun.worker.leases import FLUSH_NOW, Finished, token
+from jobrun.worker.leases import FLUSH_NOW, token
 from jobrun.worker.outcomes import DB_RETRY_BACKOFF
 from jobrun.worker.parts import Parts, WorkerLoop
 from jobrun.worker.stall_watch import Activity
@@ -52,6 +54,20 @@ The claimer looks for lost claims this long plus one lease TTL."""
 _LIST_PAGE = 1000
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """A round's plan: buffered jobs to start, and claims (queues, jobs, started at once)."""
+
+    start: list[Job]
+    claims: list[tuple[list[str], int, int]]
+
+    def __bool__(self) -> bool:
+        return bool(self.start or self.claims)
+
+    def size(self) -> int:
+        return len(self.start) + sum(start_now for _, _, start_now in self.claims)
+
+
 class Claimer(WorkerLoop):
     """The ``jobrun-claimer`` thread: the only one that claims."""
 
@@ -59,6 +75,7 @@ class Claimer(WorkerLoop):
         super().__init__("jobrun-claimer", parts, activity)
         self._queue_names = list(self.config.queues)
         self._executor = executor
+        self._ahead = Ahead(self.config, self._leases)
         self.waiter: Waiter | None = None
         """Notifications of new jobs (set by the worker's start), or None: polling."""
         # Lost claims: look for them until then.
@@ -107,10 +124,11 @@ class Claimer(WorkerLoop):
             held_streak = held_streak + 1 if held_back is not None and not claimed else 0
             if held_back is not None:
                 self._wait_for_limits(held_back, held_streak)
-            elif drained:
+            elif drained and not self._leases.holdings().buffered:
                 self._leases.hand_over()  # the wait ends on new work, not on them
                 self._wait_for_work()
         self._leases.hand_over()
+        self._give_back_buffer()
 
     def _wait_for_room(self) -> None:
         """No room to claim: wait for a freed slot (or the poll interval)."""
@@ -124,15 +142,11 @@ class Claimer(WorkerLoop):
             self._leases.slot_freed.wait(self.config.poll_interval.total_seconds())
         self._leases.slot_freed.clear()
 
-    def _coalesce(
-        self, plan: list[tuple[list[str], int]], batch: int
-    ) -> list[tuple[list[str], int]]:
+    def _coalesce(self, plan: Plan, batch: int) -> Plan:
         """A busy worker with fewer than ``batch`` free slots waits a moment
         (``CLAIM_COALESCE``) for more to free, to claim them in one statement."""
         coalesce_until = time.monotonic() + CLAIM_COALESCE
-        while (
-            sum(n for _, n in plan) < batch and self._leases.busy() and not self._leases.holding()
-        ):
+        while plan.size() < batch and self._leases.busy() and not self._leases.holding():
             left = coalesce_until - time.monotonic()
             if left <= 0:
                 break
@@ -141,29 +155,111 @@ class Claimer(WorkerLoop):
             plan = self._claim_plan()
         return plan
 
-    def _claim_round(self, plan: list[tuple[list[str], int]]) -> tuple[bool, float | None, int]:
-        """Claim (and complete, where the claimer holds completions) what ``plan`` says,
-        and dispatch the jobs: (a queue ran dry, seconds until a limit lets more
-        through or None, jobs claimed)."""
+    def _claim_round(self, plan: Plan) -> tuple[bool, float | None, int]:
+        """One round per entry of ``plan`` (the first also starts the buffered
+        jobs the plan starts), each completing what the claimer holds: (a
+        queue ran dry, seconds until a limit lets more through or None, jobs
+        claimed)."""
         drained = False
         held_back: float | None = None
         claimed = 0
-        for queues, n in plan:
+        starting = plan.start
+        for queues, n, start_now in plan.claims:
             self._activity.busy(f"claiming up to {n} job(s) of {queues}")
-            finished = self._leases.take(queues, self.config.complete_batch_size)
-            if finished:
-                jobs = self._complete_and_claim(finished, queues, min(n, validate.MAX_CLAIM_LIMIT))
-            else:
-                jobs = self.claim(queues, min(n, validate.MAX_CLAIM_LIMIT))
-            self._executor.dispatch(jobs)
+            jobs = self._exchange(queues, min(n, validate.MAX_CLAIM_LIMIT), start_now, starting)
+            starting = []
             claimed += len(jobs)
             if len(jobs) < n:
                 drained = True
                 wait = self._held_back_by_limits(queues)
                 if wait is not None:
                     held_back = wait if held_back is None else min(held_back, wait)
-        self._leases.hand_over_unplanned({name for queues, _ in plan for name in queues})
+        if starting:  # nothing to claim: the round only starts (and completes)
+            self._exchange(self._queue_names, 0, 0, starting)
         return drained, held_back, claimed
+
+    def _exchange(
+        self, queues: list[str], n: int, start_now: int, starting: list[Job]
+    ) -> list[Job]:
+        """One round trip (Store.exchange): complete what the claimer holds,
+        start ``starting`` (buffered jobs threads are free for), claim up to
+        ``n`` jobs of ``queues``, the first ``start_now`` started at once and
+        the others buffered; dispatch what started. On any error the
+        completions go to the completer, which retries them alone, and the
+        buffered jobs stay buffered (a start is safe to repeat)."""
+        finished = self._leases.take(self._queue_names, self.config.complete_batch_size)
+        jobs = [done.job for done in finished]
+        results = {d.job.id: d.result for d in finished if d.result is not None} or None
+        self._leases.reserve(n)
+        self._leases.sent_claim()
+        sent = time.monotonic()
+        try:
+            got = self._outcomes.call(
+                "claim",
+                lambda answer: len(answer.claimed),
+                lambda: self.store.exchange(
+                    self.owner,
+                    complete=jobs,
+                    results=results,
+                    start=starting,
+                    queues=queues,
+                    limit=n,
+                    ttl=self.config.lease_ttl,
+                    start_now=start_now,
+                ),
+                tuple(queues),
+                completed=len(jobs),
+            )
+        except BaseException:
+            self._leases.to_completer(finished)
+            raise
+        finally:
+            self._leases.unreserve(n)
+        self._ahead.round_trip(time.monotonic() - sent)
+        if got.completed is not None:
+            self._outcomes.account(got.completed, finished)
+            self._leases.flushed(finished)
+        if starting:
+            self._started_from_buffer(starting, got.started)
+        fresh = got.claimed
+        self._leases.buffer([job for job in fresh if not job.started])
+        self._executor.dispatch([job for job in fresh if job.started])
+        return fresh
+
+    def _started_from_buffer(self, asked: list[Job], started: list[Job]) -> None:
+        """Run the buffered jobs the round started; end the others: a lease
+        gone is dropped, a cancel requested meanwhile ends the job cancelled."""
+        self._leases.unbuffer(started, started=True)
+        self._executor.dispatch(started)
+        ids = {job.id for job in started}
+        left_out = [job for job in asked if job.id not in ids]
+        if not left_out:
+            return
+        try:
+            given = self.store.unclaim(left_out)
+        except JobrunError as exc:  # their leases expire; the reaper requeues them unstarted
+            self._log.info(
+                "giving back %d job(s) that did not start failed: %s", len(left_out), exc
+            )
+            given = {}
+        self._leases.unbuffer(left_out, started=False)
+        for job in left_out:
+            state = given.get(job.id)
+            if state is State.CANCELLED:
+                self._outcomes.count("cancelled", 1)
+            elif state is None:
+                self._outcomes.count("lease_lost", 1)
+
+    def _give_back_buffer(self) -> None:
+        """The claimer stops: the jobs claimed ahead go back at once, unstarted
+        (those it cannot give back expire and are requeued without an attempt)."""
+        buffered = self._leases.all_buffered()
+        for chunk in (buffered[i : i + _LIST_PAGE] for i in range(0, len(buffered), _LIST_PAGE)):
+            try:
+                self.store.unclaim(chunk)
+            except JobrunError as exc:
+                self._log.info("giving back %d buffered job(s) failed: %s", len(chunk), exc)
+            self._leases.unbuffer(chunk, started=False)
 
     def _back_off(self, exc: JobrunError, failures: int) -> None:
         """A claim failed: note a claim that may have committed, then pause."""
@@ -191,26 +287,27 @@ class Claimer(WorkerLoop):
         self._leases.slot_freed.wait(pause)
         self._leases.slot_freed.clear()
 
-    def _claim_plan(self) -> list[tuple[list[str], int]]:
-        """What to claim now: per-queue limited queues alone, the others together.
+    def _claim_plan(self) -> Plan:
+        """What to start and claim now: per-queue limited queues alone, the others together.
 
         Free threads, less the completion backlog beyond one batch's worth
         (the larger of ``concurrency`` and ``complete_batch_size``): results
         waiting for the completer still hold their leases, so a completer
         slower than the handlers (commit callables run one after another)
         slows claiming down instead of letting leased jobs pile up without
-        bound, while a completer that keeps up is never waited for. A worker
-        holds at most ``concurrency`` plus that allowance of leases, and
-        claims no more jobs than it can start at once (see complete-and-claim
-        in the module docstring).
+        bound, while a completer that keeps up is never waited for. Buffered
+        jobs take the free threads first; what is left is claimed and
+        started at once, and the queues without limits also claim ahead
+        into the buffer (:class:`Ahead` sizes it).
 
         A queue whose global concurrency limit this worker's own leases fill
-        (running, or finished and waiting for the completer) is left out: a
-        claim of it would get nothing, unless the claimer holds completions
-        of it to send along. The completer then flushes at once instead of
-        collecting a batch, since the freed slots are what the next claim
-        waits for (the limit as the store last read it, at most a second
-        old: a limit raised since is seen within that second).
+        (running, buffered, or finished and waiting) is left out: a claim of
+        it would get nothing, unless the claimer holds completions of it to
+        send along. The completer then flushes at once instead of collecting
+        a batch, since the freed slots are what the next claim waits for
+        (the limit as the store last read it, at most a second old: a limit
+        raised since is seen within that second). Limited queues never claim
+        ahead: a buffered job would hold a slot another worker could run.
         """
         limits = self._queue_limits()
         self._leases.limited = frozenset(limits)
@@ -224,24 +321,29 @@ class Claimer(WorkerLoop):
         }
         allowance = max(self.config.concurrency, self.config.complete_batch_size)
         backlog = max(held.unflushed - allowance, 0)
-        free = self.config.concurrency - held.inflight - backlog
-        plan: list[tuple[list[str], int]] = []
+        free = self.config.concurrency - held.inflight - held.claiming - backlog
+        start = self._leases.buffered(max(min(free, held.buffered), 0))
+        free -= len(start)
+        claims: list[tuple[list[str], int, int]] = []
         unlimited: list[str] = []
         for name, limit in self.config.queues.items():
-            if free <= 0:
-                break
             if name in full:
                 continue
-            if limit is None:
+            if limit is None and name not in limits:
                 unlimited.append(name)
                 continue
-            n = min(limit - held.inflight_by_queue[name], free)
-            if n > 0:
-                plan.append(([name], n))
-                free -= n
-        if unlimited and free > 0:
-            plan.append((unlimited, free))
-        return plan
+            room = free if limit is None else min(limit - held.inflight_by_queue[name], free)
+            if room > 0:
+                claims.append(([name], room, room))
+                free -= room
+        if unlimited:
+            # Never more leases than concurrency plus the backlog allowance.
+            leases = held.inflight + held.buffered + held.unflushed + held.claiming
+            bound = self.config.concurrency + allowance - leases - max(free, 0)
+            ahead = min(self._ahead.room(held.buffered - len(start)), max(bound, 0))
+            if free + ahead > 0:
+                claims.append((unlimited, max(free, 0) + ahead, max(free, 0)))
+        return Plan(start, claims)
 
     def _queue_limits(self) -> Mapping[str, int | None]:
         """The limited queues among this worker's, each with its global
@@ -253,31 +355,6 @@ class Claimer(WorkerLoop):
         except JobrunError as exc:
             self._log.debug("reading the queues' limits failed: %s", exc)
             return {}
-
-    def _complete_and_claim(self, finished: list[Finished], queues: list[str], n: int) -> list[Job]:
-        """Complete ``finished`` and claim up to ``n`` jobs of ``queues`` in one
-        transaction (Store.complete_and_claim): the slots they hold under the
-        queue's limits are claimed again at once. On any error the
-        completions go to the completer, which retries them alone (safe: a
-        completion that committed after all reports completed)."""
-        jobs = [done.job for done in finished]
-        results = {d.job.id: d.result for d in finished if d.result is not None} or None
-        self._leases.sent_claim()
-        try:
-            outcome, claimed = self._outcomes.call(
-                "claim",
-                lambda answer: len(answer[1]),
-                lambda: self.store.complete_and_claim(
-                    jobs, results=results, queues=queues, limit=n, ttl=self.config.lease_ttl
-                ),
-                tuple(queues),
-            )
-        except BaseException:
-            self._leases.to_completer(finished)
-            raise
-        self._outcomes.account(outcome, finished)
-        self._leases.flushed(finished)
-        return claimed
 
     def _held_back_by_limits(self, queues: list[str]) -> float | None:
         """After a short claim: None when no queue limit held back ready jobs of
@@ -392,7 +469,10 @@ class Claimer(WorkerLoop):
                 ", ".join(str(job.id) for job in adopted),
             )
             self._outcomes.count("adopted", len(adopted))
-            self._executor.dispatch(adopted)
+            # A lost round may have claimed some ahead, unstarted: they wait
+            # in the buffer for the next round to start them.
+            self._leases.buffer([job for job in adopted if not job.started])
+            self._executor.dispatch([job for job in adopted if job.started])
         for job in lost:
             if job.id not in kept and job.cancel_requested:
                 self._outcomes.fail(job, "cancelled (requested while the claim's reply was lost)")

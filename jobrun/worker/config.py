@@ -98,6 +98,11 @@ class WorkerConfig:
     progress_interval: dt.timedelta = DEFAULT_PROGRESS_INTERVAL
     """The least time between two progress writes of one job
     (:meth:`JobContext.progress` keeps the reports in between)."""
+    claim_ahead: int | None = None
+    """The most jobs claimed ahead of the free threads, leased but not started
+    (:mod:`jobrun.worker.ahead` sizes the buffer from the observed run
+    time); None: the larger of ``concurrency`` and ``complete_batch_size``;
+    0: claim only for free threads."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", parse_queues(self.queues))
@@ -135,6 +140,13 @@ class WorkerConfig:
         r = self.unknown_type_releases
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= 10_000:
             raise ValidationError("unknown_type_releases", "must be an int between 0 and 10000")
+        a = self.claim_ahead
+        if a is not None and (
+            isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= validate.MAX_CLAIM_LIMIT
+        ):
+            raise ValidationError(
+                "claim_ahead", f"must be None or an int between 0 and {validate.MAX_CLAIM_LIMIT}"
+            )
         if self.success_log_level is not None:
             logs.success_level(self.success_log_level)
 

@@ -114,6 +114,9 @@ class StoreCall:
     ``jobs`` is how many jobs it carried (claimed, completed, heartbeated);
     ``queues`` the queues a claim asked for; ``error`` what it raised
     (the worker retries database faults: each try is a call of its own).
+    A claim's round trip also records the successes the worker held for it
+    (one transaction completes them, starts buffered jobs and claims):
+    ``completed`` counts those.
     """
 
     operation: StoreOperation
@@ -121,6 +124,7 @@ class StoreCall:
     jobs: int
     error: BaseException | None = None
     queues: tuple[str, ...] = ()
+    completed: int = 0
 
 
 class WorkerHooks:

@@ -1,19 +1,21 @@
 """The ledger of what a worker holds: its leases, from claim to recorded outcome.
 
-Every job a worker claimed is, until its outcome is recorded, in one of two
-places here: *running* (its handler on a thread or the event loop, or waiting
-for a thread) or *unflushed* (its handler succeeded; the success waits for the
-completer, or for the claimer's next claim of its queue). The claimer plans
+Every job a worker claimed is, until its outcome is recorded, in one of three
+places here: *buffered* (claimed ahead of the free threads, not started: its
+attempt is not counted until the claimer's next round starts it), *running*
+(started: its handler on a thread or the event loop, or about to be) or
+*unflushed* (its handler succeeded; the success waits for the claimer's next
+round or the completer). The claimer plans
 its claims from these counts, the heartbeat extends exactly these leases, the
 completer bounds each completion by when they end, and the shutdown waits for
 them. So the counts, the lease ends and the one lock that guards them live in
 one object, and the other parts ask it rather than share its dicts.
 
 It also decides where a success goes (:meth:`Leases.finished`): a plain
-success of a limited queue, while the claimer is claiming, waits for the
-claimer's next claim of that queue (complete-and-claim: one transaction
-completes it and claims the slot it frees again); everything else goes to the
-completer's queue. The claimer hands what it holds back to the completer
+success, while the claimer is claiming, waits for the claimer's next round
+(one transaction completes it, starts buffered jobs and claims the slots it
+frees again); a success with a commit callable, or any while the claimer
+waits, goes to the completer's queue. The claimer hands what it holds back to the completer
 whenever it is about to wait for anything other than a freed slot.
 
 Leases are keyed by their token, not the job id: a job reaped and claimed
@@ -27,6 +29,7 @@ than the database's.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import queue
 import threading
@@ -42,6 +45,10 @@ from jobrun.worker.context import JobContext
 
 if TYPE_CHECKING:
     from jobrun.worker.progress import OffloadedProgress
+
+
+_RUN_WEIGHT = 0.05
+"""Weight of the newest run time in its moving average."""
 
 
 def token(job: Job) -> uuid.UUID:
@@ -62,6 +69,8 @@ class Running:
     """An async handler's job: a task on the event loop, not a thread's."""
     progress: OffloadedProgress | None = None
     """An async job's progress writer (its writes off the loop)."""
+    since: float = dataclasses.field(default_factory=time.monotonic)
+    """When it started running (monotonic): its run time feeds the buffer's size."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -97,6 +106,10 @@ class Holdings:
     unflushed_by_queue: dict[str, int]
     completing: frozenset[str]
     """Queues whose successes the claimer holds for its next claim."""
+    buffered: int = 0
+    """Jobs claimed ahead of the free threads, not started."""
+    claiming: int = 0
+    """Jobs asked for by claims on their way (a second round may be in flight)."""
 
 
 class Leases:
@@ -116,6 +129,9 @@ class Leases:
         self._inflight = 0  # claimed and not yet returned by its handler
         self._inflight_by_queue: dict[str, int] = dict.fromkeys(queues, 0)
         self._on_threads = 0  # of those, the jobs dispatched to handler threads
+        self._mean_run: float | None = None  # moving average of run times, seconds
+        self._buffered: dict[uuid.UUID, Job] = {}  # claim order
+        self._claiming = 0  # jobs asked for by the rounds in flight
         self._claimer_done: list[Finished] = []
         self._claimer_completes = False
         self.claim_sent = 0.0
@@ -135,13 +151,17 @@ class Leases:
         self.claim_sent = time.monotonic()
 
     def add(self, running: Running, *, reckon: bool) -> None:
-        """Track a claimed job as running; ``reckon``: bound its lease (not in drain())."""
+        """Track a claimed job as running; ``reckon``: bound its lease (not in drain()).
+
+        A buffered job started now keeps the lease end it had (a start does
+        not extend the lease); a fresh claim's starts when the claim was sent.
+        """
         lease_from = self.claim_sent or time.monotonic()
         job = running.job
         with self._lock:
             self._running[token(job)] = running
             if reckon:
-                self._lease_until[token(job)] = lease_from + self._ttl
+                self._lease_until.setdefault(token(job), lease_from + self._ttl)
             self._inflight += 1
             self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
 
@@ -157,8 +177,12 @@ class Leases:
 
     def release(self, job: Job, *, on_thread: bool = False) -> None:
         """The job's run is over (its outcome recorded or handed on): free its slot."""
+        now = time.monotonic()
         with self._lock:
             running = self._running.pop(token(job), None)
+            if running is not None:
+                mean, ran = self._mean_run, now - running.since
+                self._mean_run = ran if mean is None else mean + _RUN_WEIGHT * (ran - mean)
             if token(job) not in self._unflushed:  # its success waits for the completer
                 self._lease_until.pop(token(job), None)
             self._inflight -= 1
@@ -171,6 +195,55 @@ class Leases:
             running.ctx._progress_sink = None
         self.slot_freed.set()
 
+    # -- the buffer: claimed ahead, not started ----------------------------------
+
+    def reserve(self, n: int) -> None:
+        """A round asks for ``n`` jobs: they count against the room until it returns."""
+        with self._lock:
+            self._claiming += n
+
+    def unreserve(self, n: int) -> None:
+        with self._lock:
+            self._claiming -= n
+
+    def buffer(self, jobs: Sequence[Job]) -> None:
+        """Hold claimed jobs that no thread is free for yet (not started)."""
+        if not jobs:
+            return
+        lease_from = self.claim_sent or time.monotonic()
+        with self._lock:
+            for job in jobs:
+                claim = token(job)
+                self._buffered[claim] = job
+                self._lease_until.setdefault(claim, lease_from + self._ttl)
+                self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
+
+    def buffered(self, n: int) -> list[Job]:
+        """The first ``n`` buffered jobs (claim order): the next to start."""
+        with self._lock:
+            return list(itertools.islice(self._buffered.values(), n))
+
+    def unbuffer(self, jobs: Iterable[Job], *, started: bool) -> None:
+        """These jobs leave the buffer: ``started`` (they run next, their lease
+        end kept) or dropped (their lease is gone, or they were given back)."""
+        with self._lock:
+            for job in jobs:
+                claim = token(job)
+                if self._buffered.pop(claim, None) is None:
+                    continue
+                self._inflight_by_queue[job.queue] -= 1
+                if not started:
+                    self._lease_until.pop(claim, None)
+        self.slot_freed.set()
+
+    def mean_run_time(self) -> float | None:
+        """Seconds a job runs, as a moving average (None: none ran yet)."""
+        return self._mean_run
+
+    def all_buffered(self) -> list[Job]:
+        with self._lock:
+            return list(self._buffered.values())
+
     # -- finished ------------------------------------------------------------------
 
     def finished(self, done: Finished) -> None:
@@ -180,9 +253,7 @@ class Leases:
         with self._lock:
             self._unflushed[token(job)] = job
             self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
-            to_claimer = (
-                done.commit is None and self._claimer_completes and job.queue in self.limited
-            )
+            to_claimer = done.commit is None and self._claimer_completes
             if to_claimer:
                 self._claimer_done.append(done)
         if not to_claimer:
@@ -257,6 +328,8 @@ class Leases:
     # -- readings ------------------------------------------------------------------
 
     def holdings(self) -> Holdings:
+        """The counts; ``inflight_by_queue`` counts buffered jobs too (their
+        leases fill a queue's limits like running ones)."""
         with self._lock:
             return Holdings(
                 inflight=self._inflight,
@@ -264,6 +337,8 @@ class Leases:
                 unflushed=len(self._unflushed),
                 unflushed_by_queue=dict(self._unflushed_by_queue),
                 completing=frozenset(done.job.queue for done in self._claimer_done),
+                buffered=len(self._buffered),
+                claiming=self._claiming,
             )
 
     def held_in(self, queues: list[str]) -> tuple[bool, bool]:
@@ -278,9 +353,12 @@ class Leases:
             return list(self._running.values())
 
     def held(self) -> tuple[list[Running], list[Job]]:
-        """Every lease held, read at once: (running, unflushed)."""
+        """Every lease held, read at once: (running, the others: unflushed or buffered)."""
         with self._lock:
-            return list(self._running.values()), list(self._unflushed.values())
+            return list(self._running.values()), [
+                *self._unflushed.values(),
+                *self._buffered.values(),
+            ]
 
     def busy(self) -> bool:
         with self._lock:
@@ -288,7 +366,7 @@ class Leases:
 
     def idle(self) -> bool:
         with self._lock:
-            return self._inflight == 0 and not self._unflushed
+            return self._inflight == 0 and not self._unflushed and not self._buffered
 
     def in_handler(self, *, on_loop: bool) -> int:
         """Handlers running right now, on the event loop or on threads."""
@@ -336,4 +414,9 @@ class Leases:
             cutoff = time.monotonic() - 2 * self._ttl
             for claim in [t for t, at in self._abandoned.items() if at < cutoff]:
                 del self._abandoned[claim]
-            return set(self._running) | set(self._unflushed) | set(self._abandoned)
+            return (
+                set(self._running)
+                | set(self._unflushed)
+                | set(self._buffered)
+                | set(self._abandoned)
+            )

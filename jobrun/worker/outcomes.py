@@ -84,11 +84,13 @@ class Outcomes:
         jobs: int | Callable[[_T], int],
         call: Callable[[], _T],
         queues: tuple[str, ...] = (),
+        completed: int = 0,
     ) -> _T:
         """``call()``, reported to the hooks as one round trip of ``operation``.
 
         ``jobs``: how many jobs it carries, or how to count them in its answer
-        (0 when it raised). A success is one for the outage reporter too.
+        (0 when it raised); ``completed``: the successes a claim's round
+        records along the way. A success is one for the outage reporter too.
         """
         hooks = self.hooks
         if hooks is None or not hooks.calls:
@@ -101,12 +103,14 @@ class Outcomes:
         except BaseException as exc:
             carried = 0 if callable(jobs) else jobs
             hooks.store_call(
-                StoreCall(operation, time.perf_counter() - began, carried, exc, queues)
+                StoreCall(operation, time.perf_counter() - began, carried, exc, queues, 0)
             )
             raise
         outage.of(self.store).ok()
         carried = jobs(answer) if callable(jobs) else jobs
-        hooks.store_call(StoreCall(operation, time.perf_counter() - began, carried, None, queues))
+        hooks.store_call(
+            StoreCall(operation, time.perf_counter() - began, carried, None, queues, completed)
+        )
         return answer
 
     def count(self, outcome: str, n: int = 1) -> None:

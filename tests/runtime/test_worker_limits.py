@@ -184,9 +184,9 @@ def test_the_start_banner_names_the_databases_limits_on_the_workers_queues(
 
 
 class CompletingWithClaims(Store):
-    """The real store, counting what rides on complete_and_claim; with
-    ``fail_every``, every so many of those calls fail (a database fault)
-    before anything is sent."""
+    """The real store, counting the completions that ride with claims (the
+    rounds of Store.exchange that complete jobs); with ``fail_every``, every
+    so many of those rounds fail (a database fault) before anything is sent."""
 
     def __init__(self, pool: Any, fail_every: int = 0) -> None:
         super().__init__(pool)
@@ -196,7 +196,9 @@ class CompletingWithClaims(Store):
         self.failed = 0
         self.lock = threading.Lock()
 
-    def complete_and_claim(self, jobs: Any, **kwargs: Any) -> Any:
+    def exchange(self, owner: str, **kwargs: Any) -> Any:
+        if not kwargs.get("complete"):
+            return super().exchange(owner, **kwargs)
         with self.lock:
             self.calls += 1
             fail = self.fail_every and self.calls % self.fail_every == 0
@@ -204,10 +206,10 @@ class CompletingWithClaims(Store):
                 self.failed += 1
         if fail:
             raise TransientError("injected: the connection dropped before the claim was sent")
-        outcome, claimed = super().complete_and_claim(jobs, **kwargs)
+        got = super().exchange(owner, **kwargs)
         with self.lock:
-            self.completed += len(outcome.completed)
-        return outcome, claimed
+            self.completed += len(got.completed.completed)
+        return got
 
 
 def _succeeded_once_each(conn: psycopg.Connection[Any], n: int) -> None:
@@ -311,10 +313,10 @@ class RecordingClaims(Store):
         self.claimed += jobs
         return jobs
 
-    def complete_and_claim(self, jobs: Any, **kwargs: Any) -> Any:
-        outcome, claimed = super().complete_and_claim(jobs, **kwargs)
-        self.claimed += claimed
-        return outcome, claimed
+    def exchange(self, owner: str, **kwargs: Any) -> Any:
+        got = super().exchange(owner, **kwargs)
+        self.claimed += got.claimed
+        return got
 
 
 def test_a_worker_completing_with_its_claims_leases_no_job_it_cannot_start_at_once(
