@@ -105,8 +105,8 @@ class Exchange(Completion):
                         if completing is not None:
                             c.execute(_KEEP_COMMIT_MODE)
                         claimed = self.q.claim_jobs_deferred(c, **claim_args)
-                    if completing is not None:
-                        c.execute(_PUT_BACK_COMMIT_MODE)
+                        if completing is not None:
+                            c.execute(_PUT_BACK_COMMIT_MODE)
                     committing[0] = True
                     c.execute("COMMIT")
                 return done(), started(), claimed()

@@ -55,17 +55,14 @@ _LIST_PAGE = 1000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Plan:
-    """A round's plan: buffered jobs to start, and claims (queues, jobs, started at once)."""
+class Claim:
+    """One claim of a round: up to ``jobs`` of ``queues``, ``start`` of them at
+    once (threads free now), the rest into the buffer when ``ahead``."""
 
-    start: list[Job]
-    claims: list[tuple[list[str], int, int]]
-
-    def __bool__(self) -> bool:
-        return bool(self.start or self.claims)
-
-    def size(self) -> int:
-        return len(self.start) + sum(start_now for _, _, start_now in self.claims)
+    queues: list[str]
+    jobs: int
+    start: int
+    ahead: bool
 
 
 class Claimer(WorkerLoop):
@@ -124,7 +121,7 @@ class Claimer(WorkerLoop):
             held_streak = held_streak + 1 if held_back is not None and not claimed else 0
             if held_back is not None:
                 self._wait_for_limits(held_back, held_streak)
-            elif drained and not self._leases.holdings().buffered:
+            elif drained:
                 self._leases.hand_over()  # the wait ends on new work, not on them
                 self._wait_for_work()
         self._leases.hand_over()
@@ -142,11 +139,13 @@ class Claimer(WorkerLoop):
             self._leases.slot_freed.wait(self.config.poll_interval.total_seconds())
         self._leases.slot_freed.clear()
 
-    def _coalesce(self, plan: Plan, batch: int) -> Plan:
-        """A busy worker with fewer than ``batch`` free slots waits a moment
-        (``CLAIM_COALESCE``) for more to free, to claim them in one statement."""
+    def _coalesce(self, plan: list[Claim], batch: int) -> list[Claim]:
+        """A busy worker with fewer than ``batch`` jobs to claim waits a moment
+        (``CLAIM_COALESCE``) for more threads to free, to claim them in one statement."""
         coalesce_until = time.monotonic() + CLAIM_COALESCE
-        while plan.size() < batch and self._leases.busy() and not self._leases.holding():
+        while (
+            sum(c.jobs for c in plan) < batch and self._leases.busy() and not self._leases.holding()
+        ):
             left = coalesce_until - time.monotonic()
             if left <= 0:
                 break
@@ -155,42 +154,40 @@ class Claimer(WorkerLoop):
             plan = self._claim_plan()
         return plan
 
-    def _claim_round(self, plan: Plan) -> tuple[bool, float | None, int]:
-        """One round per entry of ``plan`` (the first also starts the buffered
-        jobs the plan starts), each completing what the claimer holds: (a
-        queue ran dry, seconds until a limit lets more through or None, jobs
-        claimed)."""
+    def _claim_round(self, plan: list[Claim]) -> tuple[bool, float | None, int]:
+        """One round trip per claim of ``plan``, each completing what the claimer
+        holds: (a queue ran dry, seconds until a limit lets more through or
+        None, jobs claimed)."""
         drained = False
         held_back: float | None = None
         claimed = 0
-        starting = plan.start
-        for queues, n, start_now in plan.claims:
-            self._activity.busy(f"claiming up to {n} job(s) of {queues}")
-            jobs = self._exchange(queues, min(n, validate.MAX_CLAIM_LIMIT), start_now, starting)
-            starting = []
+        for claim in plan:
+            self._activity.busy(f"claiming up to {claim.jobs} job(s) of {claim.queues}")
+            asked, jobs = self._exchange(claim)
             claimed += len(jobs)
-            if len(jobs) < n:
+            if len(jobs) < asked:
                 drained = True
-                wait = self._held_back_by_limits(queues)
+                wait = self._held_back_by_limits(claim.queues)
                 if wait is not None:
                     held_back = wait if held_back is None else min(held_back, wait)
-        if starting:  # nothing to claim: the round only starts (and completes)
-            self._exchange(self._queue_names, 0, 0, starting)
         return drained, held_back, claimed
 
-    def _exchange(
-        self, queues: list[str], n: int, start_now: int, starting: list[Job]
-    ) -> list[Job]:
-        """One round trip (Store.exchange): complete what the claimer holds,
-        start ``starting`` (buffered jobs threads are free for), claim up to
-        ``n`` jobs of ``queues``, the first ``start_now`` started at once and
-        the others buffered; dispatch what started. On any error the
-        completions go to the completer, which retries them alone, and the
-        buffered jobs stay buffered (a start is safe to repeat)."""
+    def _exchange(self, claim: Claim) -> tuple[int, list[Job]]:
+        """One round trip (Store.exchange): complete what the claimer holds and
+        claim, the jobs threads are free for started at once (reserved now:
+        the starter takes free threads too), the others buffered; dispatch
+        what started. (jobs asked for, jobs claimed). On any error the
+        completions go to the completer, which retries them alone."""
+        threads = self._leases.take_threads(claim.start)
+        ahead = claim.jobs - claim.start if claim.ahead else 0
+        n = min(threads + ahead, validate.MAX_CLAIM_LIMIT)
         finished = self._leases.take(self._queue_names, self.config.complete_batch_size)
+        if not n and not finished:
+            self._leases.release_threads(threads)
+            return 0, []
         jobs = [done.job for done in finished]
         results = {d.job.id: d.result for d in finished if d.result is not None} or None
-        self._leases.reserve(n)
+        self._leases.claiming(ahead)
         self._leases.sent_claim()
         sent = time.monotonic()
         try:
@@ -201,54 +198,29 @@ class Claimer(WorkerLoop):
                     self.owner,
                     complete=jobs,
                     results=results,
-                    start=starting,
-                    queues=queues,
+                    queues=claim.queues,
                     limit=n,
                     ttl=self.config.lease_ttl,
-                    start_now=start_now,
+                    start_now=threads,
                 ),
-                tuple(queues),
+                tuple(claim.queues),
                 completed=len(jobs),
             )
         except BaseException:
             self._leases.to_completer(finished)
+            self._leases.release_threads(threads)
             raise
         finally:
-            self._leases.unreserve(n)
+            self._leases.claiming(-ahead)
         self._ahead.round_trip(time.monotonic() - sent)
         if got.completed is not None:
             self._outcomes.account(got.completed, finished)
             self._leases.flushed(finished)
-        if starting:
-            self._started_from_buffer(starting, got.started)
         fresh = got.claimed
         self._leases.buffer([job for job in fresh if not job.started])
         self._executor.dispatch([job for job in fresh if job.started])
-        return fresh
-
-    def _started_from_buffer(self, asked: list[Job], started: list[Job]) -> None:
-        """Run the buffered jobs the round started; end the others: a lease
-        gone is dropped, a cancel requested meanwhile ends the job cancelled."""
-        self._leases.unbuffer(started, started=True)
-        self._executor.dispatch(started)
-        ids = {job.id for job in started}
-        left_out = [job for job in asked if job.id not in ids]
-        if not left_out:
-            return
-        try:
-            given = self.store.unclaim(left_out)
-        except JobrunError as exc:  # their leases expire; the reaper requeues them unstarted
-            self._log.info(
-                "giving back %d job(s) that did not start failed: %s", len(left_out), exc
-            )
-            given = {}
-        self._leases.unbuffer(left_out, started=False)
-        for job in left_out:
-            state = given.get(job.id)
-            if state is State.CANCELLED:
-                self._outcomes.count("cancelled", 1)
-            elif state is None:
-                self._outcomes.count("lease_lost", 1)
+        self._leases.release_threads(threads)
+        return n, fresh
 
     def _give_back_buffer(self) -> None:
         """The claimer stops: the jobs claimed ahead go back at once, unstarted
@@ -287,18 +259,18 @@ class Claimer(WorkerLoop):
         self._leases.slot_freed.wait(pause)
         self._leases.slot_freed.clear()
 
-    def _claim_plan(self) -> Plan:
-        """What to start and claim now: per-queue limited queues alone, the others together.
+    def _claim_plan(self) -> list[Claim]:
+        """What to claim now: per-queue limited queues alone, the others together.
 
-        Free threads, less the completion backlog beyond one batch's worth
-        (the larger of ``concurrency`` and ``complete_batch_size``): results
-        waiting for the completer still hold their leases, so a completer
-        slower than the handlers (commit callables run one after another)
-        slows claiming down instead of letting leased jobs pile up without
-        bound, while a completer that keeps up is never waited for. Buffered
-        jobs take the free threads first; what is left is claimed and
-        started at once, and the queues without limits also claim ahead
-        into the buffer (:class:`Ahead` sizes it).
+        Free threads first: what the buffer does not fill (the starter runs
+        buffered jobs as threads free up) is claimed and started at once;
+        the queues without limits also claim ahead into the buffer
+        (:class:`Ahead` sizes it). Never more leases than ``concurrency``
+        plus the completion backlog allowance (the larger of
+        ``concurrency`` and ``complete_batch_size``): results waiting for
+        the completer still hold their leases, so a completer slower than
+        the handlers (commit callables run one after another) slows
+        claiming down instead of letting leased jobs pile up without bound.
 
         A queue whose global concurrency limit this worker's own leases fill
         (running, buffered, or finished and waiting) is left out: a claim of
@@ -321,10 +293,8 @@ class Claimer(WorkerLoop):
         }
         allowance = max(self.config.concurrency, self.config.complete_batch_size)
         backlog = max(held.unflushed - allowance, 0)
-        free = self.config.concurrency - held.inflight - held.claiming - backlog
-        start = self._leases.buffered(max(min(free, held.buffered), 0))
-        free -= len(start)
-        claims: list[tuple[list[str], int, int]] = []
+        free = self.config.concurrency - held.inflight - held.reserved - backlog - held.buffered
+        plan: list[Claim] = []
         unlimited: list[str] = []
         for name, limit in self.config.queues.items():
             if name in full:
@@ -334,16 +304,15 @@ class Claimer(WorkerLoop):
                 continue
             room = free if limit is None else min(limit - held.inflight_by_queue[name], free)
             if room > 0:
-                claims.append(([name], room, room))
+                plan.append(Claim([name], room, room, ahead=False))
                 free -= room
         if unlimited:
-            # Never more leases than concurrency plus the backlog allowance.
-            leases = held.inflight + held.buffered + held.unflushed + held.claiming
+            leases = held.inflight + held.buffered + held.unflushed + held.claiming_ahead
             bound = self.config.concurrency + allowance - leases - max(free, 0)
-            ahead = min(self._ahead.room(held.buffered - len(start)), max(bound, 0))
+            ahead = min(self._ahead.room(held.buffered + held.claiming_ahead), max(bound, 0))
             if free + ahead > 0:
-                claims.append((unlimited, max(free, 0) + ahead, max(free, 0)))
-        return Plan(start, claims)
+                plan.append(Claim(unlimited, max(free, 0) + ahead, max(free, 0), ahead=True))
+        return plan
 
     def _queue_limits(self) -> Mapping[str, int | None]:
         """The limited queues among this worker's, each with its global

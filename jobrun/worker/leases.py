@@ -108,16 +108,23 @@ class Holdings:
     """Queues whose successes the claimer holds for its next claim."""
     buffered: int = 0
     """Jobs claimed ahead of the free threads, not started."""
-    claiming: int = 0
-    """Jobs asked for by claims on their way (a second round may be in flight)."""
+    reserved: int = 0
+    """Threads the rounds on their way will start jobs on."""
+    claiming_ahead: int = 0
+    """Jobs the claims on their way ask for ahead, into the buffer."""
 
 
 class Leases:
     """What one worker holds, under one lock (see the module docstring)."""
 
-    def __init__(self, queues: Iterable[str], lease_ttl: float) -> None:
+    def __init__(
+        self, queues: Iterable[str], lease_ttl: float, *, concurrency: int = 1, allowance: int = 1
+    ) -> None:
         self._lock = threading.Lock()
         self._ttl = lease_ttl
+        self._concurrency = concurrency
+        self._allowance = allowance
+        """Successes waiting to be recorded that do not yet slow claiming down."""
         self._running: dict[uuid.UUID, Running] = {}
         self._unflushed: dict[uuid.UUID, Job] = {}
         self._unflushed_by_queue: dict[str, int] = {}
@@ -131,7 +138,8 @@ class Leases:
         self._on_threads = 0  # of those, the jobs dispatched to handler threads
         self._mean_run: float | None = None  # moving average of run times, seconds
         self._buffered: dict[uuid.UUID, Job] = {}  # claim order
-        self._claiming = 0  # jobs asked for by the rounds in flight
+        self._reserved = 0  # threads the rounds in flight start jobs on
+        self._claiming_ahead = 0  # jobs the claims in flight ask for ahead
         self._claimer_done: list[Finished] = []
         self._claimer_completes = False
         self.claim_sent = 0.0
@@ -144,6 +152,8 @@ class Leases:
         """The completer's queue."""
         self.slot_freed = threading.Event()
         """Set when a job's run ended or a batch was flushed: the claimer may claim."""
+        self.thread_freed = threading.Event()
+        """Set when a job's run ended or jobs were buffered: the starter may start."""
 
     # -- running -------------------------------------------------------------------
 
@@ -189,6 +199,7 @@ class Leases:
             self._inflight_by_queue[job.queue] -= 1
             if on_thread:
                 self._on_threads -= 1
+        self.thread_freed.set()
         if running is not None:
             # The context and its progress writer refer to each other: a cycle
             # (with the job and its payload) the collector alone would free.
@@ -197,14 +208,30 @@ class Leases:
 
     # -- the buffer: claimed ahead, not started ----------------------------------
 
-    def reserve(self, n: int) -> None:
-        """A round asks for ``n`` jobs: they count against the room until it returns."""
+    def take_threads(self, most: int) -> int:
+        """Reserve up to ``most`` free threads for a round on its way (the claimer
+        and the starter both start jobs); how many were reserved. Free: not
+        running a job nor reserved, less the completion backlog beyond the
+        allowance (successes waiting to be recorded still hold their leases,
+        so a completer slower than the handlers slows starting down)."""
         with self._lock:
-            self._claiming += n
+            backlog = max(len(self._unflushed) - self._allowance, 0)
+            free = self._concurrency - self._inflight - self._reserved - backlog
+            granted = max(min(most, free), 0)
+            self._reserved += granted
+            return granted
 
-    def unreserve(self, n: int) -> None:
+    def release_threads(self, n: int) -> None:
+        """The round reserving ``n`` threads is back (its started jobs now run)."""
         with self._lock:
-            self._claiming -= n
+            self._reserved -= n
+        if n:
+            self.thread_freed.set()
+
+    def claiming(self, ahead: int) -> None:
+        """A claim asks for ``ahead`` jobs into the buffer (negative: it is back)."""
+        with self._lock:
+            self._claiming_ahead += ahead
 
     def buffer(self, jobs: Sequence[Job]) -> None:
         """Hold claimed jobs that no thread is free for yet (not started)."""
@@ -217,6 +244,7 @@ class Leases:
                 self._buffered[claim] = job
                 self._lease_until.setdefault(claim, lease_from + self._ttl)
                 self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
+        self.thread_freed.set()
 
     def buffered(self, n: int) -> list[Job]:
         """The first ``n`` buffered jobs (claim order): the next to start."""
@@ -270,6 +298,7 @@ class Leases:
                     if claim not in self._running:
                         self._lease_until.pop(claim, None)
         self.slot_freed.set()  # the backlog shrank: the claimer may claim again
+        self.thread_freed.set()
 
     def to_completer(self, batch: Iterable[Finished]) -> None:
         for done in batch:
@@ -338,7 +367,8 @@ class Leases:
                 unflushed_by_queue=dict(self._unflushed_by_queue),
                 completing=frozenset(done.job.queue for done in self._claimer_done),
                 buffered=len(self._buffered),
-                claiming=self._claiming,
+                reserved=self._reserved,
+                claiming_ahead=self._claiming_ahead,
             )
 
     def held_in(self, queues: list[str]) -> tuple[bool, bool]:

@@ -71,6 +71,7 @@ from jobrun.worker.outcomes import Outcomes
 from jobrun.worker.parts import Parts
 from jobrun.worker.registry import Registry
 from jobrun.worker.stall_watch import ActivityProbe, StallWatch
+from jobrun.worker.starter import Starter
 from jobrun.worker.stop_signals import StopSignals
 from jobrun.worker.timeouts import Timeouts
 
@@ -145,7 +146,12 @@ class Worker(Service):
         cfg = self.config
         stall = (cfg.stall_warning or cfg.lease_ttl).total_seconds()
         self._stalls = StallWatch(stall, self._log, outage.of(store))
-        self._leases = Leases(cfg.queues, cfg.lease_ttl.total_seconds())
+        self._leases = Leases(
+            cfg.queues,
+            cfg.lease_ttl.total_seconds(),
+            concurrency=cfg.concurrency,
+            allowance=max(cfg.concurrency, cfg.complete_batch_size),
+        )
         self._outcomes = Outcomes(
             store=store,
             config=cfg,
@@ -166,6 +172,7 @@ class Worker(Service):
             hard_stop=self._hard_stop,
         )
         self._claimer = Claimer(parts, self._stalls.track("jobrun-claimer"), self._executor)
+        self._starter = Starter(parts, self._stalls.track("jobrun-starter"), self._executor)
         self._completer = Completer(parts, self._stalls.track("jobrun-completer"), self._hard_stop)
         self._heartbeat = Heartbeat(parts, self._stalls.track("jobrun-heartbeat"))
 
@@ -186,7 +193,7 @@ class Worker(Service):
                 self._stalls.track_probe("jobrun-listener", probe)
         self._timeouts.start()
         self._executor.start()
-        for part in (self._claimer, self._completer, self._heartbeat, self._stalls):
+        for part in (self._claimer, self._starter, self._completer, self._heartbeat, self._stalls):
             part.start()
 
     def _log_banner(self) -> None:
@@ -278,7 +285,8 @@ class Worker(Service):
     def _shut_down(self, timeout: float | None) -> bool:
         grace = self.config.shutdown_grace.total_seconds() if timeout is None else timeout
         deadline = time.monotonic() + grace
-        self._claimer.stop(max(deadline - time.monotonic(), 0.0) + 2.0)
+        self._starter.stop(max(deadline - time.monotonic(), 0.0) + 2.0)
+        self._claimer.stop(max(deadline - time.monotonic(), 0.0) + 2.0)  # gives the buffer back
         drained = self._leases.wait_idle(deadline)
         if not drained:
             running = self._leases.running()
@@ -347,6 +355,7 @@ class Worker(Service):
         """
         self._hard_stop.set()
         self._claimer.stopping.set()
+        self._starter.request_stop()
         self._heartbeat.request_stop()
         self._leases.slot_freed.set()
         self._stalls.request_stop()
@@ -414,7 +423,12 @@ class Worker(Service):
     @property
     def _threads(self) -> list[threading.Thread]:
         """The loop threads: claimer, completer, heartbeat (for tests and health)."""
-        return [self._claimer.thread, self._completer.thread, self._heartbeat.thread]
+        return [
+            self._claimer.thread,
+            self._starter.thread,
+            self._completer.thread,
+            self._heartbeat.thread,
+        ]
 
     @property
     def _handlers(self) -> list[threading.Thread]:

@@ -79,6 +79,18 @@ def test_a_round_that_completes_commits_synchronously_though_its_claim_does_not(
     assert claim_alone == {"off"}
 
 
+def test_a_round_may_only_complete_and_start(store: Store) -> None:
+    store.enqueue_batch([new_job() for _ in range(3)])
+    done, waiting = store.claim(OWNER, ["default"], 2, TTL, start=1)
+    for _ in range(2):  # the session's settings of one round do not leak into the next
+        got = store.exchange(
+            OWNER, complete=[done], start=[waiting], queues=["default"], limit=0, ttl=TTL
+        )
+        assert got.completed is not None and got.completed.completed == {done.id}
+        assert [j.id for j in got.started] == [waiting.id] and got.claimed == []
+    assert store.get(done.id).state is State.SUCCEEDED
+
+
 def test_a_round_leaves_out_a_buffered_job_whose_cancel_was_requested(store: Store) -> None:
     store.enqueue_batch([new_job() for _ in range(2)])
     jobs = store.claim(OWNER, ["default"], 2, TTL, start=0)
