@@ -604,8 +604,8 @@ def _drain_once(
         ctx.store.resume_queue(queue)
         _wait_drained(ctx, w, queue, timeout=max(600.0, jobs / 50))
         server1, wall = ctx.db.server_cpu_seconds(), time.monotonic() - wall0
-        cpu = (w.cpu_seconds() - cpu0) / wall
-        server_cpu = (server1 - server0) / wall if server0 is not None and server1 else None
+        worker_cpu = (w.cpu_seconds() - cpu0) / wall
+        server_cpu = cpu.cores(server0, server1, wall)
         rss = w.peak_rss_mb()
         statements = ctx.db.top_statements()
     first, last, done, claims, completions = ctx.db.execute(
@@ -627,7 +627,7 @@ def _drain_once(
     return DrainRun(
         jobs / seconds,
         rss,
-        cpu,
+        worker_cpu,
         server_cpu,
         int(claims),
         int(completions),

@@ -89,6 +89,8 @@ class Sample:
     """Completions since the previous sample per second (None for the first)."""
     worker_cores: float | None
     server_cores: float | None
+    producer_cores: float | None
+    """The producer's CPU: it shares the machine with the worker and the server."""
 
     def record(self) -> dict[str, Any]:
         return {
@@ -97,6 +99,12 @@ class Sample:
             "done_per_s": None if self.done_per_s is None else round(self.done_per_s, 1),
             "worker_cores": None if self.worker_cores is None else round(self.worker_cores, 2),
             "server_cores": None if self.server_cores is None else round(self.server_cores, 2),
+            "producer_cores": None
+            if self.producer_cores is None
+            else round(self.producer_cores, 2),
+            "worker_us_per_job": round(1e6 * self.worker_cores / self.done_per_s)
+            if self.worker_cores is not None and self.done_per_s
+            else None,
             **{
                 f"{name}.{key}": value
                 for name, stats in self.tables.items()
@@ -116,6 +124,8 @@ class Sample:
             )
         if self.worker_cores is not None:
             parts.append(cpu.text(self.worker_cores, self.server_cores))
+        if self.producer_cores is not None:
+            parts.append(f"(producer {self.producer_cores:.2f})")
         return " ".join(parts)
 
 
@@ -127,7 +137,20 @@ class Sampler:
         self.w = w
         self.started = time.monotonic()
         self.since: Any = ctx.db.execute("SELECT clock_timestamp()")[0][0]
-        self.cpu = (w.cpu_seconds(), ctx.db.server_cpu_seconds(), self.started)
+        self.counters = (w.cpu_seconds(), ctx.db.server_cpu_seconds(), self.started)
+        self.producer: int | None = None
+        self.producer_cpu: float | None = None
+
+    def watch(self, pid: int) -> None:
+        """Read the producer's CPU too, from now on."""
+        self.producer = pid
+        self.producer_cpu = self._producer_cpu()
+
+    def _producer_cpu(self) -> float | None:
+        try:
+            return None if self.producer is None else cpu.process_cpu_seconds(self.producer)
+        except (OSError, IndexError, ValueError):
+            return None  # it has exited
 
     def sample(self, first: bool = False) -> Sample:
         db = self.ctx.db
@@ -146,7 +169,8 @@ class Sampler:
         now_db, done, backlog = db.execute(DONE_SINCE, {"queue": QUEUE, "since": self.since})[0]
         now = time.monotonic()
         worker, server = self.w.cpu_seconds(), db.server_cpu_seconds()
-        worker0, server0, wall0 = self.cpu
+        producer0, producer = self.producer_cpu, self._producer_cpu()
+        worker0, server0, wall0 = self.counters
         wall = now - wall0
         got = Sample(
             at=now - self.started,
@@ -155,8 +179,9 @@ class Sampler:
             done_per_s=None if first else done / (now_db - self.since).total_seconds(),
             worker_cores=None if first else cpu.cores(worker0, worker, wall),
             server_cores=None if first else cpu.cores(server0, server, wall),
+            producer_cores=cpu.cores(producer0, producer, wall),
         )
-        self.since, self.cpu = now_db, (worker, server, now)
+        self.since, self.counters, self.producer_cpu = now_db, (worker, server, now), producer
         return got
 
 
@@ -200,6 +225,7 @@ def sustained(ctx: Context) -> list[Figure]:
         sampler = Sampler(ctx, w)
         samples.append(sampler.sample(first=True))
         producer = _producer(ctx, rate, seconds)
+        sampler.watch(producer.pid)
         try:
             deadline = sampler.started + seconds + 60
             next_at = sampler.started + interval
@@ -250,10 +276,13 @@ def sustained(ctx: Context) -> list[Figure]:
         "what": "completion rate of the last interval / of the first, the producer at "
         f"{s.sustained_load:g} of the peak drain rate measured just before",
     }
-    peak_params = {"jobs": s.sustained_peak_jobs, "concurrency": concurrency, "processes": 1}
-    peak_params |= {"worker_cpu_cores": round(peak.worker_cpu, 2)}
-    if peak.server_cpu is not None:
-        peak_params["server_cpu_cores"] = round(peak.server_cpu, 2)
+    peak_params: dict[str, Any] = {
+        "jobs": s.sustained_peak_jobs,
+        "concurrency": concurrency,
+        "processes": 1,
+        "worker_cpu_cores": round(peak.worker_cpu, 2),
+        "server_cpu_cores": None if peak.server_cpu is None else round(peak.server_cpu, 2),
+    }
     figures = [
         Figure("sustained.peak", "jobs/s", [peak.rate], peak_params, throughput=True),
         Figure(

@@ -728,7 +728,7 @@ def _expand(
 def _cell(f: Figure | None) -> dict[str, Any] | None:
     if f is None:
         return None
-    cell = {
+    cell: dict[str, Any] = {
         "median": f.median,
         "min": min(f.values),
         "max": max(f.values),
