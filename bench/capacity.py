@@ -47,7 +47,7 @@ from typing import Any
 import psycopg
 from rich.console import Console
 
-from bench import measure, server
+from bench import cpu, measure, server
 from jobrun import NewJob
 from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
@@ -274,25 +274,13 @@ class Counters:
 
 def process_cpu(pid: int) -> float:
     """User + system CPU seconds of one process (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu.process_cpu_seconds(pid)
 
 
 def server_cpu(datadir: Path) -> float:
     """CPU seconds of a local PostgreSQL so far: the postmaster, its live children
-    and the children it reaped (as bench/server.py reads them)."""
-    postmaster = int((datadir / "postmaster.pid").read_text().split()[0])
-    ticks = os.sysconf("SC_CLK_TCK")
-    own = Path(f"/proc/{postmaster}/stat").read_text().rpartition(")")[2].split()
-    total = sum(int(own[i]) for i in (11, 12, 13, 14))
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            if int(fields[1]) == postmaster:
-                total += int(fields[11]) + int(fields[12])
-    return total / ticks
+    and the children it reaped (bench/cpu.py)."""
+    return cpu.tree_cpu_seconds(cpu.postmaster_pid(datadir))
 
 
 def machine_busy() -> float:

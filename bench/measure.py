@@ -36,6 +36,9 @@ pickup         an idle ``jobrun worker``; jobs enqueued one by one at a fixed
                rate; latency = the handler's ``time.time()`` at start minus
                the enqueuer's ``time.time()`` right after ``enqueue`` returned
                (so after COMMIT). Same host, same clock.
+sustained      a producer at 80 % of the peak drain rate and a worker, for 10
+               minutes; completions per minute, last / first, the tables'
+               size and dead tuples (bench/sustained.py).
 growth         ``Store.claim`` of B jobs, timed one call at a time, on a table
                holding only the jobs the samples claim ("empty") and on one
                with F finished + Q queued rows ("large"); plus EXPLAIN of the
@@ -65,6 +68,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from rich.console import Console
 
+from bench import cpu
 from bench.plan import explain_claim
 from bench.server import ROOT, Database
 from bench.stats import (
@@ -113,6 +117,15 @@ class Sizes:
     """Queued jobs under the claims of ``limits_claim`` (topped up before each block)."""
     limits_samples: int = 500
     limits_claim_batch: int = 32
+    sustained_seconds: float = 600.0
+    """The producer-consumer run's length (bench/sustained.py)."""
+    sustained_interval: float = 0.0
+    """Its sampling interval; 0: a minute, or a sixth of a run shorter than 6 minutes."""
+    sustained_load: float = 0.8
+    """The producer's rate as a fraction of the peak drain rate measured just before."""
+    sustained_peak_jobs: int = 50_000
+    sustained_concurrency: int = 0
+    """The worker's threads for the peak and the run; 0: the highest of drain_concurrency."""
 
     @property
     def concurrencies(self) -> list[int]:
@@ -146,6 +159,8 @@ QUICK = Sizes(
     growth_samples=30,
     limits_queued=2_000,
     limits_samples=30,
+    sustained_seconds=30.0,
+    sustained_peak_jobs=1_000,
 )
 
 
@@ -246,12 +261,7 @@ class Workers:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the processes so far (all their threads)."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        total = 0.0
-        for proc in self.procs:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-        return total
+        return sum(cpu.process_cpu_seconds(proc.pid) for proc in self.procs)
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -594,8 +604,8 @@ def _drain_once(
         ctx.store.resume_queue(queue)
         _wait_drained(ctx, w, queue, timeout=max(600.0, jobs / 50))
         server1, wall = ctx.db.server_cpu_seconds(), time.monotonic() - wall0
-        cpu = (w.cpu_seconds() - cpu0) / wall
-        server_cpu = (server1 - server0) / wall if server0 is not None and server1 else None
+        worker_cpu = (w.cpu_seconds() - cpu0) / wall
+        server_cpu = cpu.cores(server0, server1, wall)
         rss = w.peak_rss_mb()
         statements = ctx.db.top_statements()
     first, last, done, claims, completions = ctx.db.execute(
@@ -617,7 +627,7 @@ def _drain_once(
     return DrainRun(
         jobs / seconds,
         rss,
-        cpu,
+        worker_cpu,
         server_cpu,
         int(claims),
         int(completions),
@@ -627,15 +637,22 @@ def _drain_once(
     )
 
 
+def _cores(runs: list[DrainRun]) -> dict[str, float | None]:
+    """The worker's and the server's CPU during the drains (cores, medians of the runs)."""
+    server = [r.server_cpu for r in runs if r.server_cpu is not None]
+    return {
+        "worker_cpu_cores": round(statistics.median(r.worker_cpu for r in runs), 2),
+        "server_cpu_cores": round(statistics.median(server), 2) if server else None,
+    }
+
+
 def _diagnostics(runs: list[DrainRun], jobs: int) -> dict[str, Any]:
     claims = statistics.median(r.claims for r in runs)
     completions = statistics.median(r.completions for r in runs)
-    server = [r.server_cpu for r in runs if r.server_cpu is not None]
     extra = {"statements": runs[-1].statements} if runs[-1].statements else {}
     return {
         **extra,
-        "worker_cpu_cores": round(statistics.median(r.worker_cpu for r in runs), 2),
-        "server_cpu_cores": round(statistics.median(server), 2) if server else None,
+        **_cores(runs),
         "claims": claims,
         "jobs_per_claim": round(jobs / claims, 2),
         "completion_transactions": completions,
@@ -652,7 +669,7 @@ def _drain(ctx: Context, kind: str) -> list[Figure]:
     if s.procs > 1:
         configs.append((f"p{s.procs}x{s.procs_concurrency}", s.procs_concurrency, s.procs))
     figures: list[Figure] = []
-    single: list[Figure] = []
+    single: list[tuple[Figure, list[DrainRun]]] = []
     for label, concurrency, procs in configs:
         jobs = s.drain_jobs if kind == "noop" else s.drain_tx_jobs
         if concurrency == 1 and procs == 1:
@@ -668,8 +685,7 @@ def _drain(ctx: Context, kind: str) -> list[Figure]:
             runs.append(got)
             ctx.say(
                 f"drain.{kind}.{label} run {run + 1}: {got.rate:,.0f} jobs/s, "
-                f"RSS {got.peak_rss_mb:.0f} MB, CPU {got.worker_cpu:.2f} cores "
-                f"(server {got.server_cpu or 0:.2f}), "
+                f"RSS {got.peak_rss_mb:.0f} MB, {cpu.text(got.worker_cpu, got.server_cpu)}, "
                 f"{jobs / got.claims:.1f} jobs/claim, {jobs / got.completions:.1f} jobs/completion"
             )
         if len(runs) < ctx.runs:
@@ -695,18 +711,36 @@ def _drain(ctx: Context, kind: str) -> list[Figure]:
             )
         )
         if procs == 1:
-            single.append(rate_figure)
+            single.append((rate_figure, runs))
     if single:
-        best = max(single, key=lambda f: f.median)
+        best, best_runs = max(single, key=lambda pair: pair[0].median)
         target = at_least(6_000, "jobs/s", ratio=1.5) if kind == "noop" else ratio_at_least(0.6)
         figures.append(
             Figure(
                 f"drain.{kind}.best",
                 "jobs/s",
                 list(best.values),
-                {**best.parameters, "best_of": [f.name for f in single]},
+                {**best.parameters, "best_of": [f.name for f, _ in single]},
                 target=target,
                 throughput=True,
+            )
+        )
+        figures.append(
+            Figure(
+                f"drain.{kind}.best.cores",
+                "cores",
+                [r.worker_cpu + (r.server_cpu or 0.0) for r in best_runs],
+                {
+                    "drain": best.name,
+                    **_cores(best_runs),
+                    "cpu_count": os.cpu_count(),
+                    "what": "worker + server CPU seconds per wall second during the best drain"
+                    + (
+                        ""
+                        if all(r.server_cpu is not None for r in best_runs)
+                        else " (the server's unknown: a DATABASE_URL server, worker only)"
+                    ),
+                },
             )
         )
     return figures
@@ -741,6 +775,7 @@ def observed(ctx: Context) -> list[Figure]:
     concurrency = max(s.concurrencies)
     rates: dict[str, list[float]] = {name: [] for name in OBSERVED}
     cpu_per_job: dict[str, list[float]] = {name: [] for name in OBSERVED}
+    drains: dict[str, list[DrainRun]] = {name: [] for name in OBSERVED}
     for run in range(ctx.runs):
         for name, (args, env) in OBSERVED.items():
             try:
@@ -750,10 +785,11 @@ def observed(ctx: Context) -> list[Figure]:
                 ctx.console.print(f"[red]drain.observed.{name} run {run + 1} failed:[/red] {exc}")
                 return []
             rates[name].append(got.rate)
+            drains[name].append(got)
             cpu_per_job[name].append(1e6 * got.worker_cpu / got.rate)  # cores / (jobs/s)
             ctx.say(
                 f"drain.observed.{name} run {run + 1}: {got.rate:,.0f} jobs/s, "
-                f"CPU {got.worker_cpu:.2f} cores"
+                f"{cpu.text(got.worker_cpu, got.server_cpu)}"
             )
     params = {"jobs": s.drain_jobs, "concurrency": concurrency, "handler": "bench.noop"}
     figures = [
@@ -761,7 +797,7 @@ def observed(ctx: Context) -> list[Figure]:
             f"drain.observed.{name}",
             "jobs/s",
             rates[name],
-            {**params, "worker_flags": " ".join(args) or "(none)"},
+            {**params, "worker_flags": " ".join(args) or "(none)", **_cores(drains[name])},
             throughput=True,
         )
         for name, (args, _) in OBSERVED.items()
@@ -843,7 +879,7 @@ def limits(ctx: Context) -> list[Figure]:
             runs[name].append(got)
             ctx.say(
                 f"drain.limits.{name} run {run + 1}: {got.rate:,.0f} jobs/s, "
-                f"CPU {got.worker_cpu:.2f} cores (server {got.server_cpu or 0:.2f}), "
+                f"{cpu.text(got.worker_cpu, got.server_cpu)}, "
                 f"{s.drain_jobs / got.claims:.1f} jobs/claim, "
                 f"leased {got.leased_mean:.0f} on average, {got.leased_peak} at most"
             )
@@ -1004,7 +1040,7 @@ def worker_rss(ctx: Context) -> list[Figure]:
         runs.append(got)
         ctx.say(
             f"worker_rss run {run + 1}: {got.rate:,.0f} jobs/s, "
-            f"worker peak RSS {got.peak_rss_mb:.0f} MB"
+            f"worker peak RSS {got.peak_rss_mb:.0f} MB, {cpu.text(got.worker_cpu, got.server_cpu)}"
         )
     rates = [r.rate for r in runs]
     rss = [r.peak_rss_mb for r in runs]
@@ -1262,6 +1298,13 @@ def growth(ctx: Context) -> list[Figure]:
     return figures
 
 
+def sustained(ctx: Context) -> list[Figure]:
+    """The producer-consumer run (bench/sustained.py, which builds on this module)."""
+    from bench import sustained as run  # noqa: PLC0415 - it imports this module
+
+    return run.sustained(ctx)
+
+
 MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
     "ceiling": ceiling,
     "enqueue_one": enqueue_one,
@@ -1275,6 +1318,7 @@ MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
     "pickup": pickup,
     "growth": growth,
     "dashboard": dashboard,
+    "sustained": sustained,
 }
 
 

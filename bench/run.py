@@ -5,7 +5,8 @@ Options::
     --quick               small sizes, 1 run (what the test suite runs)
     --only NAME[,NAME]    some measurements only (ceiling, enqueue_one,
                           enqueue_batch, drain, drain_tx, worker_rss, observed,
-                          limits, limits_claim, pickup, growth, dashboard);
+                          limits, limits_claim, pickup, growth, dashboard,
+                          sustained);
                           the ceiling runs first whenever selected
     --runs N              runs per figure (default 3, quick 1)
     --size NAME=VALUE     override one size (repeatable; see bench.measure.Sizes)
@@ -87,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _fmt(value: float, unit: str) -> str:
-    if unit in ("ms", "x"):
+    if unit in ("ms", "x", "cores"):
         return f"{value:,.2f}"
     if unit == "MB":
         return f"{value:,.0f}"

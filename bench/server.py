@@ -24,6 +24,7 @@ import psycopg.conninfo
 from psycopg import sql
 
 import jobrun
+from bench import cpu
 from jobrun.postgres.embedded import LocalCluster, throwaway_cluster
 from jobrun.postgres.migrate import migrate
 
@@ -117,21 +118,7 @@ class Database:
         children and the children it has reaped. None for a DATABASE_URL server."""
         if self.cluster is None:
             return None
-        try:
-            postmaster = int((self.cluster.datadir / "postmaster.pid").read_text().split()[0])
-            ticks = os.sysconf("SC_CLK_TCK")
-            own = _stat(postmaster)
-            total = sum(int(own[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit():
-                    continue
-                with contextlib.suppress(OSError):
-                    fields = _stat(int(entry.name))
-                    if int(fields[1]) == postmaster:  # ppid
-                        total += int(fields[11]) + int(fields[12])
-        except (OSError, ValueError, IndexError):
-            return None
-        return total / ticks
+        return cpu.server_cpu_seconds(self.cluster.datadir)
 
     def info(self) -> dict[str, Any]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -147,11 +134,6 @@ class Database:
                 "source": self.source,
                 "data_filesystem": _filesystem(self.cluster.datadir) if self.cluster else None,
             }
-
-
-def _stat(pid: int) -> list[str]:
-    """/proc/PID/stat fields after the command name: [0] state, [1] ppid, [11] utime..."""
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
 
 
 def _with_dbname(dsn: str, dbname: str) -> str:

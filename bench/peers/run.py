@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
+from bench import cpu
 from bench import server as bench_server
 from bench.peers import common, raw, systems
 from bench.peers.launch import READY_FD_ENV
@@ -217,6 +218,11 @@ class Server:
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds of the server's processes so far (the postmaster, its backends
+        live and exited; bench/cpu.py), None if /proc cannot tell."""
+        return cpu.server_cpu_seconds(self.cluster.datadir)
+
     def info(self) -> dict[str, Any]:
         with psycopg.connect(self.cluster.dsn(), autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()
@@ -292,11 +298,19 @@ class Workers:
 
     Each process is :mod:`bench.peers.launch`: it imports the command and the
     handlers, says so on a pipe, and starts the worker when its stdin gets a
-    line, so that every process starts at the same moment.
+    line, so that every process starts at the same moment. ``server_cpu``
+    (the server's CPU seconds so far) is read at that moment too, next to
+    the workers' own (``cpu0``, ``server_cpu0``).
     """
 
     def __init__(
-        self, system: System, setting: Setting, url: str, workdir: Path, extra_env: dict[str, str]
+        self,
+        system: System,
+        setting: Setting,
+        url: str,
+        workdir: Path,
+        extra_env: dict[str, str],
+        server_cpu: Callable[[], float | None] | None = None,
     ) -> None:
         self.system = system
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -339,6 +353,7 @@ class Workers:
             for fd in readers:
                 os.close(fd)
         self.cpu0 = self.cpu_seconds()
+        self.server_cpu0 = server_cpu() if server_cpu else None
         for proc in self.procs:
             assert proc.stdin is not None
             proc.stdin.write(b"go\n")
@@ -368,12 +383,10 @@ class Workers:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the worker processes so far."""
-        ticks = os.sysconf("SC_CLK_TCK")
         total = 0.0
         for proc in self.procs:
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
-                total += (int(fields[11]) + int(fields[12])) / ticks
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += cpu.process_cpu_seconds(proc.pid)
         return total
 
     def stop(self) -> None:
@@ -497,11 +510,13 @@ def drain(ctx: Context, system: System, workload: str, setting: Setting) -> Samp
     with ctx.server.fresh(ctx.seeded(system, jobs)) as db:
         url = ctx.server.url(db)
         t1 = time.monotonic()
-        workers = Workers(system, setting, url, ctx.workdir, {})
+        workers = Workers(system, setting, url, ctx.workdir, {}, ctx.server.cpu_seconds)
         try:
             _wait_drained(ctx, system, workers, db, timeout=max(600.0, jobs / 20), cap=cap)
+            server1 = ctx.server.cpu_seconds()
             wall = time.monotonic() - workers.started
-            cpu = (workers.cpu_seconds() - workers.cpu0) / wall
+            worker_cores = (workers.cpu_seconds() - workers.cpu0) / wall
+            server_cores = cpu.cores(workers.server_cpu0, server1, wall)
         finally:
             t2 = time.monotonic()
             workers.stop()
@@ -523,7 +538,8 @@ def drain(ctx: Context, system: System, workload: str, setting: Setting) -> Samp
         "time_cap_seconds": cap,
         "processes": setting.procs,
         "seconds_db_clock": seconds,
-        "worker_cpu_cores": round(cpu, 2),
+        "worker_cpu_cores": round(worker_cores, 2),
+        "server_cpu_cores": None if server_cores is None else round(server_cores, 2),
         "wall_seconds": {k: round(v, 2) for k, v in phases.items()},
         "args": list(setting.args),
         "env": dict(setting.env),
@@ -712,11 +728,28 @@ def _expand(
 def _cell(f: Figure | None) -> dict[str, Any] | None:
     if f is None:
         return None
-    return {
+    cell: dict[str, Any] = {
         "median": f.median,
         "min": min(f.values),
         "max": max(f.values),
         "setting": f.setting or None,
+    }
+    cores = _cores(f.details)
+    if cores:
+        cell["cpu_cores"] = cores
+    return cell
+
+
+def _cores(details: list[dict[str, Any]]) -> dict[str, float | None] | None:
+    """The medians over the runs of the workers' and the server's CPU (cores) during
+    a drain, or None for a figure that is not a drain."""
+    worker = [d["worker_cpu_cores"] for d in details if d.get("worker_cpu_cores") is not None]
+    if not worker:
+        return None
+    server = [d["server_cpu_cores"] for d in details if d.get("server_cpu_cores") is not None]
+    return {
+        "worker": round(statistics.median(worker), 2),
+        "server": round(statistics.median(server), 2) if server else None,
     }
 
 
@@ -797,6 +830,8 @@ def _rate_text(c: dict[str, Any] | None, *, spread: bool, setting: bool, sep: st
         text += f"{sep}{c['min']:,.0f}-{c['max']:,.0f}"
     if setting and c["setting"]:
         text += f"{sep}{c['setting']}"
+    if setting and c.get("cpu_cores"):
+        text += f"{sep}{cpu.text(c['cpu_cores']['worker'], c['cpu_cores']['server'])}"
     return text
 
 
@@ -958,8 +993,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         ctx.say(
                             f"{s.workload} {s.system} {s.setting}: {s.value:,.1f} {s.unit}"
                             + (
-                                f" ({s.detail['worker_cpu_cores']} cores)"
-                                if "worker_cpu_cores" in s.detail
+                                f" ({cpu.text(d['worker_cpu_cores'], d.get('server_cpu_cores'))})"
+                                if "worker_cpu_cores" in (d := s.detail)
                                 else ""
                             )
                             + f" [{time.monotonic() - t0:.0f} s]"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from bench import measure
+from bench.peers import run as peers
 from bench.run import parse_args
 from bench.stats import Figure, at_least, percentile, ratio_at_least
+from bench.sustained import interval_of
 
 
 def test_percentile() -> None:
@@ -42,3 +44,31 @@ def test_options() -> None:
         parse_args(["--only", "nope"])
     with pytest.raises(SystemExit):
         parse_args(["--size", "nope=3"])
+
+
+def test_sustained_sizes_and_intervals() -> None:
+    args = parse_args(["--only", "sustained", "--size", "sustained_seconds=60"])
+    assert args.names == ["sustained"]
+    assert args.sizes.sustained_seconds == 60.0
+    assert measure.Sizes().sustained_seconds == 600  # the 10 minutes
+    assert measure.Sizes().sustained_load == 0.8
+    # A minute per interval for the full run; a sixth of a short one, so that a
+    # 60-second CI run still compares a first and a last interval.
+    assert interval_of(600, 0) == 60
+    assert interval_of(60, 0) == 10
+    assert interval_of(3, 0) == 1
+    assert interval_of(600, 30) == 30
+
+
+def test_peers_drain_cells_carry_both_cpus() -> None:
+    f = peers.Figure("drain_best", "jobrun", "128 threads", "jobs/s")
+    for rate, worker, server in ((9_000.0, 0.6, 0.5), (9_500.0, 0.7, 0.6), (8_000.0, 0.5, None)):
+        f.values.append(rate)
+        f.details.append({"worker_cpu_cores": worker, "server_cpu_cores": server})
+    cell = peers._cell(f)
+    assert cell is not None
+    assert cell["cpu_cores"] == {"worker": 0.6, "server": 0.55}  # medians of what was read
+    text = peers._rate_text(cell, spread=False, setting=True, sep="; ")
+    assert text == "9,000 /s; 128 threads; worker 0.60 + server 0.55 = 1.15 cores"
+    enqueue = peers.Figure("enqueue_one", "jobrun", "", "jobs/s", [2_000.0], [{"seconds": 1}])
+    assert "cpu_cores" not in (peers._cell(enqueue) or {})
