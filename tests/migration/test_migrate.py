@@ -216,6 +216,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0009.events_brin",
         "0010.attempt_start",
         "0011.release_count",
+        "0012.queue_churn",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
