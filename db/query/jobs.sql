@@ -713,10 +713,13 @@ SELECT * FROM failed WHERE (SELECT count(*) FROM wake) >= 0;
 -- job can share its effect key (same type and key, another queue). A job
 -- without one has its own id as key, which no other job can reach; its
 -- success is read from the row itself (EffectDone). The rows are not
--- locked first (FOR UPDATE would write a lock record per row before the
--- update writes the version): the UPDATE takes them, in id order, and
--- reads cancel_requested from the version it replaces. The replay check
--- ("before") reads only ids the update did not take.
+-- locked first (FOR UPDATE wrote a lock record per row before the update
+-- wrote its version): the UPDATE takes them as it reaches them, the input
+-- sorted by id, and reads cancel_requested from the version it replaces
+-- (a cancel committed meanwhile is seen). No statement waits for several
+-- leased rows at once (heartbeats and the reaper skip locked rows, a
+-- cancel takes one), so no lock order is needed against deadlocks. The
+-- replay check ("before") reads only the ids the update did not take.
 WITH input AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
            unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key,

@@ -2078,10 +2078,13 @@ class Queries(QueriesBase):
         job can share its effect key (same type and key, another queue). A job
         without one has its own id as key, which no other job can reach; its
         success is read from the row itself (EffectDone). The rows are not
-        locked first (FOR UPDATE would write a lock record per row before the
-        update writes the version): the UPDATE takes them, in id order, and
-        reads cancel_requested from the version it replaces. The replay check
-        ("before") reads only ids the update did not take.
+        locked first (FOR UPDATE wrote a lock record per row before the update
+        wrote its version): the UPDATE takes them as it reaches them, the input
+        sorted by id, and reads cancel_requested from the version it replaces
+        (a cancel committed meanwhile is seen). No statement waits for several
+        leased rows at once (heartbeats and the reaper skip locked rows, a
+        cancel takes one), so no lock order is needed against deadlocks. The
+        replay check ("before") reads only the ids the update did not take.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
@@ -2124,10 +2127,13 @@ class Queries(QueriesBase):
         job can share its effect key (same type and key, another queue). A job
         without one has its own id as key, which no other job can reach; its
         success is read from the row itself (EffectDone). The rows are not
-        locked first (FOR UPDATE would write a lock record per row before the
-        update writes the version): the UPDATE takes them, in id order, and
-        reads cancel_requested from the version it replaces. The replay check
-        ("before") reads only ids the update did not take.
+        locked first (FOR UPDATE wrote a lock record per row before the update
+        wrote its version): the UPDATE takes them as it reaches them, the input
+        sorted by id, and reads cancel_requested from the version it replaces
+        (a cancel committed meanwhile is seen). No statement waits for several
+        leased rows at once (heartbeats and the reaper skip locked rows, a
+        cancel takes one), so no lock order is needed against deadlocks. The
+        replay check ("before") reads only the ids the update did not take.
 
         Deferred: the statement is sent at once and its rows are read when
         the function returned is called (after what was sent meanwhile).
