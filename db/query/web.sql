@@ -62,7 +62,7 @@ ORDER BY jobs.id DESC
 LIMIT sqlc.arg(max_rows);
 
 -- name: WebLeasedJobsPage :many
--- Leased jobs (jobs_leased_idx: their ids, a few per worker thread).
+-- Leased jobs (jobs_leased_queue_idx: a few per worker thread).
 SELECT * FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
   AND jobs.id BETWEEN sqlc.arg(id_low)::uuid AND sqlc.arg(id_high)::uuid
@@ -134,7 +134,7 @@ ORDER BY minutes.minute;
 -- name: WebLeaseOwners :many
 -- Every lease owner holding leases now, with how many, the most recent
 -- heartbeat or claim (updated_at) and its latest lease expiry; through
--- jobs_leased_idx. Expired leases the reaper has not taken back yet count
+-- jobs_leased_queue_idx. Expired leases the reaper has not taken back yet count
 -- too: their owner may be gone, which the page tells by the expiry.
 SELECT jobs.lease_owner::text AS owner,
        count(*)::int8 AS running,

@@ -216,6 +216,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0009.events_brin",
         "0010.attempt_start",
         "0011.release_count",
+        "0012.queue_churn",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -359,3 +360,48 @@ def test_upgrading_to_the_release_column_keeps_the_count_a_queued_job_carried_in
             " ORDER BY releases DESC, state"
         ).fetchall()
     assert rows == [("queued", prose, 3), ("dead", prose, 0), ("queued", "boom", 0)]
+
+
+def _jobs_storage(dsn: str) -> tuple[set[str], list[str]]:
+    with psycopg.connect(dsn) as c:
+        indexes = {
+            r[0]
+            for r in c.execute(
+                "SELECT indexrelid::regclass::text FROM pg_index"
+                " WHERE indrelid = 'jobrun.jobs'::regclass"
+            ).fetchall()
+        }
+        row = c.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = 'jobrun.jobs'::regclass"
+        ).fetchone()
+    assert row is not None
+    return indexes, sorted(row[0] or [])
+
+
+def test_the_churn_migration_rolls_back_to_both_leased_indexes_and_fillfactor_85(
+    empty_dsn: str,
+) -> None:
+    # Migration 0012: one index of the leased rows, and the storage
+    # parameters of a queue's churn; its rollback gives back what 0011 had.
+    m.migrate(empty_dsn)
+    indexes, options = _jobs_storage(empty_dsn)
+    assert "jobrun.jobs_leased_idx" not in indexes and "jobrun.jobs_leased_queue_idx" in indexes
+    assert "fillfactor=70" in options and "autovacuum_vacuum_scale_factor=0.02" in options
+    rollback = (MIGRATIONS / "0012.queue_churn.rollback.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(rollback)
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0012.queue_churn'")
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (11,)
+    indexes, options = _jobs_storage(empty_dsn)
+    assert {"jobrun.jobs_leased_idx", "jobrun.jobs_leased_queue_idx"} <= indexes
+    assert options == ["fillfactor=85"]
+    assert m.migrate(empty_dsn) == ["0012.queue_churn"]
+    assert _jobs_storage(empty_dsn)[1] == sorted(
+        [
+            "fillfactor=70",
+            "autovacuum_vacuum_scale_factor=0.02",
+            "autovacuum_vacuum_threshold=1000",
+            "autovacuum_analyze_scale_factor=0.05",
+            "autovacuum_vacuum_cost_limit=2000",
+        ]
+    )

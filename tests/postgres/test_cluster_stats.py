@@ -103,7 +103,7 @@ def test_no_statistics_query_scans_the_jobs_table(big: psycopg.Connection[Any]) 
     # either of theirs: by id, or by queue and concurrency key).
     indexes = {s.index for s in scans(explain(big, sq.CLUSTER_QUEUE_STATS)) if s.index}
     assert {"jobs_claim_idx", "jobs_dead_idx"} <= indexes, indexes
-    assert {"jobs_leased_idx", "jobs_leased_queue_idx"} & indexes, indexes
+    assert "jobs_leased_queue_idx" in indexes, indexes
 
 
 def test_the_plan_check_sees_a_seq_scan_when_there_is_one(big: psycopg.Connection[Any]) -> None:

@@ -165,7 +165,7 @@ def test_no_dashboard_query_scans_jobs_or_events_sequentially(big: psycopg.Conne
 def test_each_state_with_a_partial_index_is_read_through_it(big: psycopg.Connection[Any]) -> None:
     expected = {
         "dead": "jobs_dead_idx",
-        "leased": "jobs_leased_idx",
+        "leased": "jobs_leased_queue_idx",
         "keyed": "jobs_idem_uniq",
         "throughput": "jobs_finished_at_idx",
     }

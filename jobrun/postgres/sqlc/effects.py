@@ -13,9 +13,20 @@ from jobrun.postgres.sqlc._schema import QueriesBase
 
 EFFECT_DONE: Final = """\
 
-SELECT EXISTS (
-    SELECT 1 FROM jobrun.processed_effects WHERE scope = $1 AND key = $2
-) AS done"""
+SELECT (
+    EXISTS (
+        SELECT 1 FROM jobrun.processed_effects
+        WHERE scope = $1::text AND key = $2::text
+    )
+    OR EXISTS (
+        SELECT 1 FROM jobrun.jobs AS jobs
+        WHERE jobs.id = (CASE WHEN $2::text
+                                   ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                              THEN $2::text::uuid END)
+          AND 'job:' || jobs.type = $1::text
+          AND jobs.idempotency_key IS NULL AND jobs.state = 'succeeded'
+    )
+)::boolean AS done"""
 
 
 class Queries(QueriesBase):
@@ -24,7 +35,12 @@ class Queries(QueriesBase):
     __slots__ = ()
 
     def effect_done(self, conn: psycopg.Connection[Any], *, scope: str, key: str) -> bool | None:
-        """The processed_effects ledger of the transactional path."""
+        """The processed_effects ledger of the transactional path.
+        Whether the effect of a key committed: its ledger row, or, for the key of
+        a job without an idempotency key (its own id: no other job shares it),
+        that job's success. complete_many writes no ledger row for such a job
+        (CompleteJobs); Complete, which may run a commit callable, always does.
+        """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(EFFECT_DONE), (scope, key))
             r = cur.fetchone()

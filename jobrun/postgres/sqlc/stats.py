@@ -133,8 +133,8 @@ class Queries(QueriesBase):
 
         A jobs table only grows in finished rows, so none of these may read the
         table's history: each count reads one partial index whose predicate its
-        WHERE repeats exactly (jobs_claim_idx for queued, jobs_leased_idx for
-        leased, jobs_dead_idx for dead), never a sequential scan of jobs
+        WHERE repeats exactly (jobs_claim_idx for queued, jobs_leased_queue_idx
+        for leased, jobs_dead_idx for dead), never a sequential scan of jobs
         (tests/postgres/test_cluster_stats.py EXPLAINs them on a table of many
         succeeded rows). Ages are read from the database clock.
         Per queue: queued jobs due now (ready) and due later (scheduled), the age

@@ -301,7 +301,7 @@ class Queries(QueriesBase):
         type: str | None,
         max_rows: int,
     ) -> list[Job]:
-        """Leased jobs (jobs_leased_idx: their ids, a few per worker thread)."""
+        """Leased jobs (jobs_leased_queue_idx: a few per worker thread)."""
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(WEB_LEASED_JOBS_PAGE), (id_low, id_high, queue, type, max_rows))
             return [
@@ -464,7 +464,7 @@ class Queries(QueriesBase):
     def web_lease_owners(self, conn: psycopg.Connection[Any]) -> list[WebLeaseOwnersRow]:
         """Every lease owner holding leases now, with how many, the most recent
         heartbeat or claim (updated_at) and its latest lease expiry; through
-        jobs_leased_idx. Expired leases the reaper has not taken back yet count
+        jobs_leased_queue_idx. Expired leases the reaper has not taken back yet count
         too: their owner may be gone, which the page tells by the expiry.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:

@@ -29,7 +29,12 @@ class AsyncQueries(QueriesBase):
         scope: str,
         key: str,
     ) -> bool | None:
-        """The processed_effects ledger of the transactional path."""
+        """The processed_effects ledger of the transactional path.
+        Whether the effect of a key committed: its ledger row, or, for the key of
+        a job without an idempotency key (its own id: no other job shares it),
+        that job's success. complete_many writes no ledger row for such a job
+        (CompleteJobs); Complete, which may run a commit callable, always does.
+        """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(EFFECT_DONE), (scope, key))
             r = await cur.fetchone()

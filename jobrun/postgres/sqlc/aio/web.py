@@ -156,7 +156,7 @@ class AsyncQueries(QueriesBase):
         type: str | None,
         max_rows: int,
     ) -> list[Job]:
-        """Leased jobs (jobs_leased_idx: their ids, a few per worker thread)."""
+        """Leased jobs (jobs_leased_queue_idx: a few per worker thread)."""
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
                 self.sql(WEB_LEASED_JOBS_PAGE),
@@ -326,7 +326,7 @@ class AsyncQueries(QueriesBase):
     async def web_lease_owners(self, conn: psycopg.AsyncConnection[Any]) -> list[WebLeaseOwnersRow]:
         """Every lease owner holding leases now, with how many, the most recent
         heartbeat or claim (updated_at) and its latest lease expiry; through
-        jobs_leased_idx. Expired leases the reaper has not taken back yet count
+        jobs_leased_queue_idx. Expired leases the reaper has not taken back yet count
         too: their owner may be gone, which the page tells by the expiry.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:

@@ -1,0 +1,189 @@
+"""What a drained job writes, and what the worker's statements cost to plan (issue 27).
+
+Each test here fails without the change it covers: the claim planned once per
+connection (a generic plan the plan cache keeps), complete_many writing a
+ledger row only for a job with an idempotency key, the leased rows in one
+index (migration 0012), and the tables' storage parameters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+
+from jobrun.job.model import EffectKey, State
+from jobrun.postgres.sqlc import jobs as q
+from jobrun.postgres.store import Store
+from tests.postgres.conftest import TTL, new_job
+
+OWNER = "churn-worker"
+
+
+def _prepared(conn: psycopg.Connection[Any], statement: str) -> tuple[int, int]:
+    """(generic_plans, custom_plans) of the prepared statement whose text is ``statement``."""
+    row = conn.execute(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = %s",
+        [statement],
+    ).fetchone()
+    assert row is not None, "the statement was never prepared"
+    return int(row[0]), int(row[1])
+
+
+def test_the_claim_is_planned_once_per_connection_not_once_per_call(
+    store: Store, dsn: str, conn: Any
+) -> None:
+    # A custom plan of ClaimJobs cost more to make than its 32 rows took to
+    # run. Read through scalar subqueries, its arguments no longer make the
+    # custom plans look cheaper than the generic one, so the plan cache keeps
+    # the generic plan after its first five calls.
+    store.enqueue_batch([new_job() for _ in range(5000)])
+    conn.execute("VACUUM ANALYZE jobrun.jobs")
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as claimer:
+        for _ in range(12):
+            claimed = store.q.claim_jobs(
+                claimer,
+                queues=["default"],
+                max_jobs=32,
+                start=32,
+                owner=OWNER,
+                ttl_seconds=30.0,
+                write_events=True,
+            )
+            assert len(claimed) == 32
+        generic, custom = _prepared(claimer, q.CLAIM_JOBS)
+    assert custom <= 5 and generic >= 7, (generic, custom)
+    leased = store.list(state=State.LEASED, limit=1000)
+    assert len(leased) == 384 and {j.lease_owner for j in leased} == {OWNER}
+
+
+def test_complete_many_writes_a_ledger_row_only_for_a_job_with_an_idempotency_key(
+    store: Store, conn: Any
+) -> None:
+    plain, keyed = store.enqueue(new_job()), store.enqueue(new_job(idempotency_key="order-7"))
+    jobs = store.claim(OWNER, ["default"], 2, TTL)
+    result = store.complete_many(jobs)
+    assert result.completed == {plain.id, keyed.id}
+    ledger = conn.execute("SELECT scope, key, job_id FROM jobrun.processed_effects").fetchall()
+    assert ledger == [("job:test.job", "order-7", keyed.id)]
+    # The plain job's effect is done all the same: its key is its own id.
+    assert store.effect_done(store.get(plain.id)) and store.effect_done(store.get(keyed.id))
+    assert store.effect_done(EffectKey("job:test.job", str(plain.id)))
+    # ... but not under another type's scope, nor once it is queued again.
+    assert not store.effect_done(EffectKey("job:other", str(plain.id)))
+    store.retry(plain.id)
+    assert not store.effect_done(store.get(plain.id))
+
+
+def test_effect_done_answers_false_for_a_key_that_is_not_a_job_id(store: Store) -> None:
+    assert not store.effect_done(EffectKey("job:test.job", "not-a-uuid"))
+    assert not store.effect_done(EffectKey("job:test.job", "00000000-0000-0000-0000-000000000000"))
+
+
+def test_complete_many_of_a_cancelled_job_writes_no_ledger_row(store: Store, conn: Any) -> None:
+    store.enqueue(new_job(idempotency_key="k1"))
+    (job,) = store.claim(OWNER, ["default"], 1, TTL)
+    store.cancel(job.id)
+    assert store.complete_many([job]).cancelled == {job.id}
+    assert conn.execute("SELECT count(*) FROM jobrun.processed_effects").fetchone() == (0,)
+    assert not store.effect_done(job)
+
+
+def test_a_complete_many_retried_after_its_commit_reports_what_it_did(store: Store) -> None:
+    # The replay check reads only the ids the update did not take.
+    store.enqueue_batch([new_job() for _ in range(3)])
+    jobs = store.claim(OWNER, ["default"], 3, TTL)
+    first = store.complete_many(jobs)
+    again = store.complete_many(jobs)
+    assert first.completed == again.completed == {j.id for j in jobs}
+    assert again.lease_lost == frozenset()
+
+
+def _jobs_indexes(conn: Any) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index"
+        " WHERE indrelid = 'jobrun.jobs'::regclass"
+    ).fetchall()
+    return {name.removeprefix("jobrun."): definition for name, definition in rows}
+
+
+def test_a_claimed_row_enters_one_index_of_leased_rows(conn: Any) -> None:
+    # A state change is never HOT: the claim's new version enters every index
+    # whose predicate it meets. Two indexes of the leased rows cost every
+    # claim an entry more than one; jobs_leased_queue_idx serves them all.
+    leased = {n for n, d in _jobs_indexes(conn).items() if "'leased'" in d}
+    assert leased == {"jobs_leased_queue_idx"}
+
+
+def test_the_reaper_reads_expired_leases_through_the_leased_index(store: Store, conn: Any) -> None:
+    conn.execute(
+        "INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, state, attempts, finished_at)"
+        " SELECT gen_random_uuid(), 'default', 't', '{}', '{}', 'succeeded', 1, now()"
+        " FROM generate_series(1, 20000)"
+    )
+    store.enqueue_batch([new_job() for _ in range(20)])
+    store.claim(OWNER, ["default"], 10, TTL)
+    conn.execute("VACUUM ANALYZE jobrun.jobs")
+    with psycopg.RawCursor(conn) as cur:
+        cur.execute(
+            "EXPLAIN (FORMAT JSON) " + q.SELECT_EXPIRED_LEASES,
+            (dt.datetime.now(dt.UTC), 100),
+        )
+        row = cur.fetchone()
+    plan = str(row[0]) if row else ""
+    assert "jobs_leased_queue_idx" in plan and "Seq Scan" not in plan, plan
+
+
+def test_the_tables_carry_storage_parameters_for_a_queues_churn(conn: Any) -> None:
+    rows = conn.execute(
+        "SELECT relname, reloptions FROM pg_class"
+        " WHERE relnamespace = 'jobrun'::regnamespace AND relkind = 'r'"
+    ).fetchall()
+    options = {name: dict(o.split("=", 1) for o in opts or []) for name, opts in rows}
+    assert options["jobs"] == {
+        "fillfactor": "70",
+        "autovacuum_vacuum_scale_factor": "0.02",
+        "autovacuum_vacuum_threshold": "1000",
+        "autovacuum_analyze_scale_factor": "0.05",
+        "autovacuum_vacuum_cost_limit": "2000",
+    }
+    assert options["job_events"] == {
+        "autovacuum_vacuum_scale_factor": "0.05",
+        "autovacuum_vacuum_threshold": "1000",
+        "autovacuum_vacuum_cost_limit": "2000",
+    }
+    assert options["queue_starts"] == {
+        "autovacuum_vacuum_scale_factor": "0",
+        "autovacuum_vacuum_threshold": "500",
+    }
+    assert options["processed_effects"] == {}
+
+
+def test_most_starts_are_hot_updates_on_pages_with_room(store: Store, dsn: str) -> None:
+    # A start changes no indexed column, so it can be a HOT update, but only
+    # while the row's page has room for the new version: fillfactor 70
+    # (migration 0012) keeps that room next to the claim's versions (at 85
+    # about a third of the starts were HOT here, at 70 three quarters).
+    store.enqueue_batch([new_job() for _ in range(400)])
+    updates = hot = 0
+    for _ in range(4):
+        jobs = store.claim(OWNER, ["default"], 100, TTL, start=0)
+        with psycopg.connect(dsn) as conn:
+            started = store.q.start_jobs(
+                conn,
+                ids=[j.id for j in jobs],
+                tokens=[j.lease_token for j in jobs if j.lease_token is not None],
+                owner=OWNER,
+            )
+            assert len(started) == 100
+            row = conn.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+                " WHERE relid = 'jobrun.jobs'::regclass"
+            ).fetchone()
+            assert row is not None
+            conn.commit()
+        updates, hot = updates + row[0], hot + row[1]
+        store.complete_many([store.get(j.id) for j in jobs])
+    assert updates == 400
+    assert hot / updates > 0.6, f"only {hot} of {updates} starts were HOT"
