@@ -47,8 +47,12 @@ _backoffs: dict[tuple[Any, ...], Backoff] = {}
 
 
 def backoff_from_row(data: Mapping[str, Any]) -> Backoff:
-    """The policy stored in a row; cached, because a claim converts many identical ones."""
-    key = tuple(sorted(data.items()))
+    """The policy stored in a row; cached, because a claim converts many identical ones.
+
+    Keyed by the items in their stored order (jsonb keeps one order for the
+    same keys): no sort per row, and another order is only a cache miss.
+    """
+    key = tuple(data.items())
     policy = _backoffs.get(key)
     if policy is None:
         policy = Backoff.from_json(data)
@@ -128,6 +132,10 @@ class JobRow(Protocol):
     def started_at(self) -> dt.datetime | None: ...
 
 
+_STATES: dict[models.JobState, State] = {state: State(state.value) for state in models.JobState}
+"""The domain's state of each row state (a lookup, not an enum call per row)."""
+
+
 def job_from_row(row: JobRow) -> Job:
     return Job(
         id=row.id,
@@ -135,7 +143,7 @@ def job_from_row(row: JobRow) -> Job:
         type=row.type,
         payload=row.payload,
         priority=row.priority,
-        state=State(row.state),
+        state=_STATES[row.state],
         attempts=row.attempts,
         max_attempts=row.max_attempts,
         backoff=backoff_from_row(row.backoff),
