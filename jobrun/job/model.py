@@ -361,6 +361,51 @@ class Job:
         return max(self.max_attempts - self.attempts, 0)
 
 
+def _fast_frozen_init(cls: type[Any]) -> None:
+    """Give a frozen, slotted, keyword-only dataclass a cheaper ``__init__``.
+
+    The dataclass's own ``__init__`` of a frozen class sets each field with
+    ``object.__setattr__`` looked up anew per field: 6 us for a Job's 28
+    fields, paid for every job a claim returns (twice a core's worth of
+    per-job time in a drain). This one has the same signature (the same
+    keywords, the same defaults) and sets each slot through its own
+    descriptor, bound once here: about a third of that. Only for classes
+    with no ``__post_init__``, no ``default_factory`` and every field in
+    ``__init__`` (checked); equality, hashing, ``repr``, ``replace`` and
+    pickling stay the dataclass's.
+    """
+    fields = dataclasses.fields(cls)
+    assert not hasattr(cls, "__post_init__")
+    params: list[str] = []
+    namespace: dict[str, Any] = {}
+    for field in fields:
+        assert field.init and field.kw_only
+        assert field.default_factory is dataclasses.MISSING
+        namespace[f"_set_{field.name}"] = cls.__dict__[field.name].__set__
+        if field.default is dataclasses.MISSING:
+            params.append(field.name)
+        else:
+            namespace[f"_default_{field.name}"] = field.default
+            params.append(f"{field.name}=_default_{field.name}")
+    # The setters and defaults are the closure's cells (cheaper to read than globals).
+    body = "".join(f"        _set_{f.name}(self, {f.name})\n" for f in fields)
+    source = (
+        f"def make({', '.join(namespace)}):\n"
+        f"    def __init__(self, *, {', '.join(params)}):\n{body}"
+        "    return __init__\n"
+    )
+    scope: dict[str, Any] = {}
+    exec(source, scope)  # noqa: S102 - a fixed template over the class's own field names
+    init = scope["make"](**namespace)
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__doc__ = cls.__init__.__doc__
+    setattr(cls, "__init__", init)  # noqa: B010 - mypy would refuse assigning a method
+
+
+_fast_frozen_init(Job)
+
+
 class EventKind(enum.StrEnum):
     """What a ``job_events`` row records."""
 

@@ -29,7 +29,13 @@ from jobrun.job.errors import LeaseLost, OutcomeUnknown, TransientError, Validat
 from jobrun.job.model import CompleteManyResult, EffectKey, Job, State
 from jobrun.job.ports import CommitCallable
 from jobrun.postgres import effects
-from jobrun.postgres.convert import job_from_row, raw_json, statement_timeout_setting, utc
+from jobrun.postgres.convert import (
+    BinaryArray,
+    job_from_row,
+    raw_json,
+    statement_timeout_setting,
+    utc,
+)
 from jobrun.postgres.leases import Leases
 from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, lease_of
 from jobrun.postgres.sqlc import jobs as q
@@ -162,15 +168,27 @@ class Completion(Leases):
         MAX_HEARTBEAT_IDS), every result checked before any SQL runs."""
         if len(jobs) > MAX_HEARTBEAT_IDS:
             raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
-        owners = {lease_of(j)[0] for j in jobs}
+        # One pass, no EffectKey per job (a dataclass each): the same scope and
+        # key as EffectKey.of, as columns.
+        owners: set[str] = set()
+        ids: builtins.list[uuid.UUID] = []
+        tokens: builtins.list[uuid.UUID] = []
+        scopes: builtins.list[str] = []
+        keys: builtins.list[str] = []
+        for job in jobs:
+            owner, token = lease_of(job)
+            owners.add(owner)
+            ids.append(job.id)
+            tokens.append(token)
+            scopes.append("job:" + job.type)
+            keys.append(job.idempotency_key or str(job.id))
         if len(owners) != 1:
             raise ValidationError("jobs", "complete_many takes the jobs of one owner")
-        keys = [EffectKey.of(j) for j in jobs]
         return dict(
-            ids=[j.id for j in jobs],
-            tokens=[lease_of(j)[1] for j in jobs],
-            scopes=[k.scope for k in keys],
-            keys=[k.key for k in keys],
+            ids=BinaryArray(ids),
+            tokens=BinaryArray(tokens),
+            scopes=BinaryArray(scopes),
+            keys=BinaryArray(keys),
             results=_result_texts(jobs, results),
             owner=owners.pop(),
             finish_channel=self.finish_channel,
@@ -258,10 +276,10 @@ class Completion(Leases):
             c.execute(begin)
             rows = self.q.complete_begin_many(
                 c,
-                ids=[j.id for j in jobs],
-                tokens=[lease_of(j)[1] for j in jobs],
-                scopes=[k.scope for k in keys],
-                keys=[k.key for k in keys],
+                ids=BinaryArray(j.id for j in jobs),
+                tokens=BinaryArray(lease_of(j)[1] for j in jobs),
+                scopes=BinaryArray(k.scope for k in keys),
+                keys=BinaryArray(k.key for k in keys),
                 owner=owner,
             )
             by_id = {r.id: r for r in rows}
@@ -375,10 +393,18 @@ def _completed_outcome(
     """CompleteJobs' rows as an outcome: the jobs finished now, and those this
     very claim finished before (a call retried after its COMMIT reply was
     lost); the others lost their lease."""
-    completed = frozenset(r.id for r in rows if r.state == models.JobState.SUCCEEDED)
-    cancelled = frozenset(r.id for r in rows if r.state == models.JobState.CANCELLED)
-    lost = frozenset(j.id for j in jobs) - completed - cancelled
-    return CompleteManyResult(completed=completed, cancelled=cancelled, lease_lost=lost)
+    completed: set[uuid.UUID] = set()
+    cancelled: set[uuid.UUID] = set()
+    succeeded, ended_cancelled = models.JobState.SUCCEEDED, models.JobState.CANCELLED
+    for r in rows:
+        if r.state is succeeded:
+            completed.add(r.id)
+        elif r.state is ended_cancelled:
+            cancelled.add(r.id)
+    lost = frozenset(j.id for j in jobs).difference(completed, cancelled)
+    return CompleteManyResult(
+        completed=frozenset(completed), cancelled=frozenset(cancelled), lease_lost=lost
+    )
 
 
 def _result_texts(

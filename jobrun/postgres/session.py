@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from jobrun.job.errors import ValidationError
-from jobrun.postgres.convert import statement_timeout_setting
+from jobrun.postgres.convert import statement_timeout_setting, use_jsonb_values
 from jobrun.postgres.deadline import shutdown_socket
 
 DEFAULT_CHANNEL = "jobrun_jobs"
@@ -132,10 +132,13 @@ for this one statement and back to the session's own value (RESET) after it."""
 
 
 def configure_pooled(conn: psycopg.Connection[Any]) -> None:
-    """The sync pool's ``configure``: :data:`POOL_SESSION_SETUP`."""
+    """The sync pool's ``configure``: :data:`POOL_SESSION_SETUP`, and jsonb
+    loaded with jobrun's cached loader (:class:`~jobrun.postgres.convert.JsonbValues`)."""
+    use_jsonb_values(conn)
     conn.execute(POOL_SESSION_SETUP)
 
 
 async def configure_pooled_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The asyncio pool's ``configure``: the same :data:`POOL_SESSION_SETUP`."""
+    """The asyncio pool's ``configure``: the same."""
+    use_jsonb_values(conn)
     await conn.execute(POOL_SESSION_SETUP)

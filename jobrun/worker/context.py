@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -22,7 +21,10 @@ DEFAULT_PROGRESS_INTERVAL = 1.0
 """Seconds between two progress writes of one job (``WorkerConfig.progress_interval``)."""
 
 
-@dataclasses.dataclass(eq=False)
+_CANCEL_EVENTS = threading.Lock()
+"""Guards making a context's ``cancelled`` Event against its cancellation (both rare)."""
+
+
 class JobContext:
     """The handler's view of its attempt.
 
@@ -41,28 +43,63 @@ class JobContext:
     next ``await`` (clean up in ``finally``; ``cancel_reason`` says why).
     ``is_cancelled`` and ``remaining()`` work there too; ``cancelled.wait()``
     would block the event loop: never call it from a coroutine.
+
+    The ``cancelled`` Event is made on first use (most handlers never touch
+    it: an Event and its Condition cost more than the rest of the context,
+    for every job); :meth:`cancel` and :attr:`is_cancelled` need none.
     """
 
-    job: Job
-    cancelled: threading.Event
-    deadline: float | None
-    cancel_reason: str | None = None
-    _logger: logging.LoggerAdapter[logging.Logger] | None = dataclasses.field(
-        default=None, repr=False
-    )
-    _progress_sink: ProgressSink | None = dataclasses.field(default=None, repr=False)
-    """Set by the worker (None: progress is only kept here, as in a test)."""
-    _progress_interval: float = dataclasses.field(default=DEFAULT_PROGRESS_INTERVAL, repr=False)
-    _on_cancel: Callable[[], None] | None = dataclasses.field(default=None, repr=False)
-    """Called (once, from the cancelling thread) when the context is cancelled:
-    the worker cancels an async handler's task through it."""
-    _progress: float | None = dataclasses.field(default=None, init=False)
-    _progress_message: str | None = dataclasses.field(default=None, init=False)
-    _progress_written_at: float | None = dataclasses.field(default=None, init=False, repr=False)
-    _progress_held: bool = dataclasses.field(default=False, init=False, repr=False)
-    _progress_lock: threading.Lock = dataclasses.field(
-        default_factory=threading.Lock, init=False, repr=False
-    )
+    def __init__(
+        self,
+        job: Job,
+        cancelled: threading.Event | None = None,
+        deadline: float | None = None,
+        cancel_reason: str | None = None,
+        _logger: logging.LoggerAdapter[logging.Logger] | None = None,
+        _progress_sink: ProgressSink | None = None,
+        _progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
+        _on_cancel: Callable[[], None] | None = None,
+    ) -> None:
+        self.job = job
+        self._event = cancelled
+        """The ``cancelled`` Event: the one given, else made on first use."""
+        self._cancel_called = False
+        """Set by :meth:`cancel` (the Event, once made, is set as well)."""
+        self.deadline = deadline
+        self.cancel_reason = cancel_reason
+        self._logger = _logger
+        self._progress_sink = _progress_sink
+        """Set by the worker (None: progress is only kept here, as in a test)."""
+        self._progress_interval = _progress_interval
+        self._on_cancel = _on_cancel
+        """Called (once, from the cancelling thread) when the context is cancelled:
+        the worker cancels an async handler's task through it."""
+        self._progress: float | None = None
+        self._progress_message: str | None = None
+        self._progress_written_at: float | None = None
+        self._progress_held = False
+        self._progress_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(job={self.job!r}, cancelled={self.is_cancelled}, "
+            f"deadline={self.deadline!r}, cancel_reason={self.cancel_reason!r}, "
+            f"_progress={self._progress!r}, _progress_message={self._progress_message!r})"
+        )
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set once the job must stop (see the class docstring); wait on it to sleep."""
+        event = self._event
+        if event is None:
+            with _CANCEL_EVENTS:
+                event = self._event
+                if event is None:
+                    event = threading.Event()
+                    if self._cancel_called:
+                        event.set()
+                    self._event = event
+        return event
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -90,17 +127,24 @@ class JobContext:
         return max(self.deadline - time.monotonic(), 0.0)
 
     def cancel(self, reason: str) -> None:
-        if self.cancel_reason is None:
-            self.cancel_reason = reason
-        first = not self.cancelled.is_set()
-        self.cancelled.set()
+        with _CANCEL_EVENTS:
+            if self.cancel_reason is None:
+                self.cancel_reason = reason
+            first = not self.is_cancelled
+            self._cancel_called = True
+            event = self._event
+        if event is not None:
+            event.set()
         on_cancel = self._on_cancel
         if first and on_cancel is not None:
             on_cancel()
 
     @property
     def is_cancelled(self) -> bool:
-        return self.cancelled.is_set()
+        if self._cancel_called:
+            return True
+        event = self._event  # one given to the constructor may be set directly
+        return event is not None and event.is_set()
 
     # -- progress ------------------------------------------------------------------
 
@@ -145,6 +189,8 @@ class JobContext:
     def flush_progress(self) -> None:
         """Write the progress kept and not written yet, if any (the worker calls
         this when the handler returns; a handler need not)."""
+        if not self._progress_held:
+            return  # nothing kept (read without the lock: as racy as a read with it)
         with self._progress_lock:
             sink = self._progress_sink
             if not self._progress_held or sink is None or self._progress is None:

@@ -122,9 +122,8 @@ class Executor:
     def register(self, job: Job) -> tuple[Running, Registration | None]:
         """Track a claimed job as running (its context, its timeout, the counts)."""
         interval = self.config.progress_interval.total_seconds()
-        ctx = JobContext(
-            job=job, cancelled=threading.Event(), deadline=None, _progress_interval=interval
-        )
+        # Its cancellation Event is made only if something waits on it.
+        ctx = JobContext(job, None, None, None, None, None, interval)
         registration = self.registry.get(job.type)
         running = Running(job, ctx)
         write = progress_sink(ctx, self.store.record_progress, self._outcomes.note)
@@ -139,7 +138,8 @@ class Executor:
             ctx.deadline = time.monotonic() + timeout.total_seconds()
         # drain() sends no heartbeats: no reckoning, no bound
         self._leases.add(running, reckon=self.started)
-        self._timeouts.add(ctx)
+        if ctx.deadline is not None:
+            self._timeouts.add(ctx)
         return running, registration
 
     def _to_thread(self, job: Job) -> None:
@@ -221,7 +221,8 @@ class Executor:
             # Recorded (or given up on): what the handler held goes now, not
             # when the cyclic collector runs (this frame is on the error's
             # traceback, and held the error: a cycle).
-            let_go(error)
+            if error is not None:
+                let_go(error)
             error = value = None
 
     async def run_async(

@@ -186,3 +186,28 @@ def test_error_text_is_truncated_and_cleaned() -> None:
     text = validate.error_text("a\x00b" + "c" * 20_000)
     assert "\x00" not in text and len(text) <= validate.MAX_ERROR_CHARS
     assert text.endswith("[truncated]")
+
+
+def test_a_job_built_by_its_fast_init_equals_one_built_field_by_field() -> None:
+    now = dt.datetime.now(dt.UTC)
+    fields = dict(
+        id=uuid.uuid4(), queue="q", type="t", payload={"a": 1}, priority=0,
+        state=State.LEASED, attempts=1, max_attempts=3, backoff=Backoff(), run_at=now,
+        lease_owner="o", lease_token=uuid.uuid4(), lease_expires_at=now,
+        cancel_requested=False, idempotency_key=None, last_error=None, created_at=now,
+        updated_at=now, finished_at=None,
+    )  # fmt: skip
+    job = Job(**fields)  # type: ignore[arg-type]
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(Job) if f.default is not dataclasses.MISSING
+    }
+    assert {f.name: getattr(job, f.name) for f in dataclasses.fields(Job)} == {**defaults, **fields}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.queue = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Job(**{k: v for k, v in fields.items() if k != "queue"})  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Job("positional", **fields)  # type: ignore[arg-type, misc]
+    assert dataclasses.replace(job, attempts=2).attempts == 2
+    assert dataclasses.replace(job, attempts=2) != job
+    assert dataclasses.replace(job, attempts=1) == job
