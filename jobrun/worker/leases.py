@@ -51,13 +51,20 @@ _RUN_WEIGHT = 0.05
 """Weight of the newest run time in its moving average."""
 
 
+def _signal(event: threading.Event) -> None:
+    """Set ``event`` unless it is set: a job's end signals two waiters, and
+    setting a set Event still takes its lock and notifies no one."""
+    if not event.is_set():
+        event.set()
+
+
 def token(job: Job) -> uuid.UUID:
     """The lease token: what identifies one claim of a job."""
     assert job.lease_token is not None  # claimed jobs carry their lease
     return job.lease_token
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Running:
     """A claimed job whose handler runs (or waits for a thread)."""
 
@@ -188,23 +195,24 @@ class Leases:
     def release(self, job: Job, *, on_thread: bool = False) -> None:
         """The job's run is over (its outcome recorded or handed on): free its slot."""
         now = time.monotonic()
+        claim = token(job)
         with self._lock:
-            running = self._running.pop(token(job), None)
+            running = self._running.pop(claim, None)
             if running is not None:
                 mean, ran = self._mean_run, now - running.since
                 self._mean_run = ran if mean is None else mean + _RUN_WEIGHT * (ran - mean)
-            if token(job) not in self._unflushed:  # its success waits for the completer
-                self._lease_until.pop(token(job), None)
+            if claim not in self._unflushed:  # its success waits for the completer
+                self._lease_until.pop(claim, None)
             self._inflight -= 1
             self._inflight_by_queue[job.queue] -= 1
             if on_thread:
                 self._on_threads -= 1
-        self.thread_freed.set()
         if running is not None:
             # The context and its progress writer refer to each other: a cycle
             # (with the job and its payload) the collector alone would free.
             running.ctx._progress_sink = None
-        self.slot_freed.set()
+        _signal(self.thread_freed)
+        _signal(self.slot_freed)
 
     # -- the buffer: claimed ahead, not started ----------------------------------
 
@@ -297,8 +305,8 @@ class Leases:
                     self._unflushed_by_queue[done.job.queue] -= 1
                     if claim not in self._running:
                         self._lease_until.pop(claim, None)
-        self.slot_freed.set()  # the backlog shrank: the claimer may claim again
-        self.thread_freed.set()
+        _signal(self.slot_freed)  # the backlog shrank: the claimer may claim again
+        _signal(self.thread_freed)
 
     def to_completer(self, batch: Iterable[Finished]) -> None:
         for done in batch:
