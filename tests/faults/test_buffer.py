@@ -57,7 +57,9 @@ def buffered_worker(workers: Workers, depth: int, *args: str, concurrency: int) 
 
 def leased_unstarted(conn: psycopg.Connection[Any]) -> int:
     return int(
-        scalar(conn, "SELECT count(*) FROM jobrun.jobs WHERE state = 'leased' AND started_at IS NULL")
+        scalar(
+            conn, "SELECT count(*) FROM jobrun.jobs WHERE state = 'leased' AND started_at IS NULL"
+        )
     )
 
 
@@ -203,9 +205,7 @@ def test_a_frozen_workers_buffered_leases_are_reaped_unstarted_and_never_run_whe
     )
     stale.stop()  # SIGSTOP: no heartbeat; every lease it holds runs out
     with Reaper(store):
-        wait_until(
-            lambda: states(conn) == {"queued": 12}, TTL.total_seconds() + 30, "all reaped"
-        )
+        wait_until(lambda: states(conn) == {"queued": 12}, TTL.total_seconds() + 30, "all reaped")
     assert attempts(conn, running) == [1, 1]
     assert attempts(conn, buffered) == [0] * len(buffered)  # requeued unstarted
     for job in buffered:
