@@ -251,3 +251,34 @@ def test_a_queue_listed_after_an_idle_globally_limited_queue_is_still_claimed(
     store.enqueue_batch(jobs)
     make_worker(queues={"conc": None, "perw": 2, "free": None}, concurrency=4, claim_ahead=0)
     wait_for(lambda: all(store.get(j.id).state is State.SUCCEEDED for j in jobs), 10)
+
+
+def test_a_job_reclaimed_into_the_buffer_while_its_stale_run_goes_on_keeps_its_new_lease(
+    store: Store,
+    conn: psycopg.Connection[Any],
+    runs: Runs,
+    make_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The job's first run ignores its cancel and holds the only thread. Its
+    # lease is reaped meanwhile and the same worker claims it again, into the
+    # buffer (no thread free): the new claim's attempts equal the stale run's
+    # (a buffered claim counts none), and the heartbeat must keep the new
+    # lease, not only the stale one it has lost.
+    fixed_depth(monkeypatch, 2)
+    job = store.enqueue(NewJob(type="block", backoff=NO_WAIT))
+    make_worker(concurrency=1)
+    wait_for(lambda: runs.of(job) == [1], 10)
+    conn.execute(
+        "UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s", [job.id]
+    )
+    assert store.reap_expired(store.now(), 10).requeued == [job.id]
+    wait_for(lambda: unstarted(conn) == [job.id], 10)  # claimed again, buffered
+    until = time.monotonic() + LEASE * 1.7
+    while time.monotonic() < until:
+        store.reap_expired(store.now(), 10)
+        time.sleep(0.1)
+    assert kinds(store, job) == ["enqueued", "claimed", "reaped", "claimed"]
+    runs.gate.set()  # the stale run ends; the buffered claim starts and runs
+    wait_for(lambda: store.get(job.id).state is State.SUCCEEDED, 10)
+    assert runs.of(job) == [1, 2]
