@@ -24,7 +24,8 @@ from psycopg.types.json import Jsonb
 
 from jobrun.job import validate
 from jobrun.job.errors import AlreadyExists, DatabaseError, IdempotencyConflict, ValidationError
-from jobrun.job.model import EventKind, Job, NewJob, State, new_job_id
+from jobrun.job.ids import uuid7_many
+from jobrun.job.model import EventKind, Job, NewJob, State
 from jobrun.postgres.convert import backoff_json, raw_json, run_at, trace_json
 from jobrun.postgres.events import EventMode, EventRow
 from jobrun.postgres.sqlc import events as eq
@@ -34,6 +35,8 @@ from jobrun.postgres.sqlc import models
 T = TypeVar("T")
 
 BATCH_CHUNK = 5000
+ID_BLOCK = 256
+"""Ids enqueue_many makes at once (:func:`jobrun.job.ids.uuid7_many`)."""
 MAX_HEARTBEAT_IDS = 100_000
 """The most ids one heartbeat or completion call sends (arrays, before any SQL)."""
 MAX_LIST_LIMIT = 10_000
@@ -216,8 +219,14 @@ def many_rows(
 ) -> Iterator[q.CopyJobsParams]:
     """The COPY rows of enqueue_many: each payload checked (a bad one named by its
     position from ``start``), a new id for each (added to ``ids``)."""
+    fresh: Iterator[uuid.UUID] = iter(())
     for _, text in validate.payloads(payloads, start):
-        job_id = new_job_id()
+        job_id = next(fresh, None)
+        if job_id is None:
+            # Ids made a block at a time (one random read per block); the
+            # ones a short batch leaves unused are simply never stored.
+            fresh = iter(uuid7_many(ID_BLOCK))
+            job_id = next(fresh)
         ids.append(job_id)
         yield q.CopyJobsParams(id=job_id, payload=raw_json(text), **shared)
 
