@@ -36,3 +36,19 @@ def test_the_generated_sync_modules_are_fresh() -> None:
         [sys.executable, str(tool), "--check"], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_kept_enqueue_cursor_sends_enqueue_jobs_parameters_in_its_order() -> None:
+    # Store._insert_job executes EnqueueJob itself (a cursor kept on each
+    # pooled connection) with enqueue_args' values in order: they must be the
+    # generated method's parameters, in the generated method's order.
+    import inspect  # noqa: PLC0415
+
+    from jobrun.job.model import NewJob  # noqa: PLC0415
+    from jobrun.postgres.events import EventMode  # noqa: PLC0415
+    from jobrun.postgres.sqlc import aio  # noqa: PLC0415
+    from jobrun.postgres.sqlc import jobs as q  # noqa: PLC0415
+
+    args = plans.enqueue_args(NewJob(type="t"), None, event_mode=EventMode.ALL, channel="c")
+    for method in (q.Queries.enqueue_job, aio.AsyncQueries.enqueue_job):
+        assert list(inspect.signature(method).parameters)[2:] == list(args)
