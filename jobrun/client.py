@@ -155,9 +155,14 @@ class Client(Closing):
         :meth:`set_queue_limits`); None counts it against the queue's own
         limits only.
         """
-        return self.enqueue_job(producer.new_job(type, payload, options), conn=conn)
+        job = producer.new_job(type, payload, options)
+        if conn is None:  # the common call, without the caller-connection wrapper
+            return self.store.enqueue(job)
+        return self.enqueue_job(job, conn=conn)
 
     def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
+        if conn is None:
+            return self.store.enqueue(job)
         with _caller_connection(conn) as caller:
             return self.store.enqueue(job, conn=caller)
 

@@ -77,12 +77,14 @@ def _known(call: str, given: dict[str, Any], known: frozenset[str]) -> None:
 
 def new_job(job_type: str, payload: JSONValue, options: EnqueueOptions) -> NewJob:
     """The NewJob of ``enqueue(type, payload, **options)`` (a new id unless one is given)."""
-    _known("enqueue", dict(options), _ENQUEUE_OPTIONS)
-    fields: dict[str, Any] = {k: v for k, v in options.items() if k != "id"}
-    job_id_given = options.get("id")
-    if job_id_given is not None:
-        fields["id"] = job_id_given
-    return NewJob(type=job_type, payload={} if payload is None else payload, **fields)
+    if not options.keys() <= _ENQUEUE_OPTIONS:
+        _known("enqueue", dict(options), _ENQUEUE_OPTIONS)
+    if payload is None:
+        payload = {}
+    fields: dict[str, Any] = options  # type: ignore[assignment]
+    if "id" in fields and fields["id"] is None:  # None: a new id, as when not given
+        fields = {k: v for k, v in fields.items() if k != "id"}
+    return NewJob(type=job_type, payload=payload, **fields)
 
 
 def template(job_type: object, options: JobOptions) -> NewJob:

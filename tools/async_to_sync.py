@@ -24,6 +24,7 @@ DIRECTORY = "jobrun/postgres"
 
 NAMES = {
     "AsyncConnection": "Connection",
+    "AsyncRawCursor": "RawCursor",
     "AsyncConn": "Conn",
     "AsyncQueries": "Queries",
     "AsyncTransactions": "Transactions",

@@ -371,9 +371,33 @@ def payloads(values: Iterable[object], start: int = 0) -> Iterator[tuple[Any, st
 # One encoder for every payload (json.dumps with options builds one per call).
 # No circular-reference bookkeeping: _check_tree bounds the depth, so no
 # cycle reaches it.
-_encode_json = json.JSONEncoder(
+_ENCODER = json.JSONEncoder(
     allow_nan=False, separators=(",", ":"), ensure_ascii=False, check_circular=False
-).encode
+)
+_c_encoder: Any = None
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+if _c_make_encoder is not None:  # CPython's C encoder
+    # JSONEncoder.encode makes this C object anew for every call, which for
+    # a small payload costs as much as the encoding itself: made once here,
+    # with the encoder's own settings, it is what encode() would run.
+    _c_encoder = _c_make_encoder(
+        None,  # markers: no circular check
+        _ENCODER.default,
+        json.encoder.encode_basestring,  # ensure_ascii=False
+        None,  # indent
+        _ENCODER.key_separator,
+        _ENCODER.item_separator,
+        _ENCODER.sort_keys,
+        _ENCODER.skipkeys,
+        _ENCODER.allow_nan,
+    )
+
+
+def _encode_json(value: dict[str, Any]) -> str:
+    """The JSON text of a checked payload (a dict), as ``_ENCODER.encode`` makes it."""
+    if _c_encoder is None:  # pragma: no cover - CPython has the C encoder
+        return _ENCODER.encode(value)
+    return "".join(_c_encoder(value, 0))
 
 
 MAX_RESULT_BYTES = MAX_PAYLOAD_BYTES

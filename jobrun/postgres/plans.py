@@ -15,16 +15,21 @@ import builtins
 import contextlib
 import datetime as dt
 import itertools
+import struct
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 import psycopg
+import psycopg.postgres
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq import Format
 from psycopg.types.json import Jsonb
 
 from jobrun.job import validate
 from jobrun.job.errors import AlreadyExists, DatabaseError, IdempotencyConflict, ValidationError
-from jobrun.job.model import EventKind, Job, NewJob, State, new_job_id
+from jobrun.job.ids import uuid7_many
+from jobrun.job.model import EventKind, Job, NewJob, State
 from jobrun.postgres.convert import backoff_json, raw_json, run_at, trace_json
 from jobrun.postgres.events import EventMode, EventRow
 from jobrun.postgres.sqlc import events as eq
@@ -34,6 +39,8 @@ from jobrun.postgres.sqlc import models
 T = TypeVar("T")
 
 BATCH_CHUNK = 5000
+ID_BLOCK = 256
+"""Ids enqueue_many makes at once (:func:`jobrun.job.ids.uuid7_many`)."""
 MAX_HEARTBEAT_IDS = 100_000
 """The most ids one heartbeat or completion call sends (arrays, before any SQL)."""
 MAX_LIST_LIMIT = 10_000
@@ -208,18 +215,94 @@ def other_unique_violation(exc: psycopg.errors.UniqueViolation) -> DatabaseError
     )
 
 
-def many_rows(
-    payloads: Iterator[Any],
-    start: int,
-    ids: builtins.list[uuid.UUID],
-    shared: dict[str, Any],
-) -> Iterator[q.CopyJobsParams]:
-    """The COPY rows of enqueue_many: each payload checked (a bad one named by its
-    position from ``start``), a new id for each (added to ``ids``)."""
-    for _, text in validate.payloads(payloads, start):
-        job_id = new_job_id()
-        ids.append(job_id)
-        yield q.CopyJobsParams(id=job_id, payload=raw_json(text), **shared)
+COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
+"""The header of a binary COPY stream (no flags, no extension)."""
+COPY_TRAILER = struct.pack("!h", -1)
+"""The end of a binary COPY stream."""
+ROWS_PER_WRITE = 256
+"""Rows of enqueue_many joined into one write of its COPY."""
+_UUID_FIELD = struct.pack("!i", 16)
+_pack_length = struct.Struct("!i").pack
+
+
+def _binary_fields(values: Sequence[Any], types: Sequence[str], context: Any = None) -> bytes:
+    """``values`` as the fields of a binary COPY row (each its length and its
+    bytes, -1 for NULL), dumped by psycopg's own binary dumpers for ``types``
+    (with the adapters and encoding of ``context``, a connection, if given)."""
+    tx = Transformer(context)
+    tx.set_dumper_types([psycopg.postgres.types[name].oid for name in types], Format.BINARY)
+    out = bytearray()
+    for data in tx.dump_sequence(values, [PyFormat.BINARY] * len(values)):
+        if data is None:
+            out += _pack_length(-1)
+        else:
+            out += _pack_length(len(data)) + bytes(data)
+    return bytes(out)
+
+
+class ManyRows:
+    """The binary COPY stream of enqueue_many's jobs, built without a row object.
+
+    Every job of an enqueue_many shares all but its id and payload, so the
+    shared fields are dumped once (by psycopg's dumpers, for CopyJobs'
+    column types) and each row is its id's 16 bytes and its payload's JSON
+    text between them. The column order is CopyJobs' (a test pins it).
+    """
+
+    def __init__(self, shared: dict[str, Any], context: Any = None) -> None:
+        types = q.COPY_JOBS_COPY_TYPES
+        self._head = struct.pack("!h", len(types)) + _UUID_FIELD  # then the id
+        self._middle = _binary_fields([shared["queue"], shared["type"]], types[1:3], context)
+        self._tail = _binary_fields(
+            [
+                shared["priority"],
+                shared["max_attempts"],
+                shared["backoff"],
+                shared["run_at"],
+                shared["trace_context"],
+                shared["concurrency_key"],
+            ],
+            types[4:],
+            context,
+        )
+
+    def blocks(
+        self, payloads: Iterator[Any], start: int, ids: builtins.list[uuid.UUID]
+    ) -> Iterator[bytes]:
+        """The COPY stream of ``payloads`` (signature first, trailer last), a few
+        hundred rows a block: each payload checked (a bad one named by its
+        position from ``start``), a new id for each (added to ``ids``)."""
+        head, middle, tail = self._head, self._middle, self._tail
+        block: builtins.list[bytes] = [COPY_SIGNATURE]
+        fresh: Iterator[uuid.UUID] = iter(())
+        for _, text in validate.payloads(payloads, start):
+            job_id = next(fresh, None)
+            if job_id is None:
+                # Ids made a block at a time (one random read per block); the
+                # ones a short batch leaves unused are simply never stored.
+                fresh = iter(uuid7_many(ID_BLOCK))
+                job_id = next(fresh)
+            ids.append(job_id)
+            data = text.encode()
+            # jsonb's binary form: version 1, then the JSON text.
+            block.append(
+                head + job_id.bytes + middle + _pack_length(len(data) + 1) + b"\x01" + data + tail
+            )
+            if len(block) >= ROWS_PER_WRITE:
+                yield b"".join(block)
+                block = []
+        block.append(COPY_TRAILER)
+        yield b"".join(block)
+
+
+_EVENT_HEAD = struct.pack("!h", 3) + _UUID_FIELD
+
+
+def enqueued_events_copy(ids: Sequence[uuid.UUID]) -> bytes:
+    """The binary COPY stream of CopyEvents for the "enqueued" events of ``ids``."""
+    tail = _binary_fields(["enqueued", 0], eq.COPY_EVENTS_COPY_TYPES[1:])
+    head = _EVENT_HEAD
+    return b"".join([COPY_SIGNATURE, *[head + i.bytes + tail for i in ids], COPY_TRAILER])
 
 
 class BatchWakeups:

@@ -188,3 +188,31 @@ def test_a_call_inside_bounded_is_given_up_at_the_callers_deadline(dsn: str) -> 
             assert store.get(job.id).state is State.LEASED  # nothing committed
         finally:
             pool.close()
+
+
+def test_a_transaction_a_call_leaves_open_is_committed_or_rolled_back_on_return(
+    store: Store, conn: Any
+) -> None:
+    # The checkout returns the connection as psycopg's `with conn:` would: a
+    # transaction still open is committed when the call succeeded and rolled
+    # back when it failed, so the next call never finds it.
+    conn.execute("CREATE TABLE left_open (x int)")
+
+    def leave_open(value: int, fail: bool) -> Any:
+        def fn(c: psycopg.Connection[Any], committing: list[bool]) -> None:
+            c.execute("BEGIN")
+            c.execute("INSERT INTO left_open VALUES (%s)", [value])
+            if fail:
+                raise RuntimeError("the body failed")
+
+        return fn
+
+    store._run(leave_open(1, False), timeout=5.0)
+    with pytest.raises(RuntimeError, match="the body failed"):
+        store._run(leave_open(2, True), timeout=5.0)
+    assert conn.execute("SELECT array_agg(x) FROM left_open").fetchone() == ([1],)
+    idle = [
+        store._on_pool_read(lambda c: c.info.transaction_status)
+        for _ in range(store.pool.max_size + 1)
+    ]
+    assert set(idle) == {psycopg.pq.TransactionStatus.IDLE}

@@ -123,6 +123,38 @@ def test_job_ids_move_on_a_millisecond_when_the_counter_runs_out(
     assert new_job_id() > made[-1]
 
 
+def test_job_ids_made_in_a_block_are_those_made_one_by_one() -> None:
+    from jobrun.job import ids as job_ids  # noqa: PLC0415
+
+    before = new_job_id()
+    block = job_ids.uuid7_many(5_000)
+    after = new_job_id()
+    assert len(set(block)) == 5_000
+    assert [before, *block, after] == sorted([before, *block, after])
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in block)
+    assert [uuid.UUID(str(i)) for i in block] == block
+    assert block[-1].int >> 80 <= time.time_ns() // 1_000_000 + 2  # keeps to the clock
+    assert job_ids.uuid7_many(0) == []
+    # The random bits differ from id to id (one read for the block, 62 bits each).
+    assert len({i.int & ((1 << 62) - 1) for i in block}) == 5_000
+
+
+def test_job_ids_in_a_block_move_on_a_millisecond_when_the_counter_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobrun.job import ids as job_ids  # noqa: PLC0415
+
+    frozen = 1_800_000_000_000
+    monkeypatch.setattr(job_ids, "_last_ms", job_ids._last_ms)
+    monkeypatch.setattr(job_ids, "_counter", job_ids._counter)
+    monkeypatch.setattr(job_ids, "_time_ns", lambda: frozen * 1_000_000)
+    made = job_ids.uuid7_many(4_097)
+    assert made == sorted(made)
+    assert {i.int >> 80 for i in made[:4_096]} == {frozen}
+    assert made[4_096].int >> 80 == frozen + 1
+    assert new_job_id() > made[-1]  # the one-by-one clock carries on after the block
+
+
 def test_effect_key_is_type_scoped_and_prefers_the_idempotency_key() -> None:
     base = {
         "queue": "q",

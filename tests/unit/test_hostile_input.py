@@ -299,6 +299,26 @@ def test_a_plain_payload_is_kept_as_given() -> None:
     assert new.payload_json == json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"i": 1},
+        {"f": 1.5, "big": 10**40, "neg": -0.0, "tiny": 5e-324, "e": 1e16},
+        {"s": 'quote " backslash \\ tab \t nl \n ctl \x01 é 日本 😀', "n": None, "b": False},
+        {"nested": [{"a": [[], {}]}, [1, [2, [3]]]], "": ""},
+    ],
+)
+def test_the_payload_text_is_what_the_json_encoder_makes(payload: dict[str, Any]) -> None:
+    # The prebuilt C encoder (jobrun.job.validate._encode_json) stands for
+    # JSONEncoder.encode with the same settings: the same text, byte for byte.
+    expected = json.JSONEncoder(
+        allow_nan=False, separators=(",", ":"), ensure_ascii=False, check_circular=False
+    ).encode(payload)
+    assert NewJob(type="t", payload=payload).payload_json == expected
+    assert json.loads(expected) == payload
+
+
 def test_a_payload_of_exactly_the_size_limit_is_accepted() -> None:
     overhead = len('{"x":""}')
     text = validate.payload({"x": "é" * ((validate.MAX_PAYLOAD_BYTES - overhead) // 2)})[1]
