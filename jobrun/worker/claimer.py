@@ -26,6 +26,7 @@ for them, confirms each lease with a heartbeat and runs them.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -68,11 +69,28 @@ class Claim:
 class Claimer(WorkerLoop):
     """The ``jobrun-claimer`` thread: the only one that claims."""
 
-    def __init__(self, parts: Parts, activity: Activity, executor: Executor) -> None:
-        super().__init__("jobrun-claimer", parts, activity)
+    def __init__(
+        self,
+        parts: Parts,
+        activity: Activity,
+        executor: Executor,
+        *,
+        primary: Claimer | None = None,
+        lane: int = 1,
+    ) -> None:
+        super().__init__(
+            "jobrun-claimer" if primary is None else f"jobrun-claimer-{lane}", parts, activity
+        )
         self._queue_names = list(self.config.queues)
         self._executor = executor
         self._ahead = Ahead(self.config, self._leases)
+        self._primary = primary
+        """The first lane, for the others: it alone listens, looks for lost
+        claims and gives the buffer back; they claim beside it while work is
+        plentiful (``work``), and sleep when a claim of theirs comes back short."""
+        self._slots = self._leases.slot_freed if primary is None else self._leases.watch_slots()
+        self.work: threading.Event = threading.Event() if primary is None else primary.work
+        """Set while the first lane's claims come back full: the other lanes claim too."""
         self.waiter: Waiter | None = None
         """Notifications of new jobs (set by the worker's start), or None: polling."""
         # Lost claims: look for them until then.
@@ -80,7 +98,7 @@ class Claimer(WorkerLoop):
         self._next_lost_claim_check = 0.0
 
     def wake(self) -> None:
-        self._leases.slot_freed.set()
+        self._slots.set()
         if self.waiter is not None:
             self.waiter.wake()
 
@@ -93,8 +111,13 @@ class Claimer(WorkerLoop):
         activity = self._activity
         held_streak = 0  # claims in a row that a limit held back and got nothing
         while not self.stopping.is_set():
+            if self._primary is not None and not self.work.is_set():
+                activity.idle()
+                self.work.wait(self.config.poll_interval.total_seconds())
+                continue
             activity.busy("planning a claim")
-            self._adopt_lost_claims_if_due()
+            if self._primary is None:
+                self._adopt_lost_claims_if_due()
             self._leases.claimer_completes()
             plan = self._claim_plan()
             if not plan:
@@ -119,13 +142,18 @@ class Claimer(WorkerLoop):
                 continue
             activity.idle()
             held_streak = held_streak + 1 if held_back is not None and not claimed else 0
+            if drained:
+                self.work.clear()
+            elif self._primary is None:
+                self.work.set()
             if held_back is not None:
                 self._wait_for_limits(held_back, held_streak)
-            elif drained:
+            elif drained and self._primary is None:
                 self._leases.hand_over()  # the wait ends on new work, not on them
                 self._wait_for_work()
         self._leases.hand_over()
-        self._give_back_buffer()
+        if self._primary is None:
+            self._give_back_buffer()
 
     def _wait_for_room(self) -> None:
         """No room to claim: wait for a freed slot (or the poll interval)."""
@@ -133,11 +161,11 @@ class Claimer(WorkerLoop):
             # A slot freed soon takes them along with its claim; if
             # none frees within a batch window, the completer does.
             window = self.config.complete_flush_interval.total_seconds()
-            if not self._leases.slot_freed.wait(window):
+            if not self._slots.wait(window):
                 self._leases.hand_over()
         else:
-            self._leases.slot_freed.wait(self.config.poll_interval.total_seconds())
-        self._leases.slot_freed.clear()
+            self._slots.wait(self.config.poll_interval.total_seconds())
+        self._slots.clear()
 
     def _coalesce(self, plan: list[Claim], batch: int) -> list[Claim]:
         """A busy worker with fewer than ``batch`` jobs to claim waits a moment
@@ -149,8 +177,8 @@ class Claimer(WorkerLoop):
             left = coalesce_until - time.monotonic()
             if left <= 0:
                 break
-            self._leases.slot_freed.wait(left)
-            self._leases.slot_freed.clear()
+            self._slots.wait(left)
+            self._slots.clear()
             plan = self._claim_plan()
         return plan
 
@@ -256,8 +284,8 @@ class Claimer(WorkerLoop):
             pause = min(held_back + 0.001, poll)
         else:
             pause = min(LIMITED_RECLAIM * 2 ** min(max(held_streak - 1, 0), 8), poll)
-        self._leases.slot_freed.wait(pause)
-        self._leases.slot_freed.clear()
+        self._slots.wait(pause)
+        self._slots.clear()
 
     def _claim_plan(self) -> list[Claim]:
         """What to claim now: per-queue limited queues alone, the others together.
@@ -305,7 +333,8 @@ class Claimer(WorkerLoop):
             room = free if limit is None else min(limit - held.inflight_by_queue[name], free)
             if room > 0:
                 plan.append(Claim([name], room, room, ahead=False))
-                free -= room
+                if limit is not None:  # a global limit may leave threads for the next
+                    free -= room
         if unlimited:
             leases = held.inflight + held.buffered + held.unflushed + held.claiming_ahead
             bound = self.config.concurrency + allowance - leases - max(free, 0)
@@ -371,6 +400,9 @@ class Claimer(WorkerLoop):
         )
 
     def claim_may_be_lost(self) -> None:
+        if self._primary is not None:  # the first lane looks for them
+            self._primary.claim_may_be_lost()
+            return
         now = time.monotonic()
         window = LOST_CLAIM_DELIVERY + self.config.lease_ttl.total_seconds()
         self._lost_claims_until = max(self._lost_claims_until, now + window)

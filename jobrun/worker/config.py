@@ -98,11 +98,18 @@ class WorkerConfig:
     progress_interval: dt.timedelta = DEFAULT_PROGRESS_INTERVAL
     """The least time between two progress writes of one job
     (:meth:`JobContext.progress` keeps the reports in between)."""
-    claim_ahead: int | None = None
+    claim_lanes: int | None = None
+    """Claims in flight at once (each with its own connection): the server
+    runs them in parallel, so a busy worker's claims and completions use
+    more than one core. None: 2 from 8 threads on, else 1."""
+    claim_ahead: int | None = 0
     """The most jobs claimed ahead of the free threads, leased but not started
     (:mod:`jobrun.worker.ahead` sizes the buffer from the observed run
-    time); None: the larger of ``concurrency`` and ``complete_batch_size``;
-    0: claim only for free threads."""
+    time); None: up to the larger of ``concurrency`` and
+    ``complete_batch_size``; 0 (the default): claim only for free threads.
+    A buffered job's start is a round trip of its own (its attempt must be
+    committed before it runs), which a drain of short jobs measured to cost
+    more than it saves: see docs/performance.md."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", parse_queues(self.queues))
@@ -140,6 +147,11 @@ class WorkerConfig:
         r = self.unknown_type_releases
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= 10_000:
             raise ValidationError("unknown_type_releases", "must be an int between 0 and 10000")
+        lanes = self.claim_lanes
+        if lanes is None:
+            object.__setattr__(self, "claim_lanes", 2 if self.concurrency >= 8 else 1)
+        elif isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 8:
+            raise ValidationError("claim_lanes", "must be None or an int between 1 and 8")
         a = self.claim_ahead
         if a is not None and (
             isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= validate.MAX_CLAIM_LIMIT

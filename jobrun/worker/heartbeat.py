@@ -62,7 +62,9 @@ class Heartbeat(WorkerLoop):
         newest: dict[uuid.UUID, Job] = {}
         for job in [r.job for r in running] + unflushed:
             current = newest.get(job.id)
-            if current is None or job.attempts > current.attempts:
+            # On a tie the later entry is the newer claim (held() lists claims
+            # in order; a buffered claim counts no attempt yet).
+            if current is None or job.attempts >= current.attempts:
                 newest[job.id] = job
         for r in running:
             if newest[r.job.id] is not r.job and not r.ctx.is_cancelled:

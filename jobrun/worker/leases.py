@@ -12,11 +12,14 @@ them. So the counts, the lease ends and the one lock that guards them live in
 one object, and the other parts ask it rather than share its dicts.
 
 It also decides where a success goes (:meth:`Leases.finished`): a plain
-success, while the claimer is claiming, waits for the claimer's next round
-(one transaction completes it, starts buffered jobs and claims the slots it
-frees again); a success with a commit callable, or any while the claimer
-waits, goes to the completer's queue. The claimer hands what it holds back to the completer
-whenever it is about to wait for anything other than a freed slot.
+success of a limited queue, while the claimer is claiming, waits for the
+claimer's next round (one transaction completes it and claims the slot it
+frees again); everything else goes to the completer's queue. Not every
+queue's: a round that completes commits synchronously, and a claim that
+waits for the WAL to reach disk measured slower than a claim and a
+completion sent side by side on two connections (docs/performance.md).
+The claimer hands what it holds back to the completer whenever it is about
+to wait for anything other than a freed slot.
 
 Leases are keyed by their token, not the job id: a job reaped and claimed
 again by this same worker runs under two claims for a moment (the stale
@@ -159,6 +162,7 @@ class Leases:
         """The completer's queue."""
         self.slot_freed = threading.Event()
         """Set when a job's run ended or a batch was flushed: the claimer may claim."""
+        self._slot_events = [self.slot_freed]
         self.thread_freed = threading.Event()
         """Set when a job's run ended or jobs were buffered: the starter may start."""
 
@@ -212,7 +216,19 @@ class Leases:
             # (with the job and its payload) the collector alone would free.
             running.ctx._progress_sink = None
         _signal(self.thread_freed)
-        _signal(self.slot_freed)
+        self.slots_freed()
+
+    def watch_slots(self) -> threading.Event:
+        """An Event of its own for another claim lane, set with ``slot_freed``
+        (each lane clears its own: one lane's wake-up is not another's loss)."""
+        event = threading.Event()
+        self._slot_events.append(event)
+        return event
+
+    def slots_freed(self) -> None:
+        """A job's run ended, a batch was flushed, the buffer shrank: claims may follow."""
+        for event in self._slot_events:
+            _signal(event)
 
     # -- the buffer: claimed ahead, not started ----------------------------------
 
@@ -270,7 +286,7 @@ class Leases:
                 self._inflight_by_queue[job.queue] -= 1
                 if not started:
                     self._lease_until.pop(claim, None)
-        self.slot_freed.set()
+        self.slots_freed()
 
     def mean_run_time(self) -> float | None:
         """Seconds a job runs, as a moving average (None: none ran yet)."""
@@ -289,7 +305,9 @@ class Leases:
         with self._lock:
             self._unflushed[token(job)] = job
             self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
-            to_claimer = done.commit is None and self._claimer_completes
+            to_claimer = (
+                done.commit is None and self._claimer_completes and job.queue in self.limited
+            )
             if to_claimer:
                 self._claimer_done.append(done)
         if not to_claimer:
@@ -305,7 +323,7 @@ class Leases:
                     self._unflushed_by_queue[done.job.queue] -= 1
                     if claim not in self._running:
                         self._lease_until.pop(claim, None)
-        _signal(self.slot_freed)  # the backlog shrank: the claimer may claim again
+        self.slots_freed()  # the backlog shrank: the claimer may claim again
         _signal(self.thread_freed)
 
     def to_completer(self, batch: Iterable[Finished]) -> None:

@@ -172,6 +172,16 @@ class Worker(Service):
             hard_stop=self._hard_stop,
         )
         self._claimer = Claimer(parts, self._stalls.track("jobrun-claimer"), self._executor)
+        self._lanes = [
+            Claimer(
+                parts,
+                self._stalls.track(f"jobrun-claimer-{n}"),
+                self._executor,
+                primary=self._claimer,
+                lane=n,
+            )
+            for n in range(2, (cfg.claim_lanes or 1) + 1)
+        ]
         self._starter = Starter(parts, self._stalls.track("jobrun-starter"), self._executor)
         self._completer = Completer(parts, self._stalls.track("jobrun-completer"), self._hard_stop)
         self._heartbeat = Heartbeat(parts, self._stalls.track("jobrun-heartbeat"))
@@ -193,7 +203,14 @@ class Worker(Service):
                 self._stalls.track_probe("jobrun-listener", probe)
         self._timeouts.start()
         self._executor.start()
-        for part in (self._claimer, self._starter, self._completer, self._heartbeat, self._stalls):
+        for part in (
+            self._claimer,
+            *self._lanes,
+            self._starter,
+            self._completer,
+            self._heartbeat,
+            self._stalls,
+        ):
             part.start()
 
     def _log_banner(self) -> None:
@@ -285,6 +302,8 @@ class Worker(Service):
     def _shut_down(self, timeout: float | None) -> bool:
         grace = self.config.shutdown_grace.total_seconds() if timeout is None else timeout
         deadline = time.monotonic() + grace
+        for lane in self._lanes:
+            lane.stop(max(deadline - time.monotonic(), 0.0) + 2.0)
         self._starter.stop(max(deadline - time.monotonic(), 0.0) + 2.0)
         self._claimer.stop(max(deadline - time.monotonic(), 0.0) + 2.0)  # gives the buffer back
         drained = self._leases.wait_idle(deadline)
@@ -355,6 +374,8 @@ class Worker(Service):
         """
         self._hard_stop.set()
         self._claimer.stopping.set()
+        for lane in self._lanes:
+            lane.request_stop()
         self._starter.request_stop()
         self._heartbeat.request_stop()
         self._leases.slot_freed.set()
@@ -425,6 +446,7 @@ class Worker(Service):
         """The loop threads: claimer, completer, heartbeat (for tests and health)."""
         return [
             self._claimer.thread,
+            *(lane.thread for lane in self._lanes),
             self._starter.thread,
             self._completer.thread,
             self._heartbeat.thread,
