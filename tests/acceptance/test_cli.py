@@ -972,6 +972,7 @@ def test_worker_app_that_fails_to_import_says_in_one_line_how_to_see_where(
     [
         ("--lease-ttl", "long", "--lease-ttl"),
         ("--concurrency", "0", "concurrency"),
+        ("--claim-ahead", "-1", "claim_ahead"),
         ("--queues", "a=zero", "queues"),
         ("--retention", "a week", "--retention"),
         ("--commit-timeout", "-", "--commit-timeout"),
@@ -1002,8 +1003,11 @@ def test_worker_settings_come_from_flags_over_the_environment(
     monkeypatch.setenv("WORKER_CONCURRENCY", "3")
     monkeypatch.setenv("JOBRUN_POLL_INTERVAL", "2s")
     monkeypatch.setenv("JOBRUN_RETENTION", "1d")
+    monkeypatch.setenv("JOBRUN_CLAIM_AHEAD", "0")
     result = jobrun(
         "worker",
+        "--claim-ahead",
+        "auto",
         "--app",
         APP,
         "--queues",
@@ -1037,6 +1041,7 @@ def test_worker_settings_come_from_flags_over_the_environment(
     assert settings.retention is None  # the flag's "off" beats the environment
     assert settings.events_retention == dt.timedelta(days=2)
     assert settings.notifications is False
+    assert settings.claim_ahead is None  # the flag's "auto" beats the environment's 0
     assert seen["scheduler"] is False
     assert seen["registry"] is touch_app.registry
     assert seen["ran"] is True
