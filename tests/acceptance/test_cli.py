@@ -422,6 +422,39 @@ def test_get_shows_one_job_as_key_value_lines(
     assert "boom" in lines["last_error"]
 
 
+def test_get_and_list_tell_a_job_claimed_ahead_from_a_running_one(
+    jobrun: Callable[..., Result], client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipelined worker leases jobs ahead of its free threads: leased, not started."""
+    running = client.enqueue("t.run", queue="ahead")
+    waiting = client.enqueue("t.wait", queue="ahead")
+    leased(client, "ahead")
+    client.store.exchange("test-worker", queues=["ahead"], limit=1, ttl=TTL, start_now=0)
+
+    def fields(job_id: uuid.UUID) -> dict[str, str]:
+        out = jobrun("get", str(job_id)).out
+        return {k: v for k, _, v in (line.partition(" ") for line in out.splitlines()) if k}
+
+    got = fields(waiting.id)
+    assert " ".join(got["state"].split()) == (
+        "leased, waiting for a thread (claimed ahead, not started)"
+    )
+    assert got["started_at"].strip() == ""
+    assert got["attempts"].split() == ["0", "of", "25"]
+    got = fields(running.id)
+    assert got["state"].strip() == "leased"
+    assert got["started_at"].strip().endswith("Z")
+    monkeypatch.setenv("COLUMNS", "120")
+    lines = jobrun("list", "--queue", "ahead").out.splitlines()
+    states = {
+        job.id: line.split()[3]
+        for job in (running, waiting)
+        for line in lines
+        if str(job.id) in line
+    }
+    assert states == {running.id: "leased", waiting.id: "waiting"}
+
+
 def test_get_unknown_job_is_not_found(jobrun: Callable[..., Result]) -> None:
     assert_one_line_error(jobrun("get", UNKNOWN_ID), cli.EXIT_NOT_FOUND, UNKNOWN_ID)
 
