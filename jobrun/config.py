@@ -14,6 +14,7 @@ JOBRUN_POOLER                  --pooler                auto (auto|none|session|t
 JOBRUN_DIRECT_URL              --direct-url            none (LISTEN, the leader, migrations)
 JOBRUN_SCHEMA                  --schema                jobrun
 JOBRUN_CONCURRENCY             --concurrency           10
+JOBRUN_CLAIM_AHEAD             --claim-ahead           auto (see below)
 JOBRUN_JOB_EVENTS              --job-events            all (all|terminal)
 JOBRUN_QUEUES                  --queues                default
 JOBRUN_LEASE_TTL               --lease-ttl             30s
@@ -57,6 +58,11 @@ third of ``JOBRUN_LEASE_TTL`` is refused (one late heartbeat would lose
 healthy leases); ``JOBRUN_COMMIT_TIMEOUT`` above ``JOBRUN_LEASE_TTL`` is a
 WARNING when the worker starts (a completion is given up when its lease runs
 out, so the commit timeout never applies in full).
+``JOBRUN_CLAIM_AHEAD`` caps the jobs a worker claims ahead of its free
+threads (leased, not started, their attempt not counted until they start:
+:mod:`jobrun.worker.ahead` sizes that buffer from the observed run time);
+``auto`` is the larger of the concurrency and the completion batch, ``0``
+claims only for free threads.
 ``DATABASE_URL`` takes every form :mod:`jobrun.postgres.dsn` accepts; the
 repr of :class:`Settings` masks its password.
 """
@@ -124,6 +130,13 @@ def _int(text: str, name: str) -> int:
         raise ValidationError(name, f"{text!r} is not an integer") from None
 
 
+def _auto_int(text: str, name: str) -> int | None:
+    """An int, or ``auto`` (None: the default, derived from other settings)."""
+    if text.strip().lower() == "auto":
+        return None
+    return _int(text.strip(), name)
+
+
 def _port(text: str, name: str) -> int | None:
     if text.strip().lower() in ("off", "none"):
         return None
@@ -161,6 +174,8 @@ class Settings:
     """A connection string to PostgreSQL itself, for work that needs a session."""
     schema: str = DEFAULT_SCHEMA
     concurrency: int = DEFAULT_CONCURRENCY
+    claim_ahead: int | None = None
+    """Jobs claimed ahead of the free threads at most; None: auto (WorkerConfig's)."""
     job_events: EventMode = EventMode.ALL
     queues: Mapping[str, int | None] = dataclasses.field(default_factory=lambda: {"default": None})
     lease_ttl: dt.timedelta = DEFAULT_LEASE_TTL
@@ -252,6 +267,7 @@ class Settings:
         return WorkerConfig(
             queues=self.queues,
             concurrency=self.concurrency,
+            claim_ahead=self.claim_ahead,
             lease_ttl=self.lease_ttl,
             heartbeat_interval=self.heartbeat_interval,
             poll_interval=self.poll_interval,
@@ -270,6 +286,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "JOBRUN_DIRECT_URL": ("direct_url", lambda text, name: text.strip()),
     "JOBRUN_SCHEMA": ("schema", lambda text, name: text.strip()),
     "JOBRUN_CONCURRENCY": ("concurrency", _int),
+    "JOBRUN_CLAIM_AHEAD": ("claim_ahead", _auto_int),
     "JOBRUN_JOB_EVENTS": ("job_events", lambda text, name: text.strip().lower()),
     "JOBRUN_QUEUES": ("queues", lambda text, name: parse_queues(text)),
     "JOBRUN_LEASE_TTL": ("lease_ttl", parse_duration),

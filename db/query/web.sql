@@ -132,12 +132,14 @@ LEFT JOIN failed ON failed.minute = minutes.minute
 ORDER BY minutes.minute;
 
 -- name: WebLeaseOwners :many
--- Every lease owner holding leases now, with how many, the most recent
--- heartbeat or claim (updated_at) and its latest lease expiry; through
--- jobs_leased_queue_idx. Expired leases the reaper has not taken back yet count
--- too: their owner may be gone, which the page tells by the expiry.
+-- Every lease owner holding leases now, with how many, how many of those
+-- wait for a thread (claimed ahead, not started: started_at is NULL), the
+-- most recent heartbeat or claim (updated_at) and its latest lease expiry;
+-- through jobs_leased_queue_idx. Expired leases the reaper has not taken back
+-- yet count too: their owner may be gone, which the page tells by the expiry.
 SELECT jobs.lease_owner::text AS owner,
-       count(*)::int8 AS running,
+       count(*)::int8 AS leased,
+       count(*) FILTER (WHERE jobs.started_at IS NULL)::int8 AS waiting,
        max(jobs.updated_at)::timestamptz AS last_seen_at,
        max(jobs.lease_expires_at)::timestamptz AS lease_expires_at
 FROM jobrun.jobs AS jobs
@@ -145,12 +147,23 @@ WHERE jobs.state = 'leased'
 GROUP BY jobs.lease_owner
 ORDER BY jobs.lease_owner;
 
+-- name: WebWaitingByQueue :many
+-- Per queue, the leased jobs that wait for a thread: claimed ahead by a
+-- worker, not started (started_at is NULL; their attempt not counted yet).
+-- Through jobs_leased_queue_idx, like the leased counts: a few per thread.
+SELECT jobs.queue::text AS queue,
+       count(*)::int8 AS waiting
+FROM jobrun.jobs AS jobs
+WHERE jobs.state = 'leased' AND jobs.started_at IS NULL
+GROUP BY jobs.queue
+ORDER BY jobs.queue;
+
 -- name: WebRunningJobs :many
 -- The leased jobs themselves, by owner (the overview lists them under their
 -- worker), at most max_rows.
 SELECT * FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
-ORDER BY jobs.lease_owner, jobs.id
+ORDER BY jobs.lease_owner, jobs.started_at IS NULL, jobs.id
 LIMIT sqlc.arg(max_rows);
 
 -- name: WebSchedules :many

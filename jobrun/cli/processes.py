@@ -72,6 +72,16 @@ def register(commands: Commands) -> None:
     p.add_argument(
         "--concurrency", type=int, metavar="N", help=setting_help("handler threads", "concurrency")
     )
+    p.add_argument(
+        "--claim-ahead",
+        type=_count_or_auto,
+        metavar="N",
+        help=setting_help(
+            "jobs claimed ahead of free threads: leased, not started (0: none)",
+            "claim_ahead",
+            "auto",
+        ),
+    )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler")
     _durations(
         p,
@@ -178,6 +188,16 @@ def _durations(p: argparse.ArgumentParser, *flags: tuple[str, str]) -> None:
         )
 
 
+def _count_or_auto(text: str) -> int | str:
+    """``--claim-ahead``: an int (checked with the settings), or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'auto'") from None
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     with StopSignals() as signals:  # first: a signal while it starts stops it there
         _worker_runtime(args).run()
@@ -199,6 +219,7 @@ def _worker_runtime(args: argparse.Namespace) -> Runtime:
         args,
         queues=None if args.queues is None else parse_queues(args.queues),
         concurrency=args.concurrency,
+        claim_ahead=None if args.claim_ahead == "auto" else args.claim_ahead,
         lease_ttl=optional_duration(args.lease_ttl, "--lease-ttl"),
         heartbeat_interval=optional_duration(args.heartbeat_interval, "--heartbeat-interval"),
         poll_interval=optional_duration(args.poll_interval, "--poll-interval"),
@@ -206,6 +227,8 @@ def _worker_runtime(args: argparse.Namespace) -> Runtime:
         notifications=False if args.no_notifications else None,
         **off_or_duration(args, "commit_timeout", "call_timeout"),
     )
+    if args.claim_ahead == "auto":  # over JOBRUN_CLAIM_AHEAD (from_env skips None overrides)
+        settings = dataclasses.replace(settings, claim_ahead=None)
     url = database_url(settings)
     return Runtime(settings, registry, database_url=url, scheduler=not args.no_scheduler)
 

@@ -2,7 +2,9 @@
 
 ``jobrun list`` keeps one line per job at any width, with its full id first
 (what ``jobrun get`` takes, so it is never cut): queue, type, state and
-attempts always come next, queue and type cut with an ellipsis when the
+attempts always come next (a leased job reads ``cancelling`` once its
+cancel was asked, ``waiting`` while a worker holds it claimed ahead of its
+free threads, not started: :func:`state_word`), queue and type cut with an ellipsis when the
 names are long, and run_at and then last_error only when they fit
 (:func:`jobs_table`). A pipe without COLUMNS is wide enough for all of them.
 
@@ -46,7 +48,7 @@ def jobs_table(jobs: Sequence[Job], width: int) -> Table:
             str(job.id),
             job.queue,
             job.type,
-            "cancelling" if job.cancel_requested and job.state == State.LEASED else str(job.state),
+            state_word(job),
             f"{job.attempts}/{job.max_attempts}",
             when(job.run_at),
             cut(job.last_error),
@@ -88,6 +90,24 @@ def jobs_table(jobs: Sequence[Job], width: int) -> Table:
     return table
 
 
+def state_word(job: Job) -> str:
+    """A job's state in one word for the list: a leased job is ``cancelling`` once
+    its cancel was asked, ``waiting`` while not started (claimed ahead of a
+    worker's free threads, its attempt not counted yet), else ``leased``."""
+    if job.state != State.LEASED:
+        return str(job.state)
+    if job.cancel_requested:
+        return "cancelling"
+    return "leased" if job.started else "waiting"
+
+
+def state_text(job: Job) -> str:
+    """A job's state for ``jobrun get``: a leased job says whether it started."""
+    if job.state == State.LEASED and not job.started:
+        return "leased, waiting for a thread (claimed ahead, not started)"
+    return str(job.state)
+
+
 def job_details(job: Job) -> Table:
     """One job, a field a line: ``jobrun get``."""
     grid = Table.grid(padding=(0, 2))
@@ -98,7 +118,7 @@ def job_details(job: Job) -> Table:
         ("id", job.id),
         ("queue", job.queue),
         ("type", job.type),
-        ("state", job.state),
+        ("state", state_text(job)),
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
         *([("snoozes", job.snoozes)] if job.snoozes else []),
         *([("releases", job.releases)] if job.releases else []),
@@ -110,6 +130,7 @@ def job_details(job: Job) -> Table:
         ("idempotency_key", job.idempotency_key or ""),
         *([("concurrency_key", job.concurrency_key)] if job.concurrency_key is not None else []),
         ("cancel_requested", "yes" if job.cancel_requested else "no"),
+        *([("started_at", when(job.started_at))] if job.state == State.LEASED else []),
         ("lease_owner", job.lease_owner or ""),
         ("lease_expires_at", when(job.lease_expires_at)),
         ("last_error", job.last_error or ""),

@@ -17,7 +17,8 @@ Per worker process
     counted by the worker's hooks (:class:`Metrics` is a
     :class:`~jobrun.worker.hooks.WorkerHooks`) and read from the watched
     workers at scrape time: jobs started and finished by outcome, run and
-    pickup times, handler threads, the Store's round trips, their errors,
+    pickup times, handler threads, the jobs buffered ahead of them, the
+    Store's round trips (and the successes each recorded), their errors,
     the pool. No label names the process: Prometheus adds ``instance``.
 Cluster-wide
     queue depth by state, the oldest ready job's age, the leader, the
@@ -98,6 +99,8 @@ CALL_BUCKETS = (
 BATCH_BUCKETS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
 
 _DEPTH_STATES = ("ready", "scheduled", "leased", "dead")
+_COMPLETING = ("complete", "complete_tx")
+"""The completer's operations: every job they carry is a success recorded."""
 
 
 class Metrics(WorkerHooks):
@@ -169,6 +172,15 @@ class Metrics(WorkerHooks):
             buckets=BATCH_BUCKETS,
             registry=reg,
         )
+        self.store_call_completed = Histogram(
+            "jobrun_store_call_completed_jobs",
+            "Handler successes carried by each successful Store call that carried any: "
+            "completer batches (complete, complete_tx) and the successes a claim's round "
+            "trip completed with it (claim).",
+            ["operation"],
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        )
         self.store_call_errors = Counter(
             "jobrun_store_call_errors",
             "Store calls of the worker that raised, by operation and error type "
@@ -184,6 +196,10 @@ class Metrics(WorkerHooks):
         for operation in STORE_OPERATIONS:
             self.store_call_duration.labels(operation)
             self.store_call_jobs.labels(operation)
+        self._completed = {
+            operation: self.store_call_completed.labels(operation)
+            for operation in ("claim", *_COMPLETING)
+        }
         reg.register(_WorkerCollector(self))
 
     # -- watching ----------------------------------------------------------------
@@ -299,6 +315,11 @@ class Metrics(WorkerHooks):
         duration.observe(call.seconds)
         if call.error is None:
             jobs.observe(call.jobs)
+            completed = call.jobs if call.operation in _COMPLETING else call.completed
+            if completed:
+                # A claim's round trip records the successes it carried: counted
+                # here, or they would vanish from the completions per round trip.
+                self._completed[call.operation].observe(completed)
             return
         self.store_call_errors.labels(call.operation, type(call.error).__name__).inc()
         if call.operation == "heartbeat":
@@ -365,6 +386,11 @@ class _WorkerCollector:
         busy = GaugeMetricFamily(
             "jobrun_worker_handler_threads_busy", "Handler threads running a job right now."
         )
+        buffered = GaugeMetricFamily(
+            "jobrun_worker_jobs_buffered",
+            "Jobs claimed ahead of the free threads right now: leased, not started "
+            "(their attempt not counted yet).",
+        )
         size = GaugeMetricFamily(
             "jobrun_pool_connections", "Connections open in the workers' pools."
         )
@@ -378,10 +404,11 @@ class _WorkerCollector:
             "jobrun_pool_requests_waiting", "Callers waiting for a pooled connection right now."
         )
         if not workers:
-            yield from (total, busy, size, in_use, limit, waiting)
+            yield from (total, busy, buffered, size, in_use, limit, waiting)
             return
         total.add_metric([], float(sum(_concurrency(w) for w in workers)))
         busy.add_metric([], float(sum(_busy(w) for w in workers)))
+        buffered.add_metric([], float(sum(int(w.buffered) for w in workers)))
         pools: dict[int, Any] = {}
         for w in workers:
             pool = getattr(w.store, "pool", None)
@@ -394,7 +421,7 @@ class _WorkerCollector:
             in_use.add_metric([], float(opened - sum(s.get("pool_available", 0) for s in stats)))
             limit.add_metric([], float(sum(s.get("pool_max", 0) for s in stats)))
             waiting.add_metric([], float(sum(s.get("requests_waiting", 0) for s in stats)))
-        yield from (total, busy, size, in_use, limit, waiting)
+        yield from (total, busy, buffered, size, in_use, limit, waiting)
 
 
 def _concurrency(worker: Worker) -> int:

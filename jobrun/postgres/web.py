@@ -33,7 +33,7 @@ import datetime as dt
 import functools
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -164,6 +164,9 @@ class LeaseOwner:
 
     owner: str
     running: int
+    """Its leases whose attempt started: handlers running (or about to)."""
+    waiting: int = 0
+    """Its leases claimed ahead of its free threads, not started: waiting for a thread."""
     last_seen_at: dt.datetime
     """Its most recent claim or heartbeat of a job it still holds."""
     lease_expires_at: dt.datetime
@@ -178,7 +181,10 @@ class Overview:
     """The last 60 minutes, oldest first."""
     workers: tuple[LeaseOwner, ...]
     running_listed: int
-    """How many running jobs are listed under the workers (at most RUNNING_SHOWN)."""
+    """How many leased jobs are listed under the workers (at most RUNNING_SHOWN)."""
+    waiting_by_queue: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Per queue, the leased jobs waiting for a thread (claimed ahead, not started):
+    queues with none are absent."""
 
     @property
     def db_now(self) -> dt.datetime:
@@ -251,6 +257,7 @@ class DashboardReads:
             for r in self.q.web_throughput(conn)
         )
         owners = self.q.web_lease_owners(conn)
+        waiting = {r.queue: r.waiting for r in self.q.web_waiting_by_queue(conn)}
         running = [job_from_row(r) for r in self.q.web_running_jobs(conn, max_rows=RUNNING_SHOWN)]
         by_owner: dict[str, list[Job]] = {}
         for job in running:
@@ -261,7 +268,8 @@ class DashboardReads:
             workers=tuple(
                 LeaseOwner(
                     owner=o.owner,
-                    running=o.running,
+                    running=o.leased - o.waiting,
+                    waiting=o.waiting,
                     last_seen_at=o.last_seen_at,
                     lease_expires_at=o.lease_expires_at,
                     jobs=tuple(by_owner.get(o.owner, ())),
@@ -269,6 +277,7 @@ class DashboardReads:
                 for o in owners
             ),
             running_listed=len(running),
+            waiting_by_queue=waiting,
         )
 
     # -- jobs ----------------------------------------------------------------------

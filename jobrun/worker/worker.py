@@ -481,6 +481,12 @@ class Worker(Service):
         return self._leases.in_handler(on_loop=True)
 
     @property
+    def buffered(self) -> int:
+        """Jobs claimed ahead of the free threads and not started yet (leased,
+        their attempt not counted): the buffer the claimer keeps (claim_ahead)."""
+        return self._leases.holdings().buffered
+
+    @property
     def dead_threads(self) -> list[str]:
         """Names of this worker's threads that died while it runs (empty when healthy).
 

@@ -422,6 +422,39 @@ def test_get_shows_one_job_as_key_value_lines(
     assert "boom" in lines["last_error"]
 
 
+def test_get_and_list_tell_a_job_claimed_ahead_from_a_running_one(
+    jobrun: Callable[..., Result], client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipelined worker leases jobs ahead of its free threads: leased, not started."""
+    running = client.enqueue("t.run", queue="ahead")
+    waiting = client.enqueue("t.wait", queue="ahead")
+    leased(client, "ahead")
+    client.store.exchange("test-worker", queues=["ahead"], limit=1, ttl=TTL, start_now=0)
+
+    def fields(job_id: uuid.UUID) -> dict[str, str]:
+        out = jobrun("get", str(job_id)).out
+        return {k: v for k, _, v in (line.partition(" ") for line in out.splitlines()) if k}
+
+    got = fields(waiting.id)
+    assert " ".join(got["state"].split()) == (
+        "leased, waiting for a thread (claimed ahead, not started)"
+    )
+    assert got["started_at"].strip() == ""
+    assert got["attempts"].split() == ["0", "of", "25"]
+    got = fields(running.id)
+    assert got["state"].strip() == "leased"
+    assert got["started_at"].strip().endswith("Z")
+    monkeypatch.setenv("COLUMNS", "120")
+    lines = jobrun("list", "--queue", "ahead").out.splitlines()
+    states = {
+        job.id: line.split()[3]
+        for job in (running, waiting)
+        for line in lines
+        if str(job.id) in line
+    }
+    assert states == {running.id: "leased", waiting.id: "waiting"}
+
+
 def test_get_unknown_job_is_not_found(jobrun: Callable[..., Result]) -> None:
     assert_one_line_error(jobrun("get", UNKNOWN_ID), cli.EXIT_NOT_FOUND, UNKNOWN_ID)
 
@@ -972,6 +1005,7 @@ def test_worker_app_that_fails_to_import_says_in_one_line_how_to_see_where(
     [
         ("--lease-ttl", "long", "--lease-ttl"),
         ("--concurrency", "0", "concurrency"),
+        ("--claim-ahead", "-1", "claim_ahead"),
         ("--queues", "a=zero", "queues"),
         ("--retention", "a week", "--retention"),
         ("--commit-timeout", "-", "--commit-timeout"),
@@ -1002,8 +1036,11 @@ def test_worker_settings_come_from_flags_over_the_environment(
     monkeypatch.setenv("WORKER_CONCURRENCY", "3")
     monkeypatch.setenv("JOBRUN_POLL_INTERVAL", "2s")
     monkeypatch.setenv("JOBRUN_RETENTION", "1d")
+    monkeypatch.setenv("JOBRUN_CLAIM_AHEAD", "0")
     result = jobrun(
         "worker",
+        "--claim-ahead",
+        "auto",
         "--app",
         APP,
         "--queues",
@@ -1037,6 +1074,7 @@ def test_worker_settings_come_from_flags_over_the_environment(
     assert settings.retention is None  # the flag's "off" beats the environment
     assert settings.events_retention == dt.timedelta(days=2)
     assert settings.notifications is False
+    assert settings.claim_ahead is None  # the flag's "auto" beats the environment's 0
     assert seen["scheduler"] is False
     assert seen["registry"] is touch_app.registry
     assert seen["ran"] is True

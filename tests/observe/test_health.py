@@ -327,6 +327,12 @@ class ClaimerKiller(Store):
             raise SystemExit("a library called sys.exit() on the claimer's thread")
         return super().claim(*args, **kwargs)
 
+    def exchange(self, *args: Any, **kwargs: Any) -> Any:
+        """The pipelined claimer's round trip (complete, start and claim in one)."""
+        if self.die.is_set():
+            raise SystemExit("a library called sys.exit() on the claimer's thread")
+        return super().exchange(*args, **kwargs)
+
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_healthz_is_503_naming_a_worker_thread_that_died(pool: Any) -> None:

@@ -253,6 +253,9 @@ def test_outcome_counters_match_the_jobs_events_and_states_in_the_database(
     assert s.total("jobrun_store_call_jobs_sum", operation="claim") == 20
     assert s.total("jobrun_store_call_duration_seconds_count", operation="claim") >= 1
     assert s.total("jobrun_store_call_jobs_sum", operation="fail") == 3 + 3 + 2 + 2
+    # Every handler success went in a completer batch or rode with a claim: the
+    # 7 "ok" and the cancelled "waits" (its handler returned; recorded cancelled).
+    assert s.total("jobrun_store_call_completed_jobs_sum") == 7 + 1
     assert s.total("jobrun_store_call_errors_total") == 0
     assert s.get("jobrun_heartbeat_failures_total") == 0
     # Threads and pool, read from the worker at scrape time.
@@ -283,6 +286,7 @@ def test_series_of_a_watched_workers_queues_and_types_exist_at_zero_before_any_j
     assert s.label_values("jobrun_jobs_started_total", "type") == {"a", "b"}
     assert s.get("jobrun_worker_handler_threads") == worker.concurrency
     assert s.get("jobrun_worker_handler_threads_busy") == 0
+    assert s.get("jobrun_worker_jobs_buffered") == 0
 
 
 def test_a_flood_of_unknown_types_is_one_label_value(
@@ -354,6 +358,50 @@ def test_store_call_errors_are_counted_by_kind_and_heartbeat_failures_apart() ->
     assert s.get("jobrun_store_call_jobs_sum", operation="complete") == 8
     assert s.get("jobrun_store_call_jobs_bucket", operation="complete", le="8.0") == 1
     assert s.get("jobrun_store_call_jobs_bucket", operation="complete", le="4.0") == 0
+
+
+def test_successes_a_claim_carried_count_as_completions_of_that_round_trip() -> None:
+    metrics = Metrics()
+    metrics.store_call(StoreCall("claim", 0.003, 5, None, ("default",), 3))
+    metrics.store_call(StoreCall("claim", 0.003, 4))  # completed nothing: not a completion
+    metrics.store_call(StoreCall("claim", 0.2, 0, TransientError("lost"), ("default",), 0))
+    metrics.store_call(StoreCall("complete", 0.004, 8))
+    metrics.store_call(StoreCall("complete_tx", 0.004, 2, TransientError("server closed")))
+    metrics.store_call(StoreCall("heartbeat", 0.01, 6))
+    s = Scrape(metrics.registry)
+    completed = "jobrun_store_call_completed_jobs"
+    assert s.get(f"{completed}_sum", operation="claim") == 3
+    assert s.get(f"{completed}_count", operation="claim") == 1
+    assert s.get(f"{completed}_sum", operation="complete") == 8
+    assert s.get(f"{completed}_count", operation="complete_tx") == 0  # it raised
+    assert s.label_values(f"{completed}_count", "operation") == {"claim", "complete", "complete_tx"}
+    assert s.get("jobrun_store_call_jobs_sum", operation="claim") == 9  # jobs claimed, as before
+
+
+def test_jobs_buffered_ahead_of_a_busy_thread_are_a_gauge_matching_the_database(
+    store: Store, registry: Registry, run_worker: Callable[..., Worker], conn: Any
+) -> None:
+    gate = threading.Event()
+    registry.register("quick", lambda ctx, job: None)
+    registry.register("holds", lambda ctx, job: gate.wait(30))
+    metrics = Metrics()
+    for _ in range(20):  # a run time and a round trip observed: the buffer has a size
+        enqueue(store, "quick")
+    worker = run_worker(metrics, concurrency=1, claim_ahead=3)
+    unfinished = "SELECT count(*) FROM jobrun.jobs WHERE finished_at IS NULL"
+    wait_for(lambda: one(conn, unfinished) == 0)
+    enqueue(store, "holds")
+    for _ in range(6):
+        enqueue(store, "quick")
+    waiting = "SELECT count(*) FROM jobrun.jobs WHERE state = 'leased' AND started_at IS NULL"
+    try:
+        wait_for(lambda: worker.threads_busy == 1 and one(conn, waiting) == 3)
+        s = Scrape(metrics.registry)
+        assert s.get("jobrun_worker_jobs_buffered") == worker.buffered == 3
+    finally:
+        gate.set()
+    wait_for(lambda: one(conn, unfinished) == 0)
+    assert Scrape(metrics.registry).get("jobrun_worker_jobs_buffered") == 0
 
 
 # -- cluster-wide -------------------------------------------------------------------

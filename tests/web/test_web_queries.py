@@ -63,10 +63,10 @@ SELECT {ID.format(t="now() - g * interval '10 ms'", n="'q' || g")},
        now() - g * interval '10 ms'
 FROM generate_series(1, 20000) g;
 INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, state, attempts, lease_owner,
-                         lease_token, lease_expires_at)
+                         lease_token, lease_expires_at, started_at)
 SELECT {ID.format(t="now() - g * interval '1 ms'", n="'l' || g")},
        'a', 't', '{{}}', %(backoff)s, 'leased', 1, 'w' || (g %% 4), gen_random_uuid(),
-       now() + interval '30 s'
+       now() + interval '30 s', CASE WHEN g %% 5 <> 0 THEN now() END
 FROM generate_series(1, 40) g;
 INSERT INTO jobrun.job_events (job_id, kind, attempt, at)
 SELECT gen_random_uuid(), CASE WHEN g %% 50 = 0 THEN 'retrying' ELSE 'succeeded' END, 1,
@@ -110,6 +110,7 @@ STATEMENTS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "keyed": (wq.WEB_KEYED_JOBS_PAGE, ("key-10", LOW, HIGH, None, None, None, 51)),
     "throughput": (wq.WEB_THROUGHPUT, ()),
     "owners": (wq.WEB_LEASE_OWNERS, ()),
+    "waiting": (wq.WEB_WAITING_BY_QUEUE, ()),
     "running": (wq.WEB_RUNNING_JOBS, (200,)),
     "schedules": (wq.WEB_SCHEDULES, ()),
     "effect": (wq.WEB_EFFECT, ("job:t", "x")),
@@ -283,16 +284,19 @@ def test_throughput_counts_the_last_hour_by_minute_like_plain_sql(
 
 def test_lease_owners_and_their_running_jobs(big: psycopg.Connection[Any], store: Store) -> None:
     overview = DashboardReads(store).overview()
-    assert [(w.owner, w.running) for w in overview.workers] == [
-        ("w0", 10),
-        ("w1", 10),
-        ("w2", 10),
-        ("w3", 10),
+    # Every fifth lease is claimed ahead, not started: two of each owner's ten.
+    assert [(w.owner, w.running, w.waiting) for w in overview.workers] == [
+        ("w0", 8, 2),
+        ("w1", 8, 2),
+        ("w2", 8, 2),
+        ("w3", 8, 2),
     ]
     for w in overview.workers:
         assert {j.lease_owner for j in w.jobs} == {w.owner} and len(w.jobs) == 10
+        assert [j.started for j in w.jobs] == [True] * 8 + [False] * 2  # running ones first
         assert w.lease_expires_at > overview.db_now
     assert overview.running_listed == 40
+    assert overview.waiting_by_queue == {"a": 8}
 
 
 # -- small, exact cases -----------------------------------------------------------

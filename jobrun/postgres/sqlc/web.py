@@ -126,7 +126,8 @@ class WebThroughputRow:
 
 WEB_LEASE_OWNERS: Final = """\
 SELECT jobs.lease_owner::text AS owner,
-       count(*)::int8 AS running,
+       count(*)::int8 AS leased,
+       count(*) FILTER (WHERE jobs.started_at IS NULL)::int8 AS waiting,
        max(jobs.updated_at)::timestamptz AS last_seen_at,
        max(jobs.lease_expires_at)::timestamptz AS lease_expires_at
 FROM jobrun.jobs AS jobs
@@ -138,15 +139,31 @@ ORDER BY jobs.lease_owner"""
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class WebLeaseOwnersRow:
     owner: str
-    running: int
+    leased: int
+    waiting: int
     last_seen_at: datetime.datetime
     lease_expires_at: datetime.datetime
+
+
+WEB_WAITING_BY_QUEUE: Final = """\
+SELECT jobs.queue::text AS queue,
+       count(*)::int8 AS waiting
+FROM jobrun.jobs AS jobs
+WHERE jobs.state = 'leased' AND jobs.started_at IS NULL
+GROUP BY jobs.queue
+ORDER BY jobs.queue"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WebWaitingByQueueRow:
+    queue: str
+    waiting: int
 
 
 WEB_RUNNING_JOBS: Final = """\
 SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
-ORDER BY jobs.lease_owner, jobs.id
+ORDER BY jobs.lease_owner, jobs.started_at IS NULL, jobs.id
 LIMIT $1"""
 
 
@@ -462,22 +479,33 @@ class Queries(QueriesBase):
             ]
 
     def web_lease_owners(self, conn: psycopg.Connection[Any]) -> list[WebLeaseOwnersRow]:
-        """Every lease owner holding leases now, with how many, the most recent
-        heartbeat or claim (updated_at) and its latest lease expiry; through
-        jobs_leased_queue_idx. Expired leases the reaper has not taken back yet count
-        too: their owner may be gone, which the page tells by the expiry.
+        """Every lease owner holding leases now, with how many, how many of those
+        wait for a thread (claimed ahead, not started: started_at is NULL), the
+        most recent heartbeat or claim (updated_at) and its latest lease expiry;
+        through jobs_leased_queue_idx. Expired leases the reaper has not taken back
+        yet count too: their owner may be gone, which the page tells by the expiry.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(WEB_LEASE_OWNERS))
             return [
                 WebLeaseOwnersRow(
                     owner=r[0],
-                    running=r[1],
-                    last_seen_at=r[2],
-                    lease_expires_at=r[3],
+                    leased=r[1],
+                    waiting=r[2],
+                    last_seen_at=r[3],
+                    lease_expires_at=r[4],
                 )
                 for r in cur.fetchall()
             ]
+
+    def web_waiting_by_queue(self, conn: psycopg.Connection[Any]) -> list[WebWaitingByQueueRow]:
+        """Per queue, the leased jobs that wait for a thread: claimed ahead by a
+        worker, not started (started_at is NULL; their attempt not counted yet).
+        Through jobs_leased_queue_idx, like the leased counts: a few per thread.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WEB_WAITING_BY_QUEUE))
+            return [WebWaitingByQueueRow(queue=r[0], waiting=r[1]) for r in cur.fetchall()]
 
     def web_running_jobs(self, conn: psycopg.Connection[Any], *, max_rows: int) -> list[Job]:
         """The leased jobs themselves, by owner (the overview lists them under their

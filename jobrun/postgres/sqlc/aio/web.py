@@ -23,11 +23,13 @@ from jobrun.postgres.sqlc.web import (
     WEB_SCAN_JOBS,
     WEB_SCHEDULES,
     WEB_THROUGHPUT,
+    WEB_WAITING_BY_QUEUE,
     WebEffectRow,
     WebLeaseOwnersRow,
     WebScanJobsRow,
     WebSchedulesRow,
     WebThroughputRow,
+    WebWaitingByQueueRow,
 )
 
 
@@ -324,22 +326,36 @@ class AsyncQueries(QueriesBase):
             ]
 
     async def web_lease_owners(self, conn: psycopg.AsyncConnection[Any]) -> list[WebLeaseOwnersRow]:
-        """Every lease owner holding leases now, with how many, the most recent
-        heartbeat or claim (updated_at) and its latest lease expiry; through
-        jobs_leased_queue_idx. Expired leases the reaper has not taken back yet count
-        too: their owner may be gone, which the page tells by the expiry.
+        """Every lease owner holding leases now, with how many, how many of those
+        wait for a thread (claimed ahead, not started: started_at is NULL), the
+        most recent heartbeat or claim (updated_at) and its latest lease expiry;
+        through jobs_leased_queue_idx. Expired leases the reaper has not taken back
+        yet count too: their owner may be gone, which the page tells by the expiry.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(WEB_LEASE_OWNERS))
             return [
                 WebLeaseOwnersRow(
                     owner=r[0],
-                    running=r[1],
-                    last_seen_at=r[2],
-                    lease_expires_at=r[3],
+                    leased=r[1],
+                    waiting=r[2],
+                    last_seen_at=r[3],
+                    lease_expires_at=r[4],
                 )
                 for r in await cur.fetchall()
             ]
+
+    async def web_waiting_by_queue(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+    ) -> list[WebWaitingByQueueRow]:
+        """Per queue, the leased jobs that wait for a thread: claimed ahead by a
+        worker, not started (started_at is NULL; their attempt not counted yet).
+        Through jobs_leased_queue_idx, like the leased counts: a few per thread.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(WEB_WAITING_BY_QUEUE))
+            return [WebWaitingByQueueRow(queue=r[0], waiting=r[1]) for r in await cur.fetchall()]
 
     async def web_running_jobs(
         self,
