@@ -14,7 +14,7 @@ JOBRUN_POOLER                  --pooler                auto (auto|none|session|t
 JOBRUN_DIRECT_URL              --direct-url            none (LISTEN, the leader, migrations)
 JOBRUN_SCHEMA                  --schema                jobrun
 JOBRUN_CONCURRENCY             --concurrency           10
-JOBRUN_CLAIM_AHEAD             --claim-ahead           auto (see below)
+JOBRUN_CLAIM_AHEAD             --claim-ahead           0 (see below)
 JOBRUN_JOB_EVENTS              --job-events            all (all|terminal)
 JOBRUN_QUEUES                  --queues                default
 JOBRUN_LEASE_TTL               --lease-ttl             30s
@@ -61,8 +61,8 @@ out, so the commit timeout never applies in full).
 ``JOBRUN_CLAIM_AHEAD`` caps the jobs a worker claims ahead of its free
 threads (leased, not started, their attempt not counted until they start:
 :mod:`jobrun.worker.ahead` sizes that buffer from the observed run time);
-``auto`` is the larger of the concurrency and the completion batch, ``0``
-claims only for free threads.
+``0``, the default, claims only for free threads; ``auto`` caps it at the
+larger of the concurrency and the completion batch.
 ``DATABASE_URL`` takes every form :mod:`jobrun.postgres.dsn` accepts; the
 repr of :class:`Settings` masks its password.
 """
@@ -174,7 +174,7 @@ class Settings:
     """A connection string to PostgreSQL itself, for work that needs a session."""
     schema: str = DEFAULT_SCHEMA
     concurrency: int = DEFAULT_CONCURRENCY
-    claim_ahead: int | None = None
+    claim_ahead: int | None = 0
     """Jobs claimed ahead of the free threads at most; None: auto (WorkerConfig's)."""
     job_events: EventMode = EventMode.ALL
     queues: Mapping[str, int | None] = dataclasses.field(default_factory=lambda: {"default": None})

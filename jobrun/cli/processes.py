@@ -79,7 +79,7 @@ def register(commands: Commands) -> None:
         help=setting_help(
             "jobs claimed ahead of free threads: leased, not started (0: none)",
             "claim_ahead",
-            "auto",
+            "0",
         ),
     )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler")

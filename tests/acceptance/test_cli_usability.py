@@ -226,7 +226,7 @@ def test_worker_help_shows_durations_with_their_defaults_and_variables(
         ("--shutdown-grace", "(default: 30s; env JOBRUN_SHUTDOWN_GRACE)"),
         ("--retention", "(default: 7d; env JOBRUN_RETENTION)"),
         ("--concurrency", "(default: 10; env JOBRUN_CONCURRENCY)"),
-        ("--claim-ahead", "(default: auto; env JOBRUN_CLAIM_AHEAD)"),
+        ("--claim-ahead", "(default: 0; env JOBRUN_CLAIM_AHEAD)"),
     ):
         entry = out.split(f" {flag} ", 1)[1].split(" --", 1)[0]  # the flag's own help
         assert entry.endswith(text), entry

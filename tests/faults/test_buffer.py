@@ -54,7 +54,8 @@ APP = ("--app", "tests.faults.buffer_app:registry")
 
 def buffered_worker(workers: Workers, depth: int, *args: str, concurrency: int) -> WorkerProc:
     """A worker process whose claimer keeps ``depth`` jobs claimed ahead."""
-    return workers.start(*APP, *args, env={AHEAD_ENV: str(depth)}, concurrency=concurrency)
+    env = {AHEAD_ENV: str(depth), "JOBRUN_CLAIM_AHEAD": "auto"}  # off by default
+    return workers.start(*APP, *args, env=env, concurrency=concurrency)
 
 
 def leased_unstarted(conn: psycopg.Connection[Any]) -> int:

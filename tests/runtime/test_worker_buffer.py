@@ -96,7 +96,7 @@ def test_stop_gives_the_buffer_back_at_once_and_another_worker_takes_it(
 ) -> None:
     fixed_depth(monkeypatch, 5)
     blocker, waiting = blocker_and_buffered(store, 5)
-    worker = make_worker(concurrency=1)
+    worker = make_worker(concurrency=1, claim_ahead=None)
     wait_for(lambda: len(unstarted(conn)) == 5 and runs.of(blocker), 10)
     stopping = threading.Thread(target=worker.stop, kwargs={"timeout": 10})
     stopping.start()
@@ -116,7 +116,7 @@ def test_stop_gives_the_buffer_back_at_once_and_another_worker_takes_it(
     assert not stopping.is_alive()
     monkeypatch.undo()
     began = time.monotonic()
-    make_worker(concurrency=2)
+    make_worker(concurrency=2, claim_ahead=None)
     wait_for(lambda: all(store.get(j.id).state is State.SUCCEEDED for j in waiting), LEASE)
     assert time.monotonic() - began < LEASE  # not after a lease expiry
     for job in waiting:
@@ -133,7 +133,7 @@ def test_a_cancel_requested_while_a_job_is_buffered_ends_it_cancelled_without_ru
 ) -> None:
     fixed_depth(monkeypatch, 3)
     blocker, waiting = blocker_and_buffered(store, 3)
-    make_worker(concurrency=1)
+    make_worker(concurrency=1, claim_ahead=None)
     wait_for(lambda: len(unstarted(conn)) == 3 and runs.of(blocker), 10)
     doomed, *others = waiting
     store.cancel(doomed.id)
@@ -154,7 +154,7 @@ def test_the_heartbeat_keeps_buffered_leases_past_the_lease_ttl(
 ) -> None:
     fixed_depth(monkeypatch, 4)
     blocker, waiting = blocker_and_buffered(store, 4)
-    make_worker(concurrency=1)
+    make_worker(concurrency=1, claim_ahead=None)
     wait_for(lambda: len(unstarted(conn)) == 4 and runs.of(blocker), 10)
     held = unstarted(conn)
     until = time.monotonic() + LEASE * 1.7
@@ -231,7 +231,7 @@ def test_long_jobs_are_not_claimed_ahead(
     jobs = [NewJob(type="work", payload={"sleep": 0.3}, backoff=NO_WAIT) for _ in range(12)]
     store.enqueue_batch(jobs)
     with Unstarted(admin_dsn) as sampler:
-        make_worker(concurrency=2)
+        make_worker(concurrency=2, claim_ahead=None)
         wait_for(lambda: len(runs.ran) == len(jobs), 30)
     assert sampler.samples > 20
     assert sampler.most == 0
@@ -267,7 +267,7 @@ def test_a_job_reclaimed_into_the_buffer_while_its_stale_run_goes_on_keeps_its_n
     # lease, not only the stale one it has lost.
     fixed_depth(monkeypatch, 2)
     job = store.enqueue(NewJob(type="block", backoff=NO_WAIT))
-    make_worker(concurrency=1)
+    make_worker(concurrency=1, claim_ahead=None)
     wait_for(lambda: runs.of(job) == [1], 10)
     conn.execute(
         "UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s", [job.id]

@@ -19,8 +19,8 @@ def test_the_variable_reaches_the_worker_config(text: str, expected: int | None)
     assert settings.worker_config().claim_ahead == expected
 
 
-def test_unset_is_auto() -> None:
-    assert Settings.from_env({}).worker_config().claim_ahead is None
+def test_unset_claims_only_for_free_threads() -> None:
+    assert Settings.from_env({}).worker_config().claim_ahead == 0
 
 
 def test_a_flag_beats_the_variable() -> None:
