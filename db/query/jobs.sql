@@ -159,15 +159,12 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- more than max_jobs rows. Paused queues are skipped, and so are limited
 -- queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
 -- lock, claims those. This statement is the lock-free path of every queue
--- without limits.
---
--- Planned once per connection, not once per call: the queues and max_jobs
--- are read through scalar subqueries, so a custom plan (the values bound)
--- estimates exactly what the generic plan does, the plan cache keeps the
--- generic one after its first five calls, and a claim no longer spends
--- longer planning (about 0.6 ms here) than its 32 rows take to run. The
--- plan is the same either way: jobs_claim_idx in order, stopped by the
--- LIMIT (tests/postgres/test_claim_plan_cache.py, tests/bench/test_claim_plan.py).
+-- without limits; it stays this small because PostgreSQL plans it anew on
+-- every call (custom plans), and the limited one costs several times more
+-- to plan. Planned once (the queues and max_jobs read through scalar
+-- subqueries, so that the plan cache keeps a generic plan) it was 5 times
+-- slower in a one-thread drain of a freshly seeded database: a generic plan
+-- cannot see max_jobs, and chose a plan for many rows.
 --
 -- The claim commits asynchronously (synchronous_commit off for this
 -- transaction only): if the server crashes before the claim reaches disk, the
@@ -177,19 +174,19 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- keeps the transactional path exactly-once.
 WITH next AS (
     SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS nth
-    FROM unnest((SELECT sqlc.arg(queues)::text[])) AS q(name)
+    FROM unnest(sqlc.arg(queues)::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
         ORDER BY jobs.priority, jobs.run_at, jobs.id
-        LIMIT (SELECT sqlc.arg(max_jobs)::int8)
+        LIMIT sqlc.arg(max_jobs)
         FOR UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
       AND NOT EXISTS (SELECT 1 FROM jobrun.queue_limits l WHERE l.queue = q.name)
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY c.priority, c.run_at, c.id
-    LIMIT (SELECT sqlc.arg(max_jobs)::int8)
+    LIMIT sqlc.arg(max_jobs)
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
