@@ -79,6 +79,14 @@ class Exchange(Completion):
             raise ValidationError("complete", "the jobs to complete are another owner's")
         starting = self._start_args(owner, start) if start else None
         limited = bool(names) and self._any_limited(names)
+        if completing is None and starting is None and not limited:
+            if not claim_args:
+                return Exchanged(completed=None, started=[], claimed=[])
+            # A claim alone: one statement, its own transaction (as Store.claim).
+            alone = self._on_pool(lambda c: self.q.claim_jobs(c, **claim_args))
+            return Exchanged(
+                completed=None, started=[], claimed=[job_from_row(row) for row in alone]
+            )
 
         def round_trip(
             c: psycopg.Connection[Any], committing: list[bool]
