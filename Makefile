@@ -30,12 +30,13 @@ generate: $(STAMP) ## regenerate jobrun/postgres/sqlc (db/query, db/migrations) 
 	$(PY) tools/async_to_sync.py
 
 .PHONY: check
-check: $(STAMP) ## ruff, mypy strict, the import layers, and the generated code is fresh
+check: $(STAMP) ## ruff, mypy strict, the import layers, the generated code is fresh, the docs site builds
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) tools/check_generated.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 .PHONY: fmt
 fmt: $(STAMP) ## format and auto-fix
@@ -85,4 +86,4 @@ test-scale: $(STAMP) ## worker hosts (network namespaces) added against one Post
 
 .PHONY: clean
 clean: ## remove the virtualenvs and caches
-	rm -rf $(VENV) $(PEERS_VENV) .pytest_cache .mypy_cache .ruff_cache dist build
+	rm -rf $(VENV) $(PEERS_VENV) .pytest_cache .mypy_cache .ruff_cache dist build site
