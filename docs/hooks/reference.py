@@ -121,7 +121,7 @@ def settings_reference() -> str:
             f"`{field.name}`",
             f"`{env[field.name]}`" if field.name in env else "",
             f"`{flag}`" if flag else "",
-            f"`{default}`",
+            f"`{default}`" if " " not in default else default,
             help_text.replace("|", "\\|").replace("\n", " "),
         ]
         rows.append("| " + " | ".join(cells) + " |")

@@ -1,8 +1,8 @@
-"""The README runs as written: every code block in it is executed here.
+"""The README and the documentation run as written: every code block is executed here.
 
-Each fenced block in README.md is preceded by an HTML comment that says what
-it is, so that no block can drift from the code unnoticed (a block without
-one fails the suite):
+Each fenced block in README.md and in every page of docs/ is preceded by an
+HTML comment that says what it is, so that no block can drift from the code
+unnoticed (a block without one fails the suite):
 
 ``<!-- readme: file NAME -->``
     the block is written to NAME in a fresh directory (the reader's project);
@@ -18,12 +18,16 @@ one fails the suite):
     times);
 ``<!-- readme: skip REASON -->``
     not run, and the reason says why (installing the package, which
-    tests/migration/test_wheel.py does for real from a built wheel).
+    tests/migration/test_wheel.py does for real from a built wheel; a
+    diagram; a fragment whose whole program runs elsewhere, named).
 
 Blocks run section by section (a ``##`` heading starts a section), each in a
 directory of its own that holds the files of the sections above it (a
 reader's project keeps them), on an empty database (the README runs ``jobrun
-migrate`` itself), with nothing on ``PYTHONPATH``.
+migrate`` itself), with nothing on ``PYTHONPATH``. A page of docs/ starts
+where the README's Quickstart left the reader: with its files (``tasks.py``).
+A block lives in one place only (docs/tutorial.md includes the README's
+Quickstart rather than copying it), so nothing runs twice.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.parts)]
 VENV_BIN = Path(sys.executable).parent
 
 _MARK = re.compile(r"<!--\s*readme:\s*(file|shell|output|skip)\b\s*(.*?)\s*-->")
@@ -60,20 +66,26 @@ class Block:
 class Section:
     title: str
     blocks: list[Block]
+    page: str = "README.md"
     earlier_files: dict[str, str] = dataclasses.field(default_factory=dict)
     """The files earlier sections wrote: the reader's project keeps them."""
 
 
-def sections(text: str) -> list[Section]:
-    """README's sections with their annotated blocks; ValueError for an unannotated block."""
-    found: list[Section] = [Section("(top)", [])]
+def sections(
+    text: str, page: str = "README.md", files: dict[str, str] | None = None
+) -> list[Section]:
+    """A page's sections with their annotated blocks; ValueError for an unannotated block.
+
+    ``files`` are those the reader already has when the page starts.
+    """
+    found: list[Section] = [Section("(top)", [], page)]
     lines = text.splitlines()
     mark: tuple[str, str] | None = None
     i = 0
     while i < len(lines):
         line = lines[i]
         if line.startswith("## "):
-            found.append(Section(line[3:].strip(), []))
+            found.append(Section(line[3:].strip(), [], page))
         m = _MARK.search(line)
         if m:
             mark = (m.group(1), m.group(2))
@@ -83,30 +95,59 @@ def sections(text: str) -> list[Section]:
             while j < len(lines) and not _FENCE.match(lines[j]):
                 j += 1
             if mark is None:
-                raise ValueError(f"README.md:{i + 1}: a code block without a <!-- readme: ... -->")
+                raise ValueError(f"{page}:{i + 1}: a code block without a <!-- readme: ... -->")
             found[-1].blocks.append(Block(mark[0], mark[1], "\n".join(lines[start:j]), i + 1))
             mark = None
             i = j
         elif line.strip():
             mark = None if not line.lstrip().startswith("<!--") else mark
         i += 1
-    files: dict[str, str] = {}
+    files = dict(files or {})
     for section in found:
         section.earlier_files = dict(files)
         files.update((b.arg, b.text) for b in section.blocks if b.kind == "file")
     return [s for s in found if s.blocks]
 
 
+def every_section() -> list[Section]:
+    """The README's sections, then each docs/ page's, starting from the Quickstart's files."""
+    readme = sections(README.read_text())
+    quickstart = {b.arg: b.text for s in readme for b in s.blocks if b.kind == "file"}
+    found = list(readme)
+    for path in PAGES[1:]:
+        found += sections(path.read_text(), str(path.relative_to(ROOT)), quickstart)
+    return found
+
+
 def runnable() -> list[Section]:
-    return [s for s in sections(README.read_text()) if any(b.kind == "shell" for b in s.blocks)]
+    return [s for s in every_section() if any(b.kind == "shell" for b in s.blocks)]
 
 
-def test_every_code_block_in_the_readme_says_how_it_is_tested() -> None:
-    all_blocks = [b for s in sections(README.read_text()) for b in s.blocks]
-    assert all_blocks, "the README has no code blocks?"
-    for block in all_blocks:
+def _id(section: Section) -> str:
+    return section.title if section.page == "README.md" else f"{section.page}: {section.title}"
+
+
+def test_every_code_block_in_the_readme_and_the_docs_says_how_it_is_tested() -> None:
+    all_blocks = [(s.page, b) for s in every_section() for b in s.blocks]
+    assert {page for page, _ in all_blocks} >= {"README.md", "docs/handlers.md"}
+    for page, block in all_blocks:
         if block.kind == "skip":
-            assert block.arg, f"README.md:{block.line}: a skipped block must say why"
+            assert block.arg, f"{page}:{block.line}: a skipped block must say why"
+
+
+def test_a_code_block_without_its_comment_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"docs/x.md:3: a code block without"):
+        sections("# X\n\n```sh\nls\n```\n", "docs/x.md")
+
+
+def test_no_file_is_written_by_two_blocks_so_nothing_runs_twice() -> None:
+    seen: dict[str, str] = {}
+    for section in every_section():
+        for block in section.blocks:
+            if block.kind in ("file", "shell") and block.text.count("\n") > 2:
+                where = f"{section.page}:{block.line}"
+                assert block.text not in seen, f"{where} repeats {seen.get(block.text)}"
+                seen[block.text] = where
 
 
 def _pattern(expected: str) -> re.Pattern[str]:
@@ -115,10 +156,8 @@ def _pattern(expected: str) -> re.Pattern[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("section", runnable(), ids=lambda s: s.title)
-def test_the_readme_section_runs_as_written(
-    section: Section, empty_dsn: str, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("section", runnable(), ids=_id)
+def test_the_section_runs_as_written(section: Section, empty_dsn: str, tmp_path: Path) -> None:
     dsn = empty_dsn  # not migrated: the README's own `jobrun migrate` does that
     env = {
         **os.environ,
@@ -154,11 +193,11 @@ def test_the_readme_section_runs_as_written(
                     )
                     printed.append(done.stdout + done.stderr)
                     assert done.returncode == 0, (
-                        f"README.md:{block.line}: `{command}` exited {done.returncode}\n"
+                        f"{section.page}:{block.line}: `{command}` exited {done.returncode}\n"
                         f"{done.stdout}\n{done.stderr}"
                     )
             elif block.kind == "output":
-                _expect(block, printed, background)
+                _expect(section.page, block, printed, background)
     finally:
         for job in background:
             job.stop()
@@ -213,7 +252,7 @@ class Background:
         assert code in (0, 130), f"`{self.command}` exited {code} when stopped:\n{self.output()}"
 
 
-def _expect(block: Block, printed: list[str], background: list[Background]) -> None:
+def _expect(page: str, block: Block, printed: list[str], background: list[Background]) -> None:
     """Every line of the block is printed by now (background output may lag: wait a bit)."""
     deadline = time.monotonic() + 30
     missing: list[str] = []
@@ -228,6 +267,6 @@ def _expect(block: Block, printed: list[str], background: list[Background]) -> N
             break
         time.sleep(0.2)
     assert not missing, (
-        f"README.md:{block.line}: the reader would not see {missing}; they would see:\n"
+        f"{page}:{block.line}: the reader would not see {missing}; they would see:\n"
         + "\n".join(seen)
     )
