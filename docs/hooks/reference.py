@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import enum
 import os
 import re
 import sys
@@ -73,25 +71,6 @@ def cli_reference() -> str:
                 os.environ[k] = v
 
 
-def _shown(value: object) -> str:
-    """A default as one would type it: 30s, 7d, off, default."""
-    if value is None or value is False:
-        return "off"
-    if value is True:
-        return "on"
-    if isinstance(value, enum.Enum):
-        return str(value.value)
-    if isinstance(value, dt.timedelta):
-        ms = round(value.total_seconds() * 1000)
-        for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-            if ms % size == 0:
-                return f"{ms // size}{unit}"
-        return f"{ms}ms"
-    if isinstance(value, dict):
-        return ",".join(k if v is None else f"{k}={v}" for k, v in value.items())
-    return str(value)
-
-
 def _flags() -> dict[str, tuple[str, str, str | None]]:
     """Each environment variable's flag, help and default as the flag's help words them."""
     found: dict[str, tuple[str, str, str | None]] = {}
@@ -106,6 +85,7 @@ def _flags() -> dict[str, tuple[str, str, str | None]]:
 
 def settings_reference() -> str:
     from jobrun import config  # noqa: PLC0415 - the repository's, at build time
+    from jobrun.cli.parser import _shown  # noqa: PLC0415 - a default as the CLI words it
 
     env = {field: var for var, (field, _parse) in config._ENV.items()}
     flags = _flags()
