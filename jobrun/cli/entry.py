@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from jobrun.job.validate import redact
 from jobrun.worker.stop_signals import Interrupted
 
-from . import actions, database, extras, jobs, processes, queues, schedules
+from . import actions, database, extras, jobs, processes, queues, schedules, why
 from .exits import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     database.register_migrate(commands)
     processes.register(commands)  # worker, scheduler
     jobs.register(commands)  # enqueue, get, list, events, depth
+    why.register(commands)
     actions.register(commands)  # cancel, retry
     queues.register(commands)
     actions.register_purge(commands)

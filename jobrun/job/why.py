@@ -1,0 +1,207 @@
+"""Why a job is not running: the reasons, named from what the database holds.
+
+"Why isn't my job running?" is the question operators ask most of a queue,
+and the answer is spread over several tables: the job's own row (its state,
+when it is due), its queue's pause, its queue's limits and the leases that
+fill them, the rate window. :func:`explain` turns one snapshot of all of it
+(read in one statement, by the database clock: :class:`Snapshot`) into
+:class:`Reason`\\ s, each naming what holds the job back, until when when
+that is known, and which jobs hold the slots it waits for.
+
+The reasons are listed in the order a claim meets them: a job not queued
+is not waiting at all; a queued job not due yet waits for its time; then the
+queue's pause, its concurrency, the job's key, the rate window; then the
+runnable jobs ahead of it in claim order. When nothing in the database holds
+a due job back, what is left is that no worker is claiming its queue: said
+as such, since only a running worker could claim it.
+
+This module is pure (no I/O): ``jobrun.postgres.diagnose`` reads the
+snapshot, the CLI (``jobrun why``) and the dashboard show the reasons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import uuid
+
+from jobrun.job.model import State
+
+
+class Hold(enum.StrEnum):
+    """What kind of thing holds a job back (stable: ``--json`` prints it)."""
+
+    FINISHED = "finished"
+    RUNNING = "running"
+    CANCEL_REQUESTED = "cancel_requested"
+    SCHEDULED = "scheduled"
+    PAUSED = "paused"
+    CONCURRENCY = "concurrency"
+    PER_KEY = "per_key"
+    RATE = "rate"
+    BEHIND = "behind"
+    NO_WORKER = "no_worker"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reason:
+    """One thing holding a job back: what, in a sentence, until when if known,
+    and the jobs holding the slots it waits for (the first few)."""
+
+    hold: Hold
+    text: str
+    until: dt.datetime | None = None
+    jobs: tuple[uuid.UUID, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """What the database holds about a job and its queue, read in one statement."""
+
+    id: uuid.UUID
+    state: State
+    queue: str
+    type: str
+    run_at: dt.datetime
+    concurrency_key: str | None
+    cancel_requested: bool
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    db_now: dt.datetime
+    paused_at: dt.datetime | None
+    concurrency_limit: int | None
+    per_key_limit: int | None
+    rate_limit: int | None
+    rate_period_seconds: float | None
+    leased_in_queue: int
+    queue_holders: tuple[uuid.UUID, ...]
+    leased_for_key: int
+    key_holders: tuple[uuid.UUID, ...]
+    rate_used: int
+    rate_frees_at: dt.datetime | None
+    ahead: int
+    ahead_cap: int
+    live_owners: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosis:
+    """A job, what state it is in, and what holds it back (empty: nothing does)."""
+
+    job_id: uuid.UUID
+    state: State
+    queue: str
+    type: str
+    db_now: dt.datetime
+    reasons: tuple[Reason, ...]
+
+
+def explain(s: Snapshot) -> Diagnosis:
+    """The reasons ``s``'s job is not running, in the order a claim meets them."""
+    return Diagnosis(
+        job_id=s.id, state=s.state, queue=s.queue, type=s.type, db_now=s.db_now, reasons=_reasons(s)
+    )
+
+
+def _reasons(s: Snapshot) -> tuple[Reason, ...]:
+    if s.state.terminal:
+        return (Reason(Hold.FINISHED, f"it has finished: {s.state.value}"),)
+    if s.state is State.LEASED:
+        owner = s.lease_owner or "a worker"
+        running = Reason(
+            Hold.RUNNING,
+            f"it is running: leased by {owner} until {_at(s.lease_expires_at)} "
+            "(renewed while it runs)",
+            until=s.lease_expires_at,
+        )
+        if not s.cancel_requested:
+            return (running,)
+        stopping = "a cancel was requested: its worker stops it at its next heartbeat"
+        return (running, Reason(Hold.CANCEL_REQUESTED, stopping))
+    reasons: list[Reason] = []
+    if s.run_at > s.db_now:
+        reasons.append(
+            Reason(
+                Hold.SCHEDULED,
+                f"it is not due yet: due at {_at(s.run_at)} "
+                f"({_span(s.run_at - s.db_now)} from now)",
+                until=s.run_at,
+            )
+        )
+    if s.paused_at is not None:
+        reasons.append(
+            Reason(Hold.PAUSED, f"its queue {s.queue!r} is paused (since {_at(s.paused_at)})")
+        )
+    if s.concurrency_limit is not None and s.leased_in_queue >= s.concurrency_limit:
+        reasons.append(
+            Reason(
+                Hold.CONCURRENCY,
+                f"its queue {s.queue!r} is at its concurrency limit: "
+                f"{s.leased_in_queue} of {s.concurrency_limit} slots held by leased jobs",
+                jobs=s.queue_holders,
+            )
+        )
+    if (
+        s.per_key_limit is not None
+        and s.concurrency_key is not None
+        and s.leased_for_key >= s.per_key_limit
+    ):
+        reasons.append(
+            Reason(
+                Hold.PER_KEY,
+                f"its concurrency key {s.concurrency_key!r} is at its limit: "
+                f"{s.leased_for_key} of {s.per_key_limit} slots held by leased jobs",
+                jobs=s.key_holders,
+            )
+        )
+    if s.rate_limit is not None and s.rate_used >= s.rate_limit:
+        period = dt.timedelta(seconds=s.rate_period_seconds or 0)
+        until = f" until {_at(s.rate_frees_at)}" if s.rate_frees_at is not None else ""
+        reasons.append(
+            Reason(
+                Hold.RATE,
+                f"its queue {s.queue!r} has used its rate limit "
+                f"({s.rate_used} of {s.rate_limit} per {_span(period)}){until}",
+                until=s.rate_frees_at,
+            )
+        )
+    if s.ahead and s.run_at <= s.db_now:
+        many = f"at least {s.ahead:,}" if s.ahead >= s.ahead_cap else f"{s.ahead:,}"
+        reasons.append(
+            Reason(
+                Hold.BEHIND,
+                f"{many} runnable job(s) of queue {s.queue!r} come before it "
+                "(claimed by priority, then due time)",
+            )
+        )
+    if not reasons:
+        workers = (
+            f"workers holding leases on it now: {', '.join(s.live_owners)}"
+            if s.live_owners
+            else "no worker holds a lease on it now"
+        )
+        reasons.append(
+            Reason(
+                Hold.NO_WORKER,
+                "nothing in the database holds it back (due, first in line, its queue "
+                f"neither paused nor at a limit): a worker serving queue {s.queue!r} claims it "
+                f"within its poll interval; is one running? ({workers})",
+            )
+        )
+    return tuple(reasons)
+
+
+def _at(when: dt.datetime | None) -> str:
+    return "?" if when is None else when.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _span(d: dt.timedelta) -> str:
+    """A duration as a person reads it: 45s, 5m 10s, 2h 3m, 3d 4h."""
+    total = max(int(d.total_seconds() + 0.5), 0)
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
+    shown = [f"{n}{unit}" for n, unit in parts if n]
+    return " ".join(shown[:2]) if shown else "0s"
