@@ -215,7 +215,7 @@ class Leases:
             # The context and its progress writer refer to each other: a cycle
             # (with the job and its payload) the collector alone would free.
             running.ctx._progress_sink = None
-        _signal(self.thread_freed)
+        self._wake_starter()
         self.slots_freed()
 
     def watch_slots(self) -> threading.Event:
@@ -250,7 +250,7 @@ class Leases:
         with self._lock:
             self._reserved -= n
         if n:
-            self.thread_freed.set()
+            self._wake_starter()
 
     def claiming(self, ahead: int) -> None:
         """A claim asks for ``ahead`` jobs into the buffer (negative: it is back)."""
@@ -269,6 +269,13 @@ class Leases:
                 self._lease_until.setdefault(claim, lease_from + self._ttl)
                 self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
         self.thread_freed.set()
+
+    def _wake_starter(self) -> None:
+        """A thread is free: the starter wants to know only while jobs wait in
+        the buffer (filling it wakes the starter too), so that a worker
+        without a buffer does not wake it at every job's end."""
+        if self._buffered:
+            _signal(self.thread_freed)
 
     def buffered(self, n: int) -> list[Job]:
         """The first ``n`` buffered jobs (claim order): the next to start."""
@@ -324,7 +331,7 @@ class Leases:
                     if claim not in self._running:
                         self._lease_until.pop(claim, None)
         self.slots_freed()  # the backlog shrank: the claimer may claim again
-        _signal(self.thread_freed)
+        self._wake_starter()
 
     def to_completer(self, batch: Iterable[Finished]) -> None:
         for done in batch:
