@@ -30,12 +30,15 @@ generate: $(STAMP) ## regenerate jobrun/postgres/sqlc (db/query, db/migrations) 
 	$(PY) tools/async_to_sync.py
 
 .PHONY: check
-check: $(STAMP) ## ruff, mypy strict, the import layers, and the generated code is fresh
+check: $(STAMP) ## ruff, mypy strict, the import layers, the generated code is fresh, sdist+wheel pass twine
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) tools/check_generated.py
+	rm -rf dist
+	$(PY) -m build --outdir dist .  # the wheel from the sdist: a file missing from it fails here
+	$(VENV)/bin/twine check --strict dist/*
 
 .PHONY: fmt
 fmt: $(STAMP) ## format and auto-fix
