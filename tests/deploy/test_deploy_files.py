@@ -7,16 +7,24 @@ schemas it bundles (offline, strict: an unknown field fails). Both carry
 the command lines of ``jobrun``: each is parsed by the CLI's own parser,
 so a flag renamed in the code fails here, not in a deployment. The worker's
 stop timeouts must cover its shutdown grace (the default in code) plus what
-follows the grace.
+follows the grace. The worker's and the scheduler's Deployments are run as
+written (the test's handlers and database in place of the placeholders):
+their probes' paths answer 200, and SIGTERM ends them, exit 0, within the
+pod's termination grace.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +36,10 @@ from jobrun.cli.entry import build_parser
 from jobrun.cli.exits import UsageError
 from jobrun.config import parse_duration
 from jobrun.worker.worker import ABANDONED_RELEASE_BOUND, DEFAULT_SHUTDOWN_GRACE
+from tests.support.waiting import wait_for
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 KUBERNETES_VERSION = "1.30.0"
@@ -230,3 +240,54 @@ def test_the_worker_pod_is_given_the_shutdown_grace_and_what_follows_it() -> Non
     assert dt.timedelta(seconds=pod["terminationGracePeriodSeconds"]) == grace + STOP_MARGIN
     assert CANCEL_WAIT + dt.timedelta(seconds=ABANDONED_RELEASE_BOUND) < STOP_MARGIN
     assert _parses(_jobrun_argv(container["command"])).no_scheduler
+
+
+# -- the manifests' processes, run ---------------------------------------------
+
+APP_MODULE = "tests.acceptance.lifecycle_app"
+SERVING = re.compile(r"serving (?P<paths>/\S+(?:, /\S+)*) on http://127\.0\.0\.1:(?P<port>\d+)")
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("name", ["jobrun-worker", "jobrun-scheduler"])
+def test_the_deployments_process_answers_its_probes_and_stops_within_the_pods_grace(
+    name: str, dsn: str, tmp_path: Path
+) -> None:
+    # The container's command and environment as written, with the test's
+    # handlers for myapp's, the test database for the secret, and any free
+    # port on loopback (its log line names it) for the health port.
+    pod, (container,) = _containers("Deployment", name)
+    argv = [arg.replace("myapp.jobs", APP_MODULE) for arg in _jobrun_argv(container["command"])]
+    env = {k: v for k, v in _env(container).items() if v != "<from secret>"}
+    env |= {"DATABASE_URL": dsn, "JOBRUN_HEALTH_PORT": "0", "JOBRUN_OBSERVE_HOST": "127.0.0.1"}
+    log = tmp_path / "process.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobrun.cli", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+        )
+    try:
+        found = wait_for(lambda: SERVING.search(log.read_text()), timeout=60)
+        base = f"http://127.0.0.1:{found['port']}"
+        for probe in ("livenessProbe", "readinessProbe"):
+            path = container[probe]["httpGet"]["path"]
+            assert wait_for(lambda p=path: _status(base + p) == 200, timeout=30), log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(pod["terminationGracePeriodSeconds"]) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
