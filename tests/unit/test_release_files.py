@@ -64,3 +64,11 @@ def test_every_relative_link_of_the_release_pages_reaches_a_file(page: str) -> N
     assert local or page == "CHANGELOG.md"
     for link in local:
         assert (path.parent / link).exists(), f"{page} links to {link}, which does not exist"
+
+
+def test_the_sdist_carries_the_release_files_and_the_deployment_files() -> None:
+    # `make check` builds the wheel from the sdist, which catches what the
+    # wheel needs; these files only a reader of the sdist needs.
+    hatch = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]
+    included = set(hatch["build"]["targets"]["sdist"]["include"])
+    assert {"LICENSE", "CHANGELOG.md", "SECURITY.md", "CONTRIBUTING.md", "deploy"} <= included
