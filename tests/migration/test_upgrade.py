@@ -10,6 +10,7 @@ them when its workers are stopped for the upgrade. CONTRIBUTING.md
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import time
 from pathlib import Path
@@ -79,6 +80,14 @@ def test_a_released_migration_is_never_edited_nor_removed() -> None:
         assert current.is_file(), f"released migration {path.name} was removed"
         assert current.read_bytes() == path.read_bytes(), f"released {path.name} was edited"
     assert _version((PREVIOUS / "RELEASE").read_text()) <= _version(__version__)
+
+
+def test_the_frozen_release_is_the_changelogs_latest() -> None:
+    # Releasing adds a dated changelog entry; this fails until the release's
+    # migrations are frozen here too (CONTRIBUTING.md, "Releasing", step 7).
+    released = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - ", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert released, "CHANGELOG.md names no release"
+    assert (PREVIOUS / "RELEASE").read_text().strip() == released[0]
 
 
 def test_the_previous_release_upgrades_and_a_current_worker_runs_every_runnable_job(
