@@ -30,13 +30,16 @@ generate: $(STAMP) ## regenerate jobrun/postgres/sqlc (db/query, db/migrations) 
 	$(PY) tools/async_to_sync.py
 
 .PHONY: check
-check: $(STAMP) ## ruff, mypy strict, the import layers, the generated code is fresh, the docs site builds
+check: $(STAMP) ## ruff, mypy strict, the import layers, the generated code is fresh, the docs site builds, sdist+wheel pass twine
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) tools/check_generated.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	rm -rf dist
+	$(PY) -m build --outdir dist .  # the wheel from the sdist: a file missing from it fails here
+	$(VENV)/bin/twine check --strict dist/*
 
 .PHONY: fmt
 fmt: $(STAMP) ## format and auto-fix

@@ -1,0 +1,1 @@
+DROP TABLE jobrun.schema_version;

@@ -1,0 +1,11 @@
+UPDATE jobrun.schema_version SET version = 6, at = now();
+ALTER TABLE jobrun.jobs DROP CONSTRAINT jobs_progress_range;
+ALTER TABLE jobrun.jobs DROP COLUMN progress_at;
+ALTER TABLE jobrun.jobs DROP COLUMN progress_message;
+ALTER TABLE jobrun.jobs DROP COLUMN progress;
+ALTER TABLE jobrun.jobs DROP CONSTRAINT jobs_snoozes_range;
+ALTER TABLE jobrun.jobs DROP COLUMN snoozes;
+DROP INDEX jobrun.jobs_leased_queue_idx;
+ALTER TABLE jobrun.jobs DROP COLUMN concurrency_key;
+DROP TABLE jobrun.queue_starts;
+DROP TABLE jobrun.queue_limits;
