@@ -18,8 +18,8 @@ import datetime as dt
 import json
 import math
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from markupsafe import Markup
 
@@ -82,6 +82,40 @@ def pretty_json(value: object) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
 
 
+class DetailField(NamedTuple):
+    """One key of an event's detail as the timeline shows it."""
+
+    key: str
+    text: str
+    block: bool
+    """The text has lines of its own (a traceback, a nested value): shown as a block."""
+
+
+def detail_fields(detail: Mapping[str, object]) -> list[DetailField]:
+    """An event's detail object as ``key: value`` pairs, the one-line values first.
+
+    The detail is JSON written by the queries (``{"via": "fail", "error":
+    ..., "permanent": false}``): strings are shown as they are, numbers
+    without a trailing ``.0``, and anything nested as indented JSON. A
+    multi-line value (an error's traceback) goes last, so that the short
+    facts stay on the event's line.
+    """
+    fields = []
+    for key, value in detail.items():
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, bool) or value is None:
+            text = json.dumps(value)
+        elif isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+            text = str(int(value))
+        elif isinstance(value, int | float):
+            text = repr(value)
+        else:
+            text = pretty_json(value)
+        fields.append(DetailField(str(key), text, "\n" in text))
+    return sorted(fields, key=lambda field: field.block)
+
+
 def short_id(value: uuid.UUID | str) -> str:
     return str(value)[:13]
 
@@ -95,6 +129,7 @@ FILTERS: dict[str, Callable[..., Any]] = {
     "age": format_age,
     "when": format_when,
     "pretty": pretty_json,
+    "fields": detail_fields,
     "short": short_id,
     "percent": format_percent,
     "window": rate_window,
@@ -103,6 +138,8 @@ FILTERS: dict[str, Callable[..., Any]] = {
 
 __all__ = [
     "FILTERS",
+    "DetailField",
+    "detail_fields",
     "error_text",
     "format_age",
     "format_percent",

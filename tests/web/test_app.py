@@ -335,6 +335,70 @@ def test_the_job_page_shows_payload_result_lease_error_timeline_and_effect(
     assert doc.by_id("job-live").attrs["data-refresh-url"] == f"/live/jobs/{job.id}"
 
 
+def test_the_timeline_shows_each_events_detail_as_key_value_pairs_escaped(
+    store: Store, client: TestClient, conn: psycopg.Connection[Any]
+) -> None:
+    job = store.enqueue(NewJob(type="pay", queue="money", max_attempts=3))
+    (first,) = store.claim("w", ["money"], 1, TTL)
+    error = 'ValueError: <b>card</b> declined\nTraceback (most recent call last):\n  File "h.py"'
+    store.fail(first, error, store.now())
+    (second,) = store.claim("w", ["money"], 1, TTL)
+    store.release(second, dt.timedelta(seconds=30), "rate limited", snooze=True)
+    # Details the queries never write, behind the Store's back: nested, and not an object.
+    conn.execute(
+        "INSERT INTO jobrun.job_events (job_id, kind, attempt, detail) VALUES"
+        " (%(id)s, 'retried', 1, %(nested)s), (%(id)s, 'retried', 1, %(list)s)",
+        {
+            "id": job.id,
+            "nested": json.dumps({"from": "dead", "by": {"user": "<i>ops</i>", "ids": [1, 2]}}),
+            "list": json.dumps(["a", 2]),
+        },
+    )
+
+    doc = page(client, f"/jobs/{job.id}")
+    events = doc.by_id("job-timeline").select("li", cls="event")
+    retrying, snoozed, nested, listed = (
+        events[2],
+        events[4],
+        *(e for e in events if e.attrs["data-kind"] == "retried"),
+    )
+    assert (retrying.attrs["data-kind"], snoozed.attrs["data-kind"]) == ("retrying", "snoozed")
+    # The label stands alone; the details are pairs beside it, never JSON glued to it.
+    assert retrying.one("strong", cls="kind").text == "retrying"
+    assert not retrying.select("code")
+
+    def pairs(event: Any) -> list[tuple[str, str]]:
+        return [
+            (f.one("dt").text, f.one("dd").text)
+            for f in event.one("dl", cls="detail").select("div", cls="field")
+        ]
+
+    fields = {
+        f.attrs["data-key"]: f for f in retrying.one("dl", cls="detail").select("div", cls="field")
+    }
+    # One-line facts first, then the error as a block with its lines kept and its markup as text.
+    assert list(fields) == ["via", "permanent", "error"]
+    assert (fields["via"].one("dt").text, fields["via"].one("dd").text) == ("via", "fail")
+    assert fields["permanent"].one("dd").text == "false"
+    assert "block" in fields["error"].classes
+    assert "".join(fields["error"].one("pre").text_parts) == error
+    assert not retrying.select("b")
+    assert pairs(snoozed) == [
+        ("via", "snooze"),
+        ("reason", "rate limited"),
+        ("delay_seconds", "30"),
+    ]
+    nested_fields = {
+        f.attrs["data-key"]: f for f in nested.one("dl", cls="detail").select("div", cls="field")
+    }
+    assert nested_fields["from"].one("dd").text == "dead"
+    shown = json.loads("".join(nested_fields["by"].one("pre").text_parts))
+    assert shown == {"user": "<i>ops</i>", "ids": [1, 2]}
+    assert not nested.select("i")
+    assert json.loads("".join(listed.one("pre", cls="detail").text_parts)) == ["a", 2]
+    assert not events[0].select("dl") and not events[0].select("pre")  # enqueued: no detail
+
+
 def test_the_effect_of_another_job_with_the_same_key_is_named(
     store: Store, client: TestClient
 ) -> None:

@@ -393,9 +393,36 @@ def test_a_job_page_shows_its_payload_result_error_ledger_and_timeline(
         ("succeeded", "3"),
     ]
     assert "retrying" in browser.text("ol#job-timeline")
+    # Each event's detail reads as key: value pairs under its label, not JSON glued to it.
+    retrying = 'ol#job-timeline li.event[data-kind="retrying"]'
+    shown = browser.text(retrying)
+    assert '{"' not in shown and '"permanent"' not in shown
+    assert "ConnectionError: payment gateway timed out (attempt 1)" in browser.text(
+        f'{retrying} .field[data-key="error"] pre'
+    )
+    layout = browser.js(
+        """
+        const li = document.querySelector(arguments[0]);
+        const box = e => li.querySelector(e).getBoundingClientRect();
+        const colon = getComputedStyle(li.querySelector('.field[data-key="via"] dt'), '::after');
+        return {
+          labelBottom: box('strong.kind').bottom, detailTop: box('dl.detail').top,
+          keyTop: box('.field[data-key="via"] dt').top,
+          valueTop: box('.field[data-key="via"] dd').top,
+          value: li.querySelector('.field[data-key="via"] dd').innerText,
+          colon: colon.content,
+        };
+        """,
+        retrying,
+    )
+    assert layout["detailTop"] >= layout["labelBottom"] - 1, layout  # on a line of its own
+    assert layout["keyTop"] == layout["valueTop"], layout  # "via: fail" on one line
+    assert (layout["value"], layout["colon"]) == ("fail", '":"'), layout
     assert not browser.has("#cancel-job")  # finished: nothing to cancel
     no_console_errors(browser)
     browser.screenshot("job")
+    browser.js("document.querySelector('#job-timeline').scrollIntoView()")
+    save_for_readme(browser.screenshot("job-timeline"), "job-timeline.png")
 
 
 def test_retrying_a_dead_job_from_its_page_runs_it_again(
