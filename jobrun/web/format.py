@@ -8,8 +8,8 @@ against the database's ``now`` that the page read along with its data, so
 every age on one page agrees with every other and with the workers.
 
 Their output is text (escaped by the template like any string), except
-:func:`format_when`, which builds a ``<time>`` element itself and so
-returns :class:`~markupsafe.Markup` with every part escaped.
+:func:`format_when` and :func:`format_when_in`, which build a ``<time>``
+element themselves and so return :class:`~markupsafe.Markup` with every part escaped.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 from markupsafe import Markup
 
+from jobrun.job.cron import time_zone
+from jobrun.job.errors import ValidationError
 from jobrun.job.model import RateLimit
 from jobrun.job.validate import redact
 
@@ -61,6 +63,41 @@ def format_when(value: dt.datetime | None, now: dt.datetime | None = None) -> Ma
         relative = f"in {format_age(delta)}" if delta > 0 else f"{format_age(-delta)} ago"
     return Markup('<time datetime="{}" title="{}">{}</time>').format(
         utc.isoformat(), relative or text, text if not relative else f"{text} ({relative})"
+    )
+
+
+def format_when_in(
+    value: dt.datetime | None, zone: str, now: dt.datetime | None = None
+) -> Markup:
+    """A ``<time>`` element in the time zone ``zone`` (a schedule's), the zone named.
+
+    A schedule's cron runs in its own zone: "0 3 * * *" in Europe/Paris reads
+    best as 03:00 CET, and as 02:00Z only after arithmetic. The text is the
+    local time with the zone's abbreviation (or its UTC offset, for zones
+    that have none); the title names the zone and gives the UTC time, which
+    ``datetime`` carries too. A zone that cannot be loaded falls back to UTC.
+    """
+    if value is None:
+        return Markup('<span class="never">never</span>')
+    try:
+        tz = time_zone(zone)
+    except ValidationError:
+        return format_when(value, now)
+    local = value.astimezone(tz)
+    utc = value.astimezone(dt.UTC)
+    offset = local.strftime("%z")
+    offset = f"UTC{offset[:3]}:{offset[3:]}"
+    abbreviation = local.tzname() or ""
+    if not abbreviation or abbreviation[0] in "+-":
+        abbreviation = offset
+    text = f"{local.strftime('%Y-%m-%d %H:%M:%S')} {abbreviation}"
+    title = f"{zone} ({offset}); {utc.strftime('%Y-%m-%d %H:%M:%SZ')} in UTC"
+    if now is not None:
+        delta = (utc - now).total_seconds()
+        relative = f"in {format_age(delta)}" if delta > 0 else f"{format_age(-delta)} ago"
+        text, title = f"{text} ({relative})", f"{title}; {relative}"
+    return Markup('<time datetime="{}" data-timezone="{}" title="{}">{}</time>').format(
+        utc.isoformat(), zone, title, text
     )
 
 
@@ -128,6 +165,7 @@ def error_text(exc: BaseException) -> str:
 FILTERS: dict[str, Callable[..., Any]] = {
     "age": format_age,
     "when": format_when,
+    "when_in": format_when_in,
     "pretty": pretty_json,
     "fields": detail_fields,
     "short": short_id,
@@ -144,6 +182,7 @@ __all__ = [
     "format_age",
     "format_percent",
     "format_when",
+    "format_when_in",
     "pretty_json",
     "rate_window",
     "short_id",

@@ -455,6 +455,54 @@ def test_the_schedules_page_shows_cron_zone_next_run_last_fire_and_pause(
     assert all(r.select("button", cls="trigger-schedule") for r in rows.values())
 
 
+def test_schedule_times_are_shown_in_the_schedules_own_zone_with_utc_in_the_title(
+    store: Store, client: TestClient, conn: psycopg.Connection[Any]
+) -> None:
+    zones = {
+        "paris-winter": ("Europe/Paris", "2027-01-15 02:00:00+00"),
+        "paris-summer": ("Europe/Paris", "2027-07-15 01:00:00+00"),
+        "sao-paulo": ("America/Sao_Paulo", "2027-01-15 12:00:00+00"),  # no abbreviation
+        "kolkata": ("Asia/Kolkata", "2027-01-15 03:30:00+00"),
+        "plain": ("UTC", "2027-01-15 03:00:00+00"),
+        "broken": ("UTC", "2027-01-15 03:00:00+00"),
+    }
+    for schedule, (zone, _) in zones.items():
+        store.create_schedule(ScheduleSpec(id=schedule, cron="0 3 * * *", type="t", timezone=zone))
+    for schedule, (_, next_run) in zones.items():
+        conn.execute(
+            "UPDATE jobrun.schedules SET next_run_at = %s, last_fired_at = %s WHERE id = %s",
+            [next_run, next_run, schedule],
+        )
+    # A zone this Python cannot load (written behind the Store's back, markup and all).
+    conn.execute("UPDATE jobrun.schedules SET timezone = '<b>Mars/Olympus</b>' WHERE id = 'broken'")
+
+    doc = page(client, "/schedules")
+    rows = {r.attrs["data-schedule-id"]: r for r in doc.select("tr", cls="schedule-row")}
+
+    def shown(schedule: str, cell: str = "next-run") -> tuple[str, str, str]:
+        time = rows[schedule].one("td", cls=cell).one("time")
+        at = dt.datetime.fromisoformat(time.attrs["datetime"])
+        assert at == dt.datetime.fromisoformat(zones[schedule][1]), "datetime= stays UTC"
+        return time.text.split(" (")[0], time.attrs["title"], time.attrs.get("data-timezone", "")
+
+    text, title, zone = shown("paris-winter")
+    assert (text, zone) == ("2027-01-15 03:00:00 CET", "Europe/Paris")
+    assert title.startswith("Europe/Paris (UTC+01:00); 2027-01-15 02:00:00Z in UTC; in ")
+    assert shown("paris-summer")[0] == "2027-07-15 03:00:00 CEST"  # daylight saving time
+    assert shown("paris-summer")[1].startswith("Europe/Paris (UTC+02:00)")
+    assert shown("sao-paulo")[0] == "2027-01-15 09:00:00 UTC-03:00"
+    assert shown("kolkata")[0] == "2027-01-15 09:00:00 IST"
+    assert shown("kolkata")[1].startswith("Asia/Kolkata (UTC+05:30); 2027-01-15 03:30:00Z")
+    assert shown("plain")[0] == "2027-01-15 03:00:00 UTC"
+    assert shown("paris-winter", "last-fired")[0] == "2027-01-15 03:00:00 CET"
+    assert " CET (in " in rows["paris-winter"].one("td", cls="next-run").text  # and how soon
+    # An unknown zone falls back to UTC, and its name is text, not markup.
+    broken = rows["broken"]
+    assert broken.one("td", cls="next-run").one("time").text.startswith("2027-01-15 03:00:00Z")
+    assert broken.one("td", cls="timezone").text == "<b>Mars/Olympus</b>"
+    assert not broken.select("b")
+
+
 def test_no_schedules_says_so(client: TestClient) -> None:
     assert page(client, "/schedules").has_id("no-schedules")
 

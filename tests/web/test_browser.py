@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -587,7 +588,22 @@ def test_schedules_are_listed_and_paused_resumed_and_triggered_from_the_page(
     row = 'tr.schedule-row[data-schedule-id="hourly-sync"]'
     assert browser.text(f"{row} td.cron") == "15 * * * *"
     assert browser.text(f"{row} td.timezone") == "Europe/Paris"
-    assert browser.text(f"{row} td.next-run")
+    # Next runs in each schedule's own zone, named; UTC in the title (and datetime=).
+    utc, title = (browser.attr(f"{row} td.next-run time", n) for n in ("datetime", "title"))
+    assert utc is not None and title is not None
+    at = dt.datetime.fromisoformat(utc)
+    assert at == store.get_schedule("hourly-sync").next_run_at
+    paris = at.astimezone(ZoneInfo("Europe/Paris"))
+    assert paris.minute == 15
+    assert browser.text(f"{row} td.next-run").startswith(
+        paris.strftime("%Y-%m-%d %H:%M:%S ") + str(paris.tzname())
+    )
+    assert title.startswith("Europe/Paris (UTC+0")
+    assert at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ in UTC") in title
+    nightly = 'tr.schedule-row[data-schedule-id="nightly-report"] td.next-run'
+    assert browser.text(nightly).startswith(
+        store.get_schedule("nightly-report").next_run_at.strftime("%Y-%m-%d 03:00:00 UTC")
+    )
     browser.screenshot("schedules")
     no_console_errors(browser)
 
