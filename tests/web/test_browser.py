@@ -34,7 +34,7 @@ from tests.web.browser import (
     Browser,
     browser,
     chromium,
-    save_for_readme,
+    save_for_docs,
     screenshots_dir,
     serve,
 )
@@ -177,6 +177,9 @@ def test_the_overview_shows_every_queue_with_its_depth_workers_leader_and_throug
     store.create_schedule(
         ScheduleSpec(id="nightly-report", cron="0 3 * * *", type="report.build", queue="reports")
     )
+    # flow control, shown in the limits column (set now: nothing left to claim under them)
+    store.set_queue_limits("reports", concurrency=4)
+    store.set_queue_limits("emails", per_key=1, rate="100/min")
     leader = SchedulerService(store, AdvisoryLocker(dsn), SchedulerConfig())
     try:
         assert leader.run_once().leader
@@ -208,6 +211,11 @@ def test_the_overview_shows_every_queue_with_its_depth_workers_leader_and_throug
         assert browser.text(f"{queue_row(browser, 'emails')} td.ready") == "4"
         assert browser.text(f"{queue_row(browser, 'media')} td.paused") == "paused"
         assert browser.text(f"{queue_row(browser, 'reports')} td.dead") == "2"
+        assert browser.text(f"{queue_row(browser, 'reports')} td.limits") == "concurrency 1/4"
+        assert browser.text(f"{queue_row(browser, 'emails')} span.limit-rate") == (
+            "rate 0/100 in 1 min"
+        )
+        assert browser.text(f"{queue_row(browser, 'media')} td.limits") == "\u2013"
         assert browser.has(f"{queue_row(browser, 'media')} button.resume-queue")
         assert browser.has(f"{queue_row(browser, 'emails')} button.pause-queue")
         assert browser.attr("#leader", "data-leader") == "present"
@@ -226,7 +234,7 @@ def test_the_overview_shows_every_queue_with_its_depth_workers_leader_and_throug
         no_console_errors(browser)
 
         shot = browser.screenshot("overview")
-        save_for_readme(shot, "overview.png")
+        save_for_docs(shot, "overview.png")
 
         # live: new jobs show up without a reload
         marker = browser.mark()
@@ -422,8 +430,7 @@ def test_a_job_page_shows_its_payload_result_error_ledger_and_timeline(
     assert not browser.has("#cancel-job")  # finished: nothing to cancel
     no_console_errors(browser)
     browser.screenshot("job")
-    browser.js("document.querySelector('#job-timeline').scrollIntoView()")
-    save_for_readme(browser.screenshot("job-timeline"), "job-timeline.png")
+    save_for_docs(browser.screenshot_of("ol#job-timeline", "job-timeline"), "job-timeline.png")
 
 
 def test_retrying_a_dead_job_from_its_page_runs_it_again(
@@ -604,8 +611,9 @@ def test_schedules_are_listed_and_paused_resumed_and_triggered_from_the_page(
     assert browser.text(nightly).startswith(
         store.get_schedule("nightly-report").next_run_at.strftime("%Y-%m-%d 03:00:00 UTC")
     )
-    browser.screenshot("schedules")
     no_console_errors(browser)
+    browser.screenshot("schedules")
+    save_for_docs(browser.screenshot_of("main#main", "schedules-table"), "schedules.png")
 
     browser.click_through(f"{row} button.pause-schedule")
     assert browser.attr("#notice", "data-notice") == "schedule-paused"
