@@ -66,9 +66,7 @@ def format_when(value: dt.datetime | None, now: dt.datetime | None = None) -> Ma
     )
 
 
-def format_when_in(
-    value: dt.datetime | None, zone: str, now: dt.datetime | None = None
-) -> Markup:
+def format_when_in(value: dt.datetime | None, zone: str, now: dt.datetime | None = None) -> Markup:
     """A ``<time>`` element in the time zone ``zone`` (a schedule's), the zone named.
 
     A schedule's cron runs in its own zone: "0 3 * * *" in Europe/Paris reads
