@@ -124,9 +124,9 @@ class Metrics(WorkerHooks):
         # Label children by label values (their sets are bounded, see the module docs).
         self._series: dict[tuple[str, str], _Series] = {}
         self._calls: dict[str, tuple[Any, Any]] = {}
-        # Made outside the registry (registry=None) and registered below through
-        # one collector that leaves out their ``_created`` samples.
 
+        # Made outside the registry (registry=None), registered below through
+        # one collector that leaves out their ``_created`` samples.
         self.jobs_started = Counter(
             "jobrun_jobs_started",
             "Jobs whose handler was started, by queue and type.",

@@ -133,7 +133,7 @@ def detail_fields(detail: Mapping[str, object]) -> list[DetailField]:
     ..., "permanent": false}``): strings are shown as they are, numbers
     without a trailing ``.0``, and anything nested as indented JSON. A
     multi-line value (an error's traceback) goes last, so that the short
-    facts stay on the event's line.
+    facts read together on one line above it.
     """
     fields = []
     for key, value in detail.items():
