@@ -56,7 +56,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Job
 from jobrun.worker.hooks import (
-    OUTCOME_KINDS,
     STORE_OPERATIONS,
     JobOutcome,
     StoreCall,
@@ -118,7 +117,6 @@ class Metrics(WorkerHooks):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        reg = self.registry
         self._lock = threading.Lock()
         self._workers: list[Worker] = []
         self._known_types: set[str] = set()
@@ -127,11 +125,13 @@ class Metrics(WorkerHooks):
         self._series: dict[tuple[str, str], _Series] = {}
         self._calls: dict[str, tuple[Any, Any]] = {}
 
+        # Made outside the registry (registry=None), registered below through
+        # one collector that leaves out their ``_created`` samples.
         self.jobs_started = Counter(
             "jobrun_jobs_started",
             "Jobs whose handler was started, by queue and type.",
             ["queue", "type"],
-            registry=reg,
+            registry=None,
         )
         self.jobs_finished = Counter(
             "jobrun_jobs_finished",
@@ -139,14 +139,14 @@ class Metrics(WorkerHooks):
             "failed (to be retried), dead, cancelled, lease_lost, released (unknown type), "
             "snoozed (queued again by the handler, attempt given back).",
             ["queue", "type", "outcome"],
-            registry=reg,
+            registry=None,
         )
         self.run_duration = Histogram(
             "jobrun_job_run_duration_seconds",
             "How long handlers ran, by queue and type.",
             ["queue", "type"],
             buckets=RUN_BUCKETS,
-            registry=reg,
+            registry=None,
         )
         self.pickup_latency = Histogram(
             "jobrun_job_pickup_latency_seconds",
@@ -154,7 +154,7 @@ class Metrics(WorkerHooks):
             "by the database clock.",
             ["queue", "type"],
             buckets=PICKUP_BUCKETS,
-            registry=reg,
+            registry=None,
         )
         self.store_call_duration = Histogram(
             "jobrun_store_call_duration_seconds",
@@ -162,7 +162,7 @@ class Metrics(WorkerHooks):
             "heartbeat), failed tries included.",
             ["operation"],
             buckets=CALL_BUCKETS,
-            registry=reg,
+            registry=None,
         )
         self.store_call_jobs = Histogram(
             "jobrun_store_call_jobs",
@@ -170,7 +170,7 @@ class Metrics(WorkerHooks):
             "(complete, complete_tx), heartbeat batches.",
             ["operation"],
             buckets=BATCH_BUCKETS,
-            registry=reg,
+            registry=None,
         )
         self.store_call_completed = Histogram(
             "jobrun_store_call_completed_jobs",
@@ -179,19 +179,19 @@ class Metrics(WorkerHooks):
             "trip completed with it (claim).",
             ["operation"],
             buckets=BATCH_BUCKETS,
-            registry=reg,
+            registry=None,
         )
         self.store_call_errors = Counter(
             "jobrun_store_call_errors",
             "Store calls of the worker that raised, by operation and error type "
             "(each retried try counts).",
             ["operation", "error"],
-            registry=reg,
+            registry=None,
         )
         self.heartbeat_failures = Counter(
             "jobrun_heartbeat_failures",
             "Heartbeat round trips that failed (leases not extended that time).",
-            registry=reg,
+            registry=None,
         )
         for operation in STORE_OPERATIONS:
             self.store_call_duration.labels(operation)
@@ -200,31 +200,38 @@ class Metrics(WorkerHooks):
             operation: self.store_call_completed.labels(operation)
             for operation in ("claim", *_COMPLETING)
         }
-        reg.register(_WorkerCollector(self))
+        self.registry.register(
+            _WithoutCreated(
+                self.jobs_started,
+                self.jobs_finished,
+                self.run_duration,
+                self.pickup_latency,
+                self.store_call_duration,
+                self.store_call_jobs,
+                self.store_call_completed,
+                self.store_call_errors,
+                self.heartbeat_failures,
+            )
+        )
+        self.registry.register(_WorkerCollector(self))
 
     # -- watching ----------------------------------------------------------------
 
     def watch_worker(self, worker: Worker) -> None:
         """Report ``worker``'s handler threads and pool, and bound the type label by its registry.
 
-        Also creates the per-outcome series of its queues and types at 0, so
-        that a rate over them is right from the first increment. Call it for
-        every worker that has this Metrics as a hook. Safe to call twice.
+        It creates no per-job series: a ``(queue, type)`` or ``(queue, type,
+        outcome)`` series appears with its first job. Pre-creating them at 0
+        would export every queue x type x outcome, most of which never happen
+        (a type is rarely enqueued to every queue a worker serves, nor does
+        every handler snooze or lose a lease). Call it for every worker that
+        has this Metrics as a hook. Safe to call twice.
         """
         with self._lock:
             if any(w is worker for w in self._workers):
                 return
             self._workers.append(worker)
-            types = list(worker.registry.types)
-            self._known_types.update(types)
-        for queue in worker.config.queues:
-            for job_type in types:
-                self.jobs_started.labels(queue, job_type)
-                for kind in OUTCOME_KINDS:
-                    if kind != "released":
-                        self.jobs_finished.labels(queue, job_type, kind)
-            self.jobs_finished.labels(queue, UNKNOWN_TYPE, "released")
-            self.jobs_finished.labels(queue, UNKNOWN_TYPE, "dead")
+            self._known_types.update(worker.registry.types)
 
     def watch_cluster(
         self,
@@ -285,24 +292,19 @@ class Metrics(WorkerHooks):
 
     def job_started(self, job: Job, ctx: JobContext) -> None:
         series = self._series_of(job.queue, self._learn(job.type))
-        series.started.inc()
-        series.pickup.observe(pickup_delay(job))
+        series.count_started()
+        series.observe_pickup(pickup_delay(job))
 
     def job_finished(self, outcome: JobOutcome) -> None:
         job = outcome.job
         job_type = UNKNOWN_TYPE if outcome.kind == "released" else self.type_label(job.type)
         series = self._series_of(job.queue, job_type)
-        finished = series.finished.get(outcome.kind)
-        if finished is None:
-            finished = series.finished[outcome.kind] = self.jobs_finished.labels(
-                job.queue, job_type, outcome.kind
-            )
-        finished.inc()
+        series.count_finished(outcome.kind)
         if outcome.duration is not None:
-            series.duration.observe(outcome.duration)
+            series.observe_duration(outcome.duration)
         if job_type == UNKNOWN_TYPE and outcome.duration is None:
             # No handler started it, so job_started never saw this claim.
-            series.pickup.observe(pickup_delay(job))
+            series.observe_pickup(pickup_delay(job))
 
     def store_call(self, call: StoreCall) -> None:
         children = self._calls.get(call.operation)
@@ -326,16 +328,11 @@ class Metrics(WorkerHooks):
             self.heartbeat_failures.inc()
 
     def _series_of(self, queue: str, job_type: str) -> _Series:
-        """The label children of (queue, type), made once: ``labels()`` costs more than an inc."""
+        """The label children of (queue, type), looked up once (``labels()`` costs more)."""
         key = (queue, job_type)
         series = self._series.get(key)
         if series is None:
-            series = _Series(
-                self.jobs_started.labels(queue, job_type),
-                self.pickup_latency.labels(queue, job_type),
-                self.run_duration.labels(queue, job_type),
-            )
-            series = self._series.setdefault(key, series)
+            series = self._series.setdefault(key, _Series(self, queue, job_type))
         return series
 
     # -- labels ------------------------------------------------------------------
@@ -356,15 +353,72 @@ class Metrics(WorkerHooks):
 
 
 class _Series:
-    """The children of one (queue, type) label pair."""
+    """The children of one (queue, type) label pair, each made by its first event.
 
-    __slots__ = ("duration", "finished", "pickup", "started")
+    A child made is a series exported (at 0 until counted), so none is made
+    ahead: a type whose jobs are all released (no handler) has a pickup
+    latency but no ``jobs_started`` nor run duration, and an outcome that
+    never happened has no series. ``labels()`` is thread-safe and returns
+    the same child to two threads racing to make it.
+    """
 
-    def __init__(self, started: Any, pickup: Any, duration: Any) -> None:
-        self.started = started
-        self.pickup = pickup
-        self.duration = duration
+    __slots__ = ("_labels", "_metrics", "duration", "finished", "pickup", "started")
+
+    def __init__(self, metrics: Metrics, queue: str, job_type: str) -> None:
+        self._metrics = metrics
+        self._labels = (queue, job_type)
+        self.started: Any = None
+        self.pickup: Any = None
+        self.duration: Any = None
         self.finished: dict[str, Any] = {}
+
+    def count_started(self) -> None:
+        if self.started is None:
+            self.started = self._metrics.jobs_started.labels(*self._labels)
+        self.started.inc()
+
+    def observe_pickup(self, seconds: float) -> None:
+        if self.pickup is None:
+            self.pickup = self._metrics.pickup_latency.labels(*self._labels)
+        self.pickup.observe(seconds)
+
+    def observe_duration(self, seconds: float) -> None:
+        if self.duration is None:
+            self.duration = self._metrics.run_duration.labels(*self._labels)
+        self.duration.observe(seconds)
+
+    def count_finished(self, kind: str) -> None:
+        finished = self.finished.get(kind)
+        if finished is None:
+            finished = self.finished[kind] = self._metrics.jobs_finished.labels(*self._labels, kind)
+        finished.inc()
+
+
+class _WithoutCreated:
+    """Collects jobrun's counters and histograms without their ``_created`` samples.
+
+    prometheus_client adds a ``_created`` sample (the Unix time the series
+    was made) to every counter and histogram child: a quarter of a worker's
+    exposition, which Prometheus stores as separate gauges nobody queries.
+    Its switch (``disable_created_metrics()``) is global to the process and
+    would change the application's own metrics too, so jobrun leaves out
+    only its own, here.
+    """
+
+    def __init__(self, *metrics: Any) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return [family for m in self._metrics for family in m.describe()]
+
+    def collect(self) -> Iterable[Metric]:
+        families = []
+        for m in self._metrics:
+            for family in m.collect():
+                created = family.name + "_created"
+                family.samples = [s for s in family.samples if s.name != created]
+                families.append(family)
+        return families
 
 
 class _WorkerCollector:

@@ -8,8 +8,8 @@ against the database's ``now`` that the page read along with its data, so
 every age on one page agrees with every other and with the workers.
 
 Their output is text (escaped by the template like any string), except
-:func:`format_when`, which builds a ``<time>`` element itself and so
-returns :class:`~markupsafe.Markup` with every part escaped.
+:func:`format_when` and :func:`format_when_in`, which build a ``<time>``
+element themselves and so return :class:`~markupsafe.Markup` with every part escaped.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ import datetime as dt
 import json
 import math
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from markupsafe import Markup
 
+from jobrun.job.cron import time_zone
+from jobrun.job.errors import ValidationError
 from jobrun.job.model import RateLimit
 from jobrun.job.validate import redact
 
@@ -64,6 +66,39 @@ def format_when(value: dt.datetime | None, now: dt.datetime | None = None) -> Ma
     )
 
 
+def format_when_in(value: dt.datetime | None, zone: str, now: dt.datetime | None = None) -> Markup:
+    """A ``<time>`` element in the time zone ``zone`` (a schedule's), the zone named.
+
+    A schedule's cron runs in its own zone: "0 3 * * *" in Europe/Paris reads
+    best as 03:00 CET, and as 02:00Z only after arithmetic. The text is the
+    local time with the zone's abbreviation (or its UTC offset, for zones
+    that have none); the title names the zone and gives the UTC time, which
+    ``datetime`` carries too. A zone that cannot be loaded falls back to UTC.
+    """
+    if value is None:
+        return Markup('<span class="never">never</span>')
+    try:
+        tz = time_zone(zone)
+    except ValidationError:
+        return format_when(value, now)
+    local = value.astimezone(tz)
+    utc = value.astimezone(dt.UTC)
+    offset = local.strftime("%z")
+    offset = f"UTC{offset[:3]}:{offset[3:]}"
+    abbreviation = local.tzname() or ""
+    if not abbreviation or abbreviation[0] in "+-":
+        abbreviation = offset
+    text = f"{local.strftime('%Y-%m-%d %H:%M:%S')} {abbreviation}"
+    title = f"{zone} ({offset}); {utc.strftime('%Y-%m-%d %H:%M:%SZ')} in UTC"
+    if now is not None:
+        delta = (utc - now).total_seconds()
+        relative = f"in {format_age(delta)}" if delta > 0 else f"{format_age(-delta)} ago"
+        text, title = f"{text} ({relative})", f"{title}; {relative}"
+    return Markup('<time datetime="{}" data-timezone="{}" title="{}">{}</time>').format(
+        utc.isoformat(), zone, title, text
+    )
+
+
 def format_percent(fraction: float) -> str:
     """A fraction done as people read it: 40%, 99.9% (never 100% before it is 1)."""
     tenths = math.floor(fraction * 1000 + 1e-9)
@@ -82,6 +117,40 @@ def pretty_json(value: object) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
 
 
+class DetailField(NamedTuple):
+    """One key of an event's detail as the timeline shows it."""
+
+    key: str
+    text: str
+    block: bool
+    """The text has lines of its own (a traceback, a nested value): shown as a block."""
+
+
+def detail_fields(detail: Mapping[str, object]) -> list[DetailField]:
+    """An event's detail object as ``key: value`` pairs, the one-line values first.
+
+    The detail is JSON written by the queries (``{"via": "fail", "error":
+    ..., "permanent": false}``): strings are shown as they are, numbers
+    without a trailing ``.0``, and anything nested as indented JSON. A
+    multi-line value (an error's traceback) goes last, so that the short
+    facts read together on one line above it.
+    """
+    fields = []
+    for key, value in detail.items():
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, bool) or value is None:
+            text = json.dumps(value)
+        elif isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+            text = str(int(value))
+        elif isinstance(value, int | float):
+            text = repr(value)
+        else:
+            text = pretty_json(value)
+        fields.append(DetailField(str(key), text, "\n" in text))
+    return sorted(fields, key=lambda field: field.block)
+
+
 def short_id(value: uuid.UUID | str) -> str:
     return str(value)[:13]
 
@@ -94,7 +163,9 @@ def error_text(exc: BaseException) -> str:
 FILTERS: dict[str, Callable[..., Any]] = {
     "age": format_age,
     "when": format_when,
+    "when_in": format_when_in,
     "pretty": pretty_json,
+    "fields": detail_fields,
     "short": short_id,
     "percent": format_percent,
     "window": rate_window,
@@ -103,10 +174,13 @@ FILTERS: dict[str, Callable[..., Any]] = {
 
 __all__ = [
     "FILTERS",
+    "DetailField",
+    "detail_fields",
     "error_text",
     "format_age",
     "format_percent",
     "format_when",
+    "format_when_in",
     "pretty_json",
     "rate_window",
     "short_id",

@@ -132,7 +132,11 @@ def test_jobrun_worker_serves_metrics_and_the_probes_on_the_metrics_port(
     names = {
         line.split("{")[0].split(" ")[0] for line in body.splitlines() if line and line[0] != "#"
     }
-    assert any(name.startswith("jobrun_jobs_finished") for name in names), sorted(names)
+    assert "jobrun_worker_handler_threads" in names, sorted(names)
+    assert not [name for name in names if name.endswith("_created")], sorted(names)
+    # No job ran: the outcome counter is declared, with no series yet (none pre-created at 0).
+    assert "# TYPE jobrun_jobs_finished_total counter" in body
+    assert not any(name.startswith("jobrun_jobs_finished") for name in names), sorted(names)
     assert wait_for(lambda: get(f"{base}/healthz")[:2] == (200, "ok\n"))
     assert get(f"{base}/readyz")[:2] == (200, "ok\n")
     assert worker.stop() == 0, worker.output()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobrun.job.errors import TransientError
 from jobrun.job.model import Backoff, Job, NewJob, ScheduleSpec, State
+from jobrun.observe.http import ObserveServer
 from jobrun.observe.metrics import UNKNOWN_TYPE, ClusterCollector, Metrics
 from jobrun.postgres.leader import LeaseLocker
 from jobrun.postgres.lock import AdvisoryLocker
@@ -225,10 +227,12 @@ def test_outcome_counters_match_the_jobs_events_and_states_in_the_database(
         return {
             (lab["type"], lab["outcome"]): int(v)
             for n, lab, v in s.samples
-            if n == "jobrun_jobs_finished_total" and v
+            if n == "jobrun_jobs_finished_total"
         }
 
-    wait_for(lambda: counted() == expected)  # the completer's hooks run after its COMMIT
+    # The completer's hooks run after its COMMIT. Only outcomes that happened
+    # have a series: no zero for (ok, dead), (fatal, failed), ...
+    wait_for(lambda: counted() == expected)
     s = Scrape(metrics.registry)
     assert s.get("jobrun_jobs_finished_total", queue="slow", type="waits", outcome="cancelled") == 1
     # Started: every attempt a handler ran, which is every claim of a known type.
@@ -270,7 +274,7 @@ def test_outcome_counters_match_the_jobs_events_and_states_in_the_database(
     assert worker.stats["succeeded"] == 7
 
 
-def test_series_of_a_watched_workers_queues_and_types_exist_at_zero_before_any_job(
+def test_a_watched_worker_exports_no_per_job_series_before_its_first_job(
     store: Store, registry: Registry
 ) -> None:
     registry.register("a", lambda ctx, job: None)
@@ -280,13 +284,69 @@ def test_series_of_a_watched_workers_queues_and_types_exist_at_zero_before_any_j
     metrics.watch_worker(worker)
     metrics.watch_worker(worker)  # twice is once
     s = Scrape(metrics.registry)
-    assert s.get("jobrun_jobs_started_total", queue="q2", type="b") == 0
-    assert s.get("jobrun_jobs_finished_total", queue="q1", type="a", outcome="dead") == 0
-    assert s.get("jobrun_jobs_finished_total", queue="q1", type="unknown", outcome="released") == 0
-    assert s.label_values("jobrun_jobs_started_total", "type") == {"a", "b"}
+    per_job = {n for n in s.names() if n.startswith(("jobrun_jobs_", "jobrun_job_"))}
+    assert per_job == set(), "queue x type x outcome series appear with their first job"
     assert s.get("jobrun_worker_handler_threads") == worker.concurrency
     assert s.get("jobrun_worker_handler_threads_busy") == 0
     assert s.get("jobrun_worker_jobs_buffered") == 0
+    assert metrics.type_label("b") == "b", "the types it handles are label values"
+    assert metrics.type_label("c") == UNKNOWN_TYPE
+
+
+def get_metrics(server: ObserveServer, accept: str = "") -> str:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/metrics", headers={"Accept": accept} if accept else {}
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return str(reply.read().decode())
+
+
+def test_the_metrics_endpoint_serves_no_created_series_and_only_what_happened(
+    store: Store, registry: Registry, run_worker: Callable[..., Worker]
+) -> None:
+    registry.register("ok", lambda ctx, job: None)
+    registry.register("never.enqueued", lambda ctx, job: None)
+    for _ in range(3):
+        enqueue(store, "ok", queue="a")
+    shared = CollectorRegistry()
+    Counter("app_requests", "the application's own", registry=shared).inc()
+    metrics = Metrics(registry=shared)
+    run_worker(metrics, queues={"a": None, "b": None})
+    server = ObserveServer(None, shared, host="127.0.0.1", port=0)
+    server.start()
+    try:
+        wait_for(
+            lambda: (
+                'jobrun_jobs_finished_total{outcome="succeeded",queue="a",type="ok"} 3.0'
+                in get_metrics(server)
+            )
+        )
+        text = get_metrics(server)
+        openmetrics = get_metrics(server, "application/openmetrics-text; version=1.0.0")
+    finally:
+        server.stop()
+    samples = [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+    names = {n for n, _, _ in samples}
+    assert [n for n in names if n.startswith("jobrun_") and n.endswith("_created")] == []
+    assert not [
+        line for line in openmetrics.splitlines() if "jobrun_" in line and "_created" in line
+    ]
+    # jobrun leaves the process-wide switch alone: the application's series keep theirs.
+    assert "app_requests_created" in names
+
+    def series(name: str, *labels: str) -> dict[tuple[str, ...], float]:
+        return {tuple(lab[k] for k in labels): v for n, lab, v in samples if n == name}
+
+    assert series("jobrun_jobs_finished_total", "queue", "type", "outcome") == {
+        ("a", "ok", "succeeded"): 3.0
+    }
+    assert series("jobrun_jobs_started_total", "queue", "type") == {("a", "ok"): 3.0}
+    assert series("jobrun_job_run_duration_seconds_count", "queue", "type") == {("a", "ok"): 3.0}
+    assert series("jobrun_job_pickup_latency_seconds_count", "queue", "type") == {("a", "ok"): 3.0}
 
 
 def test_a_flood_of_unknown_types_is_one_label_value(

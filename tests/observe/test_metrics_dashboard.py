@@ -37,10 +37,9 @@ NAME = re.compile(r"\bjobrun_[a-z0-9_]*[a-z0-9]\b")
 
 
 def families(metrics: Metrics) -> dict[str, str]:
-    """Family name -> type; the ``_created`` gauges prometheus_client adds are left out."""
+    """Family name -> type (jobrun exports no ``_created`` series to leave out)."""
     text = generate_latest(metrics.registry).decode()
-    found = {f.name: f.type for f in text_string_to_metric_families(text)}
-    return {n: t for n, t in found.items() if not (n.endswith("_created") and n[:-8] in found)}
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
 
 
 def sample_names(found: dict[str, str]) -> set[str]:

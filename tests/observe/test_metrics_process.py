@@ -113,6 +113,15 @@ def test_a_worker_under_load_exports_what_the_database_holds(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()
 
+    # The endpoint's shape: no _created samples, and an outcome series only once it happened
+    # (the queue "later" ran nothing, so no per-job series names it).
+    assert [name for name in samples if name.endswith("_created")] == []
+    per_job = ("jobrun_jobs_finished_total", "jobrun_jobs_started_total")
+    assert [(n, lab) for n in per_job for lab, v in samples[n] if v == 0] == []
+    assert not [
+        labels for name in per_job for labels, _ in samples[name] if labels["queue"] != "default"
+    ]
+
     def finished_by(**match: str) -> float:
         return total(samples, "jobrun_jobs_finished_total", **match)
 

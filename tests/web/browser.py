@@ -13,8 +13,9 @@ dashboard is served by uvicorn in a thread of the test process
 (:func:`dashboard_process`), each on a free port of 127.0.0.1.
 
 Screenshots go to ``screenshots/`` under pytest's base temporary directory,
-one file per test and page; with ``JOBRUN_UPDATE_SCREENSHOTS=1`` the
-README's overview is written to ``docs/screenshots/overview.png`` too.
+one file per test and page; with ``JOBRUN_UPDATE_SCREENSHOTS=1`` the ones the
+docs show (the overview, a job's timeline, the schedules) are written to
+``docs/screenshots/`` too (see docs/dashboard.md, "Screenshots").
 """
 
 from __future__ import annotations
@@ -402,6 +403,13 @@ class Browser:
         self.driver.save_screenshot(str(path))
         return path
 
+    def screenshot_of(self, css: str, page: str) -> Path:
+        """Only the element at css as a PNG (smaller than the viewport, for the docs)."""
+        self.shots.mkdir(parents=True, exist_ok=True)
+        path = self.shots / f"{self.test}--{page}.png"
+        self.find(css).screenshot(str(path))
+        return path
+
 
 # -- fixtures (imported by the test modules) ---------------------------------
 
@@ -551,7 +559,7 @@ def dashboard_process(
         made.stop()
 
 
-def save_for_readme(shot: Path, name: str) -> Path | None:
+def save_for_docs(shot: Path, name: str) -> Path | None:
     """Copy a screenshot to docs/screenshots/NAME when JOBRUN_UPDATE_SCREENSHOTS is set."""
     if not updating_screenshots():
         return None

@@ -335,6 +335,70 @@ def test_the_job_page_shows_payload_result_lease_error_timeline_and_effect(
     assert doc.by_id("job-live").attrs["data-refresh-url"] == f"/live/jobs/{job.id}"
 
 
+def test_the_timeline_shows_each_events_detail_as_key_value_pairs_escaped(
+    store: Store, client: TestClient, conn: psycopg.Connection[Any]
+) -> None:
+    job = store.enqueue(NewJob(type="pay", queue="money", max_attempts=3))
+    (first,) = store.claim("w", ["money"], 1, TTL)
+    error = 'ValueError: <b>card</b> declined\nTraceback (most recent call last):\n  File "h.py"'
+    store.fail(first, error, store.now())
+    (second,) = store.claim("w", ["money"], 1, TTL)
+    store.release(second, dt.timedelta(seconds=30), "rate limited", snooze=True)
+    # Details the queries never write, behind the Store's back: nested, and not an object.
+    conn.execute(
+        "INSERT INTO jobrun.job_events (job_id, kind, attempt, detail) VALUES"
+        " (%(id)s, 'retried', 1, %(nested)s), (%(id)s, 'retried', 1, %(list)s)",
+        {
+            "id": job.id,
+            "nested": json.dumps({"from": "dead", "by": {"user": "<i>ops</i>", "ids": [1, 2]}}),
+            "list": json.dumps(["a", 2]),
+        },
+    )
+
+    doc = page(client, f"/jobs/{job.id}")
+    events = doc.by_id("job-timeline").select("li", cls="event")
+    retrying, snoozed, nested, listed = (
+        events[2],
+        events[4],
+        *(e for e in events if e.attrs["data-kind"] == "retried"),
+    )
+    assert (retrying.attrs["data-kind"], snoozed.attrs["data-kind"]) == ("retrying", "snoozed")
+    # The label stands alone; the details are pairs beside it, never JSON glued to it.
+    assert retrying.one("strong", cls="kind").text == "retrying"
+    assert not retrying.select("code")
+
+    def pairs(event: Any) -> list[tuple[str, str]]:
+        return [
+            (f.one("dt").text, f.one("dd").text)
+            for f in event.one("dl", cls="detail").select("div", cls="field")
+        ]
+
+    fields = {
+        f.attrs["data-key"]: f for f in retrying.one("dl", cls="detail").select("div", cls="field")
+    }
+    # One-line facts first, then the error as a block with its lines kept and its markup as text.
+    assert list(fields) == ["via", "permanent", "error"]
+    assert (fields["via"].one("dt").text, fields["via"].one("dd").text) == ("via", "fail")
+    assert fields["permanent"].one("dd").text == "false"
+    assert "block" in fields["error"].classes
+    assert "".join(fields["error"].one("pre").text_parts) == error
+    assert not retrying.select("b")
+    assert pairs(snoozed) == [
+        ("via", "snooze"),
+        ("reason", "rate limited"),
+        ("delay_seconds", "30"),
+    ]
+    nested_fields = {
+        f.attrs["data-key"]: f for f in nested.one("dl", cls="detail").select("div", cls="field")
+    }
+    assert nested_fields["from"].one("dd").text == "dead"
+    shown = json.loads("".join(nested_fields["by"].one("pre").text_parts))
+    assert shown == {"user": "<i>ops</i>", "ids": [1, 2]}
+    assert not nested.select("i")
+    assert json.loads("".join(listed.one("pre", cls="detail").text_parts)) == ["a", 2]
+    assert not events[0].select("dl") and not events[0].select("pre")  # enqueued: no detail
+
+
 def test_the_effect_of_another_job_with_the_same_key_is_named(
     store: Store, client: TestClient
 ) -> None:
@@ -389,6 +453,54 @@ def test_the_schedules_page_shows_cron_zone_next_run_last_fire_and_pause(
     assert yearly.attrs["data-paused"] == "true" and yearly.select("button", cls="resume-schedule")
     assert yearly.one("td", cls="last-fired").text == "never"
     assert all(r.select("button", cls="trigger-schedule") for r in rows.values())
+
+
+def test_schedule_times_are_shown_in_the_schedules_own_zone_with_utc_in_the_title(
+    store: Store, client: TestClient, conn: psycopg.Connection[Any]
+) -> None:
+    zones = {
+        "paris-winter": ("Europe/Paris", "2027-01-15 02:00:00+00"),
+        "paris-summer": ("Europe/Paris", "2027-07-15 01:00:00+00"),
+        "sao-paulo": ("America/Sao_Paulo", "2027-01-15 12:00:00+00"),  # no abbreviation
+        "kolkata": ("Asia/Kolkata", "2027-01-15 03:30:00+00"),
+        "plain": ("UTC", "2027-01-15 03:00:00+00"),
+        "broken": ("UTC", "2027-01-15 03:00:00+00"),
+    }
+    for schedule, (zone, _) in zones.items():
+        store.create_schedule(ScheduleSpec(id=schedule, cron="0 3 * * *", type="t", timezone=zone))
+    for schedule, (_, next_run) in zones.items():
+        conn.execute(
+            "UPDATE jobrun.schedules SET next_run_at = %s, last_fired_at = %s WHERE id = %s",
+            [next_run, next_run, schedule],
+        )
+    # A zone this Python cannot load (written behind the Store's back, markup and all).
+    conn.execute("UPDATE jobrun.schedules SET timezone = '<b>Mars/Olympus</b>' WHERE id = 'broken'")
+
+    doc = page(client, "/schedules")
+    rows = {r.attrs["data-schedule-id"]: r for r in doc.select("tr", cls="schedule-row")}
+
+    def shown(schedule: str, cell: str = "next-run") -> tuple[str, str, str]:
+        time = rows[schedule].one("td", cls=cell).one("time")
+        at = dt.datetime.fromisoformat(time.attrs["datetime"])
+        assert at == dt.datetime.fromisoformat(zones[schedule][1]), "datetime= stays UTC"
+        return time.text.split(" (")[0], time.attrs["title"], time.attrs.get("data-timezone", "")
+
+    text, title, zone = shown("paris-winter")
+    assert (text, zone) == ("2027-01-15 03:00:00 CET", "Europe/Paris")
+    assert title.startswith("Europe/Paris (UTC+01:00); 2027-01-15 02:00:00Z in UTC; in ")
+    assert shown("paris-summer")[0] == "2027-07-15 03:00:00 CEST"  # daylight saving time
+    assert shown("paris-summer")[1].startswith("Europe/Paris (UTC+02:00)")
+    assert shown("sao-paulo")[0] == "2027-01-15 09:00:00 UTC-03:00"
+    assert shown("kolkata")[0] == "2027-01-15 09:00:00 IST"
+    assert shown("kolkata")[1].startswith("Asia/Kolkata (UTC+05:30); 2027-01-15 03:30:00Z")
+    assert shown("plain")[0] == "2027-01-15 03:00:00 UTC"
+    assert shown("paris-winter", "last-fired")[0] == "2027-01-15 03:00:00 CET"
+    assert " CET (in " in rows["paris-winter"].one("td", cls="next-run").text  # and how soon
+    # An unknown zone falls back to UTC, and its name is text, not markup.
+    broken = rows["broken"]
+    assert broken.one("td", cls="next-run").one("time").text.startswith("2027-01-15 03:00:00Z")
+    assert broken.one("td", cls="timezone").text == "<b>Mars/Olympus</b>"
+    assert not broken.select("b")
 
 
 def test_no_schedules_says_so(client: TestClient) -> None:

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -33,7 +34,7 @@ from tests.web.browser import (
     Browser,
     browser,
     chromium,
-    save_for_readme,
+    save_for_docs,
     screenshots_dir,
     serve,
 )
@@ -176,6 +177,9 @@ def test_the_overview_shows_every_queue_with_its_depth_workers_leader_and_throug
     store.create_schedule(
         ScheduleSpec(id="nightly-report", cron="0 3 * * *", type="report.build", queue="reports")
     )
+    # flow control, shown in the limits column (set now: nothing left to claim under them)
+    store.set_queue_limits("reports", concurrency=4)
+    store.set_queue_limits("emails", per_key=1, rate="100/min")
     leader = SchedulerService(store, AdvisoryLocker(dsn), SchedulerConfig())
     try:
         assert leader.run_once().leader
@@ -207,6 +211,11 @@ def test_the_overview_shows_every_queue_with_its_depth_workers_leader_and_throug
         assert browser.text(f"{queue_row(browser, 'emails')} td.ready") == "4"
         assert browser.text(f"{queue_row(browser, 'media')} td.paused") == "paused"
         assert browser.text(f"{queue_row(browser, 'reports')} td.dead") == "2"
+        assert browser.text(f"{queue_row(browser, 'reports')} td.limits") == "concurrency 1/4"
+        assert browser.text(f"{queue_row(browser, 'emails')} span.limit-rate") == (
+            "rate 0/100 in 1 min"
+        )
+        assert browser.text(f"{queue_row(browser, 'media')} td.limits") == "\u2013"
         assert browser.has(f"{queue_row(browser, 'media')} button.resume-queue")
         assert browser.has(f"{queue_row(browser, 'emails')} button.pause-queue")
         assert browser.attr("#leader", "data-leader") == "present"
@@ -225,7 +234,7 @@ def test_the_overview_shows_every_queue_with_its_depth_workers_leader_and_throug
         no_console_errors(browser)
 
         shot = browser.screenshot("overview")
-        save_for_readme(shot, "overview.png")
+        save_for_docs(shot, "overview.png")
 
         # live: new jobs show up without a reload
         marker = browser.mark()
@@ -393,9 +402,35 @@ def test_a_job_page_shows_its_payload_result_error_ledger_and_timeline(
         ("succeeded", "3"),
     ]
     assert "retrying" in browser.text("ol#job-timeline")
+    # Each event's detail reads as key: value pairs under its label, not JSON glued to it.
+    retrying = 'ol#job-timeline li.event[data-kind="retrying"]'
+    shown = browser.text(retrying)
+    assert '{"' not in shown and '"permanent"' not in shown
+    assert "ConnectionError: payment gateway timed out (attempt 1)" in browser.text(
+        f'{retrying} .field[data-key="error"] pre'
+    )
+    layout = browser.js(
+        """
+        const li = document.querySelector(arguments[0]);
+        const box = e => li.querySelector(e).getBoundingClientRect();
+        const colon = getComputedStyle(li.querySelector('.field[data-key="via"] dt'), '::after');
+        return {
+          labelBottom: box('strong.kind').bottom, detailTop: box('dl.detail').top,
+          keyTop: box('.field[data-key="via"] dt').top,
+          valueTop: box('.field[data-key="via"] dd').top,
+          value: li.querySelector('.field[data-key="via"] dd').innerText,
+          colon: colon.content,
+        };
+        """,
+        retrying,
+    )
+    assert layout["detailTop"] >= layout["labelBottom"] - 1, layout  # on a line of its own
+    assert layout["keyTop"] == layout["valueTop"], layout  # "via: fail" on one line
+    assert (layout["value"], layout["colon"]) == ("fail", '":"'), layout
     assert not browser.has("#cancel-job")  # finished: nothing to cancel
     no_console_errors(browser)
     browser.screenshot("job")
+    save_for_docs(browser.screenshot_of("ol#job-timeline", "job-timeline"), "job-timeline.png")
 
 
 def test_retrying_a_dead_job_from_its_page_runs_it_again(
@@ -560,9 +595,25 @@ def test_schedules_are_listed_and_paused_resumed_and_triggered_from_the_page(
     row = 'tr.schedule-row[data-schedule-id="hourly-sync"]'
     assert browser.text(f"{row} td.cron") == "15 * * * *"
     assert browser.text(f"{row} td.timezone") == "Europe/Paris"
-    assert browser.text(f"{row} td.next-run")
-    browser.screenshot("schedules")
+    # Next runs in each schedule's own zone, named; UTC in the title (and datetime=).
+    utc, title = (browser.attr(f"{row} td.next-run time", n) for n in ("datetime", "title"))
+    assert utc is not None and title is not None
+    at = dt.datetime.fromisoformat(utc)
+    assert at == store.get_schedule("hourly-sync").next_run_at
+    paris = at.astimezone(ZoneInfo("Europe/Paris"))
+    assert paris.minute == 15
+    assert browser.text(f"{row} td.next-run").startswith(
+        paris.strftime("%Y-%m-%d %H:%M:%S ") + str(paris.tzname())
+    )
+    assert title.startswith("Europe/Paris (UTC+0")
+    assert at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ in UTC") in title
+    nightly = 'tr.schedule-row[data-schedule-id="nightly-report"] td.next-run'
+    assert browser.text(nightly).startswith(
+        store.get_schedule("nightly-report").next_run_at.strftime("%Y-%m-%d 03:00:00 UTC")
+    )
     no_console_errors(browser)
+    browser.screenshot("schedules")
+    save_for_docs(browser.screenshot_of("main#main", "schedules-table"), "schedules.png")
 
     browser.click_through(f"{row} button.pause-schedule")
     assert browser.attr("#notice", "data-notice") == "schedule-paused"
