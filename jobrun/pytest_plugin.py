@@ -1,9 +1,11 @@
 """jobrun's pytest plugin: a migrated database per test, a client, a worker.
 
 Loaded by pytest through the ``pytest11`` entry point of the ``jobrun``
-distribution (``-p no:jobrun`` turns it off). It costs nothing until a test
-asks for one of its fixtures: this module imports only pytest, and jobrun
-itself inside the fixtures; nothing connects before then.
+distribution (``-p no:jobrun`` turns it off; with
+``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` set, ``-p jobrun`` turns it on). It costs
+nothing until a test asks for one of its fixtures beyond importing the
+``jobrun`` package (which an application's tests import anyway): jobrun's
+modules are imported inside the fixtures, and nothing connects before then.
 
 Fixtures (all prefixed ``jobrun_``, so that they never shadow a project's own):
 
