@@ -148,3 +148,19 @@ def test_the_plugin_is_idle_for_tests_that_use_none_of_its_fixtures(
         *_plugin_args(), "--jobrun-database-url=postgresql://nobody@127.0.0.1:1/none"
     )
     result.assert_outcomes(passed=1)
+
+
+@pytest.mark.slow
+def test_without_a_server_the_plugin_starts_a_throwaway_embedded_one(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    pytester.makepyfile(
+        test_app="""
+        def test_x(jobrun_client):
+            job = jobrun_client.enqueue("a")
+            assert jobrun_client.get(job.id).state == "queued"
+        """
+    )
+    result = pytester.runpytest(*_plugin_args(), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
