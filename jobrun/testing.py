@@ -52,6 +52,7 @@ from jobrun.worker.worker import Worker, WorkerConfig, parse_queues
 
 __all__ = [
     "RunReport",
+    "advance_jobs",
     "assert_enqueued",
     "assert_not_enqueued",
     "enqueued_jobs",
@@ -177,6 +178,30 @@ def _held_back(store: Store, types: list[str] | None) -> Iterator[Callable[[list
     assert isinstance(store, PostgresStore)
     with pg_testing.holding_back(store, types) as hold:
         yield hold
+
+
+def advance_jobs(
+    target: Client | Store,
+    by: dt.timedelta,
+    *,
+    queues: Sequence[str] | None = None,
+    types: str | Sequence[str] | None = None,
+) -> int:
+    """Make the queued jobs due within ``by`` of the database's now due now; how many moved.
+
+    What ``run_jobs(advance=...)`` does before each job, on its own: for a
+    test with a worker running (the pytest plugin's ``jobrun_worker``), which
+    is woken and takes them at once. Only the jobs of ``queues`` and
+    ``types`` (default: all); each gets a "retried" event.
+    """
+    store = target.store if isinstance(target, Client) else target
+    if not isinstance(store, PostgresStore):
+        raise ValidationError("target", "advance_jobs needs jobrun's PostgreSQL store (a Client's)")
+    names = None if queues is None else list(parse_queues(queues))
+    chosen = None if types is None else [types] if isinstance(types, str) else list(types)
+    for name in chosen or ():
+        validate.job_type(name, "types")
+    return pg_testing.advance_due(store, by, queues=names, types=chosen)
 
 
 def _ready_queues(store: Store) -> dict[str, int | None]:

@@ -82,7 +82,7 @@ def test_the_worker_fixture_runs_jobs_and_run_jobs_advances_a_snooze(
         import datetime as dt
         import pytest
         import jobrun
-        from jobrun.testing import assert_enqueued
+        from jobrun.testing import advance_jobs, assert_enqueued
 
         registry = jobrun.Registry()
 
@@ -105,6 +105,12 @@ def test_the_worker_fixture_runs_jobs_and_run_jobs_advances_a_snooze(
             done = jobrun_client.wait(job.id, timeout=10)
             assert done.result == {"sent_to": "a@example.com"}
 
+        def test_a_running_worker_takes_a_delayed_job_once_advanced(jobrun_client, jobrun_worker):
+            an_hour = dt.timedelta(hours=1)
+            job = jobrun_client.enqueue("email.send", {"to": "d@example.com"}, delay=an_hour)
+            assert advance_jobs(jobrun_client, dt.timedelta(hours=2)) == 1
+            assert jobrun_client.wait(job.id, timeout=10).state == "succeeded"
+
         def test_run_jobs_runs_a_snoozed_job_with_advance(jobrun_client, jobrun_run_jobs):
             job = jobrun_client.enqueue("poll")
             assert_enqueued(jobrun_client, "poll", count=1)
@@ -117,7 +123,7 @@ def test_the_worker_fixture_runs_jobs_and_run_jobs_advances_a_snooze(
             assert_enqueued(jobrun_client, "email.send", payload={"to": "c@example.com"})
         """,
     )
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(
         [
             "*expected at least one job of type 'email.send' with payload"

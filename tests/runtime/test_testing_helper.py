@@ -12,7 +12,7 @@ from jobrun import Client
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Backoff, EventKind, Job, State
 from jobrun.postgres.store import Store
-from jobrun.testing import assert_enqueued, assert_not_enqueued, run_jobs
+from jobrun.testing import advance_jobs, assert_enqueued, assert_not_enqueued, run_jobs
 from jobrun.worker import JobContext, PermanentFailure, Registry, Snooze
 
 
@@ -245,3 +245,16 @@ def test_assert_enqueued_failure_lists_what_was_enqueued(store: Store) -> None:
         assert_enqueued(client, "email.send", count=2)
     with pytest.raises(AssertionError, match=r"expected no job of type 'email\.send', found 1"):
         assert_not_enqueued(client, "email.send")
+
+
+def test_advance_jobs_moves_due_jobs_without_running_them(store: Store) -> None:
+    client = Client(store)
+    soon = client.enqueue("a", delay=dt.timedelta(minutes=5), queue="q")
+    client.enqueue("b", delay=dt.timedelta(minutes=5), queue="q")
+    client.enqueue("a", delay=dt.timedelta(minutes=5), queue="other")
+    assert advance_jobs(client, dt.timedelta(minutes=10), queues=["q"], types="a") == 1
+    moved = client.get(soon.id)
+    assert (moved.state, moved.attempts) == (State.QUEUED, 0)
+    assert moved.run_at <= store.now()
+    with pytest.raises(ValidationError):
+        advance_jobs(client, dt.timedelta(minutes=-1))
