@@ -9,10 +9,12 @@ worker runs on them.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import textwrap
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.support.database import TestServer
 
@@ -170,3 +172,31 @@ def test_without_a_server_the_plugin_starts_a_throwaway_embedded_one(
     )
     result = pytester.runpytest(*_plugin_args(), "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_a_role_without_createdb_is_told_so_without_its_password(
+    pytester: pytest.Pytester, pg_server: TestServer
+) -> None:
+    role, password = f"jobrun_nocreatedb_{os.getpid()}", "s3cret-Pw-9"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN NOCREATEDB PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(password)
+            )
+        )
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(pg_server.admin_dsn)
+        params.update(user=role, password=password, dbname="postgres")
+        pytester.makepyfile(test_app="def test_x(jobrun_database):\n    pass\n")
+        result = pytester.runpytest(
+            *_plugin_args(),
+            f"--jobrun-database-url={psycopg.conninfo.make_conninfo('', **params)}",
+            "-p",
+            "no:cacheprovider",
+        )
+    finally:
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*jobrun: no database for the tests:*needs CREATEDB*"])
+    assert password not in result.stdout.str()
