@@ -93,9 +93,9 @@ def run_jobs(
     handler into a queue that was empty at first runs too. ``types`` (one
     type or several, each with a handler in ``registry``) runs only jobs of
     those types. ``advance`` (a timedelta) first makes the jobs due within
-    that much of the database's now due now, and again after every job, so
-    that what a handler snoozes or fails into a retry within the horizon
-    runs too. At most ``max_jobs`` jobs run, over every queue together (a
+    that much of the database's now due now, and again once those ran, until
+    no job is left, so that what a handler snoozes or fails into a retry
+    within the horizon runs too. At most ``max_jobs`` jobs run, over every queue together (a
     handler that always snoozes stops there).
 
     Bad arguments raise ValidationError before anything is claimed.
@@ -104,9 +104,11 @@ def run_jobs(
     fixed, chosen = _check(store, registry, queue, queues, types, advance, max_jobs)
     totals = dict.fromkeys(("succeeded", "failed", "cancelled", "lease_lost"), 0)
     ran = advanced = 0
-    # With types or advance, one job per pass: the held-back and the advanced
-    # jobs are read again between two claims.
-    stepwise = chosen is not None or advance is not None
+    # With types, one job per pass: the jobs to hold back are read again
+    # between two claims (a handler may have enqueued more). With advance, a
+    # pass drains what is ready, and the next one advances what the handlers
+    # snoozed or failed into a retry meanwhile.
+    stepwise = chosen is not None
     with _held_back(store, chosen) as hold:
         while ran < max_jobs:
             if advance is not None:
@@ -122,7 +124,7 @@ def run_jobs(
             ran += ran_now
             for key in totals:
                 totals[key] += worker.stats[key]
-            if ran_now == 0 or (fixed is not None and not stepwise):
+            if ran_now == 0 or (fixed is not None and not stepwise and advance is None):
                 break
     return RunReport(ran=ran, advanced=advanced, **totals)
 
