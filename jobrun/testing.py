@@ -20,8 +20,8 @@ deployed. ``types=`` runs only jobs of those types (the others stay queued,
 untouched). A job due later (a delayed enqueue, a snooze, a retry's backoff)
 is left queued, unless ``advance=`` says how far ahead to look: the jobs due
 within that much of the *database's* clock are brought forward to now (the
-process's clock is never faked; see :mod:`jobrun.postgres.testing`), again
-after each job, so a handler that snoozes once runs twice. The jobs of paused
+process's clock is never faked; see :mod:`jobrun.postgres.testing`), and
+again once those ran, so a handler that snoozes once runs twice. The jobs of paused
 queues stay queued (a worker would not claim them either).
 
 ``assert_enqueued`` and ``assert_not_enqueued`` read the jobs table and fail
@@ -191,7 +191,7 @@ def advance_jobs(
 ) -> int:
     """Make the queued jobs due within ``by`` of the database's now due now; how many moved.
 
-    What ``run_jobs(advance=...)`` does before each job, on its own: for a
+    What ``run_jobs(advance=...)`` does before each pass, on its own: for a
     test with a worker running (the pytest plugin's ``jobrun_worker``), which
     is woken and takes them at once. Only the jobs of ``queues`` and
     ``types`` (default: all); each gets a "retried" event.
