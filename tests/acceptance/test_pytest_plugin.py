@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import textwrap
+import tomllib
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,6 +21,8 @@ from psycopg import sql
 from tests.support.database import TestServer
 
 pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _plugin_args() -> list[str]:
@@ -200,3 +204,8 @@ def test_a_role_without_createdb_is_told_so_without_its_password(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*jobrun: no database for the tests:*needs CREATEDB*"])
     assert password not in result.stdout.str()
+
+
+def test_the_distribution_registers_the_plugin_with_pytest() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["pytest11"] == {"jobrun": "jobrun.pytest_plugin"}
