@@ -209,3 +209,16 @@ def test_a_role_without_createdb_is_told_so_without_its_password(
 def test_the_distribution_registers_the_plugin_with_pytest() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["pytest11"] == {"jobrun": "jobrun.pytest_plugin"}
+
+
+def test_the_ini_value_names_the_server_when_nothing_else_does(
+    pytester: pytest.Pytester, pg_server: TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    pytester.makeini(f"[pytest]\njobrun_database_url = {pg_server.admin_dsn}\n")
+    pytester.makepyfile(
+        test_app="def test_x(jobrun_client):\n    assert jobrun_client.list() == []\n"
+    )
+    result = pytester.runpytest(*_plugin_args(), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert _leftovers(pg_server) == []
