@@ -418,7 +418,8 @@ class EventKind(enum.StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     CANCELLED = "cancelled"
     RETRIED = "retried"
-    """An operator made a job runnable again."""
+    """An operator made a job runnable again; or, ``detail.via`` "run_jobs", a test's
+    ``run_jobs(advance=...)`` brought a queued job due later forward to now."""
     REAPED = "reaped"
     """The lease expired; ``detail.verdict`` is the state the reaper chose."""
     RELEASED = "released"
