@@ -27,6 +27,7 @@ from jobrun.postgres.store import MAX_LIST_LIMIT
 from jobrun.postgres.web import MAX_PAGE as WEB_MAX_PAGE
 from jobrun.postgres.web import DashboardReads, JobFilter
 
+from .batch import cmd_enqueue_batch
 from .exits import EXIT_OK, UsageError
 from .output import (
     count_jobs,
@@ -56,8 +57,12 @@ LIST_LIMIT = 100
 
 def register(commands: Commands) -> None:
     """Add ``enqueue``, ``get``, ``list``, ``events`` and ``depth``."""
-    p = commands.add("enqueue", cmd_enqueue, "enqueue a job; prints its id", json=True)
-    p.add_argument("type", metavar="TYPE", help="the job type (a handler's name)")
+    p = commands.add(
+        "enqueue", cmd_enqueue, "enqueue a job (or --batch: many); prints its id", json=True
+    )
+    p.add_argument(
+        "type", metavar="TYPE", nargs="?", help="the job type (a handler's name; not with --batch)"
+    )
     payload_options(p)
     job_options(p)
     p.add_argument(
@@ -71,6 +76,13 @@ def register(commands: Commands) -> None:
         metavar="KEY",
         help="what the queue's per-key limit counts the job under: a tenant, an account "
         "(default: none, only the queue's own limits apply)",
+    )
+    p.add_argument(
+        "--batch",
+        metavar="FILE",
+        help="enqueue one job per JSON line of FILE ('-': stdin), all or nothing: "
+        '{"type": T, "payload": {...}, "queue": Q, "priority": N, "max_attempts": N, '
+        '"delay": "1h30m", "key": K, "concurrency_key": K}; the flags are every line\'s defaults',
     )
 
     p = commands.add("get", cmd_get, "show one job", json=True)
@@ -96,6 +108,10 @@ def register(commands: Commands) -> None:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
+    if args.batch is not None:
+        return cmd_enqueue_batch(args)
+    if args.type is None:
+        raise UsageError("enqueue: give a job TYPE, or --batch FILE for many jobs")
     # Every check runs here, before the database is even opened.
     new = NewJob(
         type=args.type,

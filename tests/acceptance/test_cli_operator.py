@@ -1,0 +1,171 @@
+"""The operator's ``jobrun``: batch enqueue, guarded bulk actions, short ids, completion.
+
+Every test runs ``python -m jobrun`` as a real process against a real
+PostgreSQL (stdin a pipe, or a pseudo-terminal where the prompt is tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobrun.client import Client
+from jobrun.job.model import State
+
+ROOT = Path(__file__).resolve().parents[2]
+_AMBIENT = ("DATABASE_URL", "JOB_EVENTS", "JOBRUN_NOTIFY_CHANNEL", "COLUMNS")
+
+
+@dataclasses.dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def jobrun(dsn: str | None, *args: str, stdin: str | None = None, **env: str) -> Result:
+    """``python -m jobrun ARGS`` in a pipe (stdin ``stdin``, or empty)."""
+    environ = {k: v for k, v in os.environ.items() if k not in _AMBIENT}
+    if dsn is not None:
+        environ["DATABASE_URL"] = dsn
+    environ.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobrun", *args],
+        env=environ,
+        cwd=ROOT,
+        input=stdin or "",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def client(dsn: str) -> Iterator[Client]:
+    with Client.connect(dsn) as c:
+        yield c
+
+
+def lines(*jobs: dict[str, Any]) -> str:
+    return "".join(json.dumps(job) + "\n" for job in jobs)
+
+
+# -- enqueue --batch ---------------------------------------------------------------------
+
+
+def test_batch_enqueues_ten_thousand_jobs_from_stdin_in_seconds(dsn: str, client: Client) -> None:
+    text = lines(*({"type": "email.send", "payload": {"n": n}} for n in range(10_000)))
+    started = time.monotonic()
+    result = jobrun(dsn, "enqueue", "--batch", "-", stdin=text)
+    elapsed = time.monotonic() - started
+    assert result.code == 0, result.err
+    assert result.out == "enqueued 10000 jobs\n"
+    assert elapsed < 20  # one process, one COPY: seconds (including the interpreter's start)
+    depth = {d.queue: d.ready for d in client.depth()}
+    assert depth == {"default": 10_000}
+
+
+def test_batch_lines_carry_their_options_over_the_flags_defaults(
+    dsn: str, client: Client, tmp_path: Path
+) -> None:
+    path = tmp_path / "jobs.jsonl"
+    path.write_text(
+        lines(
+            {"type": "a", "payload": {"x": 1}},
+            {"type": "b", "queue": "other", "priority": 5, "max_attempts": 2, "key": "k1"},
+        )
+        + "\n"  # a blank line is skipped
+        + lines({"type": "c", "delay": "1h30m", "concurrency_key": "tenant-1"})
+    )
+    result = jobrun(dsn, "enqueue", "--batch", str(path), "--queue", "bulk", "--json")
+    assert result.code == 0, result.err
+    assert result.json() == {"inserted": 3, "replayed": []}
+    jobs = {j.type: j for q in ("bulk", "other") for j in client.list(queue=q)}
+    assert (jobs["a"].queue, jobs["a"].payload) == ("bulk", {"x": 1})
+    assert (jobs["b"].queue, jobs["b"].priority, jobs["b"].max_attempts) == ("other", 5, 2)
+    assert jobs["b"].idempotency_key == "k1"
+    delay = jobs["c"].run_at - jobs["c"].created_at
+    assert 5399 <= delay.total_seconds() <= 5401
+    assert jobs["c"].concurrency_key == "tenant-1"
+
+    again = jobrun(dsn, "enqueue", "--batch", str(path), "--queue", "bulk")
+    assert again.code == 0, again.err
+    assert again.out.startswith("enqueued 2 jobs; 1 already enqueued under the same key")
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "says"),
+    [
+        ("{not json", "line 3: job: is not valid JSON"),
+        ('["a list"]', "line 3: job: must be a JSON object"),
+        ('{"payload": {}}', "line 3: type: is required"),
+        ('{"type": "t", "colour": "red"}', "line 3: colour: is not a job field"),
+        ('{"type": "t", "priority": "high"}', "line 3: priority: must be an integer"),
+        ('{"type": "t", "delay": "soon"}', "line 3: delay: 'soon' is not a duration"),
+        ('{"type": ""}', "line 3: type:"),
+    ],
+)
+def test_a_bad_line_is_named_by_its_number_and_nothing_is_written(
+    dsn: str, client: Client, bad_line: str, says: str
+) -> None:
+    good = lines(*({"type": "t", "payload": {"n": n}} for n in range(2)))
+    result = jobrun(dsn, "enqueue", "--batch", "-", stdin=good + bad_line + "\n" + good)
+    assert result.code == 7, result.err
+    assert result.out == ""
+    assert result.err.startswith(f"jobrun: {says}"), result.err
+    assert len(result.err.splitlines()) == 1
+    assert client.list() == []
+
+
+def test_a_bad_line_after_many_chunks_rolls_the_whole_batch_back(dsn: str, client: Client) -> None:
+    good = lines(*({"type": "t", "payload": {"n": n}} for n in range(5000)))
+    result = jobrun(dsn, "enqueue", "--batch", "-", stdin=good + "{oops}\n")
+    assert result.code == 7
+    assert result.err.startswith("jobrun: line 5001: job: is not valid JSON"), result.err
+    assert client.depth() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("enqueue", "t", "--batch", "-"), "enqueue --batch reads TYPE and payload"),
+        (("enqueue", "--batch", "-", "--key", "k"), "one --key cannot name many jobs"),
+        (("enqueue",), "give a job TYPE, or --batch FILE"),
+    ],
+)
+def test_batch_flags_that_do_not_go_together_are_usage_errors(
+    dsn: str, args: tuple[str, ...], says: str
+) -> None:
+    result = jobrun(dsn, *args, stdin=lines({"type": "t"}))
+    assert result.code == 2
+    assert says in result.err
+
+
+def test_an_empty_or_missing_batch_is_a_validation_error(dsn: str, tmp_path: Path) -> None:
+    empty = jobrun(dsn, "enqueue", "--batch", "-", stdin="\n\n")
+    assert (empty.code, empty.err) == (7, "jobrun: --batch: stdin holds no job\n")
+    missing = jobrun(dsn, "enqueue", "--batch", str(tmp_path / "nope.jsonl"))
+    assert missing.code == 7
+    assert "cannot read" in missing.err
+
+
+def test_jobs_of_a_batch_are_the_same_as_single_enqueues(dsn: str, client: Client) -> None:
+    text = lines({"type": "t", "payload": {"a": [1]}})
+    result = jobrun(dsn, "enqueue", "--batch", "-", stdin=text)
+    assert result.code == 0, result.err
+    (job,) = client.list()
+    assert (job.type, job.payload, job.state) == ("t", {"a": [1]}, State.QUEUED)
