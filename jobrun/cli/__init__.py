@@ -62,6 +62,8 @@ code  meaning
 7     validation error: bad input or bad configuration
 8     the jobrun schema is missing, or at another version than this jobrun
       needs: run ``jobrun migrate`` (or upgrade jobrun when it is newer)
+9     not confirmed: a bulk ``retry``, ``cancel`` or ``purge`` was declined at
+      its prompt, or ran off a terminal without ``--yes`` (nothing changed)
 130   interrupted (Ctrl-C during a short command)
 128+N ``jobrun worker`` or ``jobrun scheduler`` stopped by signal N before its
       work was done: while starting (importing the app, opening its pools),
@@ -80,6 +82,7 @@ from .exits import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_INVALID_STATE,
+    EXIT_NOT_CONFIRMED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_SCHEMA,
@@ -102,6 +105,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_INVALID_STATE",
+    "EXIT_NOT_CONFIRMED",
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_SCHEMA",

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         epilog="exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 conflict, "
         "5 invalid state, 6 database unavailable, 7 validation, 8 schema missing or "
-        "at another version (run jobrun migrate)",
+        "at another version (run jobrun migrate), 9 bulk action not confirmed",
     )
     parser.add_argument(
         "--version", action="version", version=f"{PROG} {version()}", help="print the version"

@@ -7,8 +7,11 @@ PostgreSQL (stdin a pipe, or a pseudo-terminal where the prompt is tested).
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
 import time
@@ -16,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from jobrun.client import Client
@@ -169,3 +173,136 @@ def test_jobs_of_a_batch_are_the_same_as_single_enqueues(dsn: str, client: Clien
     assert result.code == 0, result.err
     (job,) = client.list()
     assert (job.type, job.payload, job.state) == ("t", {"a": [1]}, State.QUEUED)
+
+
+# -- bulk retry, cancel and purge: count, --dry-run, --yes, the prompt ----------------
+
+
+def dead_jobs(client: Client, count: int, type_: str = "email.send") -> list[Any]:
+    """``count`` dead jobs of ``type_`` (each claimed and failed for good)."""
+    ids = [client.enqueue(type_, max_attempts=1).id for _ in range(count)]
+    for job in client.store.claim("test-worker", ["default"], count, dt.timedelta(seconds=30)):
+        client.store.fail(job, "boom", None, permanent=True)
+    assert {client.get(i).state for i in ids} == {State.DEAD}
+    return ids
+
+
+def on_terminal(dsn: str, *args: str, answer: str) -> tuple[int, str]:
+    """``python -m jobrun ARGS`` with stdin on a pseudo-terminal; types ``answer`` at the
+    prompt. Returns the exit code and everything written on the terminal and stderr."""
+    leader, follower = pty.openpty()
+    environ = {k: v for k, v in os.environ.items() if k not in _AMBIENT}
+    environ["DATABASE_URL"] = dsn
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobrun", *args],
+        env=environ,
+        cwd=ROOT,
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+    )
+    os.close(follower)
+    seen = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"[y/N]" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.5)
+            if ready:
+                seen += os.read(leader, 4096)
+            elif proc.poll() is not None:
+                break
+        os.write(leader, answer.encode() + b"\n")
+        out, _ = proc.communicate(timeout=60)
+        while select.select([leader], [], [], 0.2)[0]:
+            try:
+                seen += os.read(leader, 4096)
+            except OSError:  # EIO: the terminal closed
+                break
+    finally:
+        os.close(leader)
+    return proc.returncode, seen.decode() + out.decode()
+
+
+def test_bulk_retry_off_a_terminal_without_yes_refuses_and_changes_nothing(
+    dsn: str, client: Client
+) -> None:
+    ids = dead_jobs(client, 3)
+    result = jobrun(dsn, "retry", "--state", "dead", "--type", "email.send")
+    assert result.code == 9
+    assert result.out == ""
+    assert result.err == (
+        "jobrun: not confirmed: would retry 3 jobs (state dead, type email.send); stdin is "
+        "not a terminal, so pass --yes to go ahead (or --dry-run to look first)\n"
+    )
+    assert {client.get(i).state for i in ids} == {State.DEAD}
+
+
+def test_bulk_dry_run_shows_the_count_and_a_sample_and_changes_nothing(
+    dsn: str, client: Client
+) -> None:
+    ids = dead_jobs(client, 7)
+    result = jobrun(dsn, "retry", "--state", "dead", "--dry-run", COLUMNS="80")
+    assert result.code == 0, result.err
+    first, *table, last = result.out.splitlines()
+    assert first == "would retry 7 jobs (state dead); nothing changed (--dry-run)"
+    assert len(table) == 6  # a header and five jobs
+    assert last == "... and 2 more"
+    as_json = jobrun(dsn, "cancel", "--state", "queued", "--dry-run", "--json").json()
+    assert as_json == {"matched": 0, "sample": []}
+    sample = jobrun(dsn, "retry", "--state", "dead", "--dry-run", "--json").json()
+    assert sample["matched"] == 7
+    assert [j["id"] for j in sample["sample"]] == [str(i) for i in ids[:5]]
+    assert {client.get(i).state for i in ids} == {State.DEAD}
+
+
+def test_bulk_retry_with_yes_acts_and_prints_the_count(dsn: str, client: Client) -> None:
+    ids = dead_jobs(client, 3)
+    result = jobrun(dsn, "retry", "--state", "dead", "--yes")
+    assert (result.code, result.out) == (0, "retried 3 jobs\n"), result.err
+    assert {client.get(i).state for i in ids} == {State.QUEUED}
+    none = jobrun(dsn, "retry", "--state", "dead")  # nothing matches: no question to ask
+    assert (none.code, none.out) == (0, "no jobs match; nothing changed\n")
+
+
+def test_bulk_cancel_on_a_terminal_asks_and_acts_only_on_yes(dsn: str, client: Client) -> None:
+    ids = [client.enqueue("t").id for _ in range(2)]
+    code, text = on_terminal(dsn, "cancel", "--state", "queued", answer="n")
+    assert code == 9
+    assert "cancel 2 jobs (state queued)? [y/N]" in text
+    assert "not confirmed: nothing changed" in text
+    assert {client.get(i).state for i in ids} == {State.QUEUED}
+
+    code, text = on_terminal(dsn, "cancel", "--state", "queued", answer="y")
+    assert code == 0, text
+    assert "cancelled 2 jobs" in text
+    assert {client.get(i).state for i in ids} == {State.CANCELLED}
+
+
+def test_purge_counts_then_needs_yes_off_a_terminal(
+    dsn: str, client: Client, admin_dsn: str
+) -> None:
+    old = [client.cancel(client.enqueue("t").id).id for _ in range(2)]
+    recent = client.cancel(client.enqueue("t").id).id
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE jobrun.jobs SET finished_at = now() - interval '10 days' WHERE id = ANY(%s)",
+            [old],
+        )
+    dry = jobrun(dsn, "purge", "--older-than", "1d12h", "--dry-run")
+    assert dry.code == 0, dry.err
+    assert dry.out.startswith("would purge 2 jobs finished before 1d12h ago, finished 20")
+    refused = jobrun(dsn, "purge", "--older-than", "7d")
+    assert refused.code == 9
+    assert "would purge 2 jobs" in refused.err
+    assert len(client.list()) == 3
+    done = jobrun(dsn, "purge", "--older-than", "7d", "--yes")
+    assert (done.code, done.out) == (0, "purged 2 jobs\n"), done.err
+    assert [j.id for j in client.list()] == [recent]
+
+
+def test_a_single_id_dry_run_shows_the_job_and_leaves_it(dsn: str, client: Client) -> None:
+    (job_id,) = dead_jobs(client, 1)
+    result = jobrun(dsn, "retry", str(job_id), "--dry-run")
+    assert result.code == 0, result.err
+    assert result.out == f"would retry job {job_id} (now dead); nothing changed (--dry-run)\n"
+    assert client.get(job_id).state == State.DEAD
