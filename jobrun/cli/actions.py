@@ -30,9 +30,11 @@ from jobrun.client import Client
 from jobrun.config import parse_duration
 from jobrun.job.errors import InvalidState, NotFound
 from jobrun.job.model import Job, State
+from jobrun.postgres.web import DashboardReads
 
 from .confirm import confirmed, guard_options
 from .exits import EXIT_INVALID_STATE, EXIT_OK, CommandError, UsageError
+from .ids import job_id
 from .output import count_jobs, output_width, print_json, print_table, report, say, when
 from .parser import Commands, job_filters, parse_state
 from .settings import open_client
@@ -55,7 +57,10 @@ def register(commands: Commands) -> None:
     ):
         p = commands.add(name, func, what, json=True)
         p.add_argument(
-            "id", metavar="ID", nargs="?", help="the job id (or none, and --state for many)"
+            "id",
+            metavar="ID",
+            nargs="?",
+            help="the job id or its start, a unique prefix (or none, and --state for many)",
         )
         job_filters(p)
         guard_options(p)
@@ -130,7 +135,8 @@ def _counted(args: argparse.Namespace, client: Client, state: State, verb: str) 
         else:
             say(f"would {what}; nothing changed (--dry-run)")
             if sample:
-                print_table(jobs_table(sample, output_width()))
+                short = DashboardReads(client.store).short_ids([j.id for j in sample])
+                print_table(jobs_table(sample, output_width(), short))
                 if count > len(sample):
                     say(f"... and {count - len(sample)} more")
         return None
@@ -152,7 +158,7 @@ def _filters(state: State, args: argparse.Namespace) -> str:
 def _single_dry_run(args: argparse.Namespace, verb: str) -> int:
     """``--dry-run`` with one ID: the job as it stands, unchanged."""
     with open_client(args) as client:
-        job = client.get(args.id)
+        job = client.get(job_id(client, args.id))
     report(args, job, f"would {verb} job {job.id} (now {job.state}); nothing changed (--dry-run)")
     return EXIT_OK
 
@@ -163,7 +169,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return _single_dry_run(args, "cancel")
     if state is None:
         with open_client(args) as client:
-            job = client.cancel(args.id)
+            job = client.cancel(job_id(client, args.id))
         if job.state in (State.SUCCEEDED, State.DEAD):
             raise InvalidState(job.id, str(job.state), "cancel")
         outcome = "cancelled" if job.state == State.CANCELLED else _REQUESTED
@@ -207,7 +213,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
         return _single_dry_run(args, "retry")
     if state is None:
         with open_client(args) as client:
-            job = client.retry(args.id)
+            job = client.retry(job_id(client, args.id))
         report(args, job, f"job {job.id} queued to run now")
         return EXIT_OK
 

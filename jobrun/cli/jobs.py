@@ -21,7 +21,6 @@ from typing import Any
 
 from jobrun.client import Client
 from jobrun.job import validate
-from jobrun.job.errors import ValidationError
 from jobrun.job.model import Event, Job, NewJob, QueueDepth
 from jobrun.postgres.store import MAX_LIST_LIMIT
 from jobrun.postgres.web import MAX_PAGE as WEB_MAX_PAGE
@@ -29,6 +28,7 @@ from jobrun.postgres.web import DashboardReads, JobFilter
 
 from .batch import cmd_enqueue_batch
 from .exits import EXIT_OK, UsageError
+from .ids import job_id
 from .output import (
     count_jobs,
     output_width,
@@ -86,7 +86,9 @@ def register(commands: Commands) -> None:
     )
 
     p = commands.add("get", cmd_get, "show one job", json=True)
-    p.add_argument("id", metavar="ID", help="the job id (as enqueue and list print it)")
+    p.add_argument(
+        "id", metavar="ID", help="the job id, or its start (as list prints it): unique prefix"
+    )
 
     p = commands.add("list", cmd_list, "list jobs, newest first", json=True)
     job_filters(p)
@@ -102,7 +104,7 @@ def register(commands: Commands) -> None:
     p.add_argument("--after", metavar="ID", help="jobs newer than this id, oldest first")
 
     p = commands.add("events", cmd_events, "a job's audit trail", json=True)
-    p.add_argument("id", metavar="ID", help="the job id")
+    p.add_argument("id", metavar="ID", help="the job id, or its start (a unique prefix)")
 
     commands.add("depth", cmd_depth, "jobs per queue and state; paused queues", json=True)
 
@@ -131,7 +133,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def cmd_get(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        job = client.get(args.id)
+        job = client.get(job_id(client, args.id))
     if args.json:
         print_json(job)
     else:
@@ -158,13 +160,6 @@ def newest_jobs(
     return list(itertools.islice(matching, count))
 
 
-def _job_id(text: str, flag: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text.strip())
-    except ValueError:
-        raise ValidationError(flag, f"{text!r} is not a job id (a UUID)") from None
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     state = None if args.state is None else parse_state(args.state)
     oldest_first = args.oldest or args.after is not None
@@ -174,34 +169,35 @@ def cmd_list(args: argparse.Namespace) -> int:
     where: dict[str, Any] = {"queue": args.queue, "state": state, "type": args.type}
     with open_client(args) as client:
         if oldest_first:
-            jobs = client.list(**where, after=args.after, limit=args.limit)
+            after = None if args.after is None else job_id(client, args.after, "--after")
+            jobs = client.list(**where, after=after, limit=args.limit)
             more = len(jobs) == args.limit
         else:
-            before = None if args.before is None else _job_id(args.before, "--before")
+            before = None if args.before is None else job_id(client, args.before, "--before")
             jobs = newest_jobs(client, where, args.limit + 1, before)
             more = len(jobs) > args.limit
             jobs = jobs[: args.limit]
+        short = {} if args.json else DashboardReads(client.store).short_ids([j.id for j in jobs])
     if args.json:
         print_json(jobs)
     elif not jobs:
         say("no jobs")
     else:
-        print_table(jobs_table(jobs, output_width()))
+        print_table(jobs_table(jobs, output_width(), short))
+        last = str(jobs[-1].id)  # whole, as scripts that page read it
         if oldest_first:
-            say(
-                count_jobs(len(jobs))
-                + (f"; more may follow: --after {jobs[-1].id}" if more else "")
-            )
+            say(count_jobs(len(jobs)) + (f"; more may follow: --after {last}" if more else ""))
         else:
-            older = f"; older: --before {jobs[-1].id}" if more else ""
+            older = f"; older: --before {last}" if more else ""
             say(f"{count_jobs(len(jobs))}, newest first{older}")
     return EXIT_OK
 
 
 def cmd_events(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        client.get(args.id)  # NotFound for an unknown job, not an empty trail
-        events: list[Event] = client.events(args.id)
+        ident = job_id(client, args.id)
+        client.get(ident)  # NotFound for an unknown job, not an empty trail
+        events: list[Event] = client.events(ident)
     if args.json:
         print_json(events)
     elif not events:

@@ -306,3 +306,77 @@ def test_a_single_id_dry_run_shows_the_job_and_leaves_it(dsn: str, client: Clien
     assert result.code == 0, result.err
     assert result.out == f"would retry job {job_id} (now dead); nothing changed (--dry-run)\n"
     assert client.get(job_id).state == State.DEAD
+
+
+# -- short ids, unique prefixes, the error column at 80 columns ---------------------------
+
+
+def test_every_command_taking_an_id_takes_a_unique_prefix(dsn: str, client: Client) -> None:
+    (dead_id,) = dead_jobs(client, 1)
+    queued_id = client.enqueue("t").id
+    full = str(dead_id)
+    prefix = full[:20]  # past the millisecond: this job's alone
+    got = jobrun(dsn, "get", prefix, "--json")
+    assert (got.code, got.json()["id"]) == (0, full), got.err
+    events = jobrun(dsn, "events", prefix.replace("-", "").upper(), "--json")
+    assert events.code == 0, events.err
+    assert {e["job_id"] for e in events.json()} == {full}
+    retried = jobrun(dsn, "retry", prefix)
+    assert (retried.code, retried.out) == (0, f"job {full} queued to run now\n"), retried.err
+    cancelled = jobrun(dsn, "cancel", str(queued_id)[:20])
+    assert (cancelled.code, cancelled.out) == (0, f"job {queued_id} cancelled\n"), cancelled.err
+    older = jobrun(dsn, "list", "--before", str(queued_id)[:20], "--json")
+    assert [j["id"] for j in older.json()] == [full]
+
+
+def test_an_ambiguous_prefix_names_how_many_jobs_it_matches(dsn: str, client: Client) -> None:
+    ids = [client.enqueue("t").id for _ in range(3)]
+    texts = [str(i) for i in ids]
+    n = 0
+    while all(t[n] == texts[0][n] for t in texts):
+        n += 1
+    common = texts[0][:n]
+    result = jobrun(dsn, "get", common)
+    assert result.code == 7
+    assert result.err == f"jobrun: ID: {common!r} is the start of 3 job ids: give more of the id\n"
+    unknown = jobrun(dsn, "get", "ffff")
+    assert (unknown.code, unknown.err) == (3, "jobrun: job with an id starting 'ffff' not found\n")
+    bad = jobrun(dsn, "cancel", "xyz")
+    assert bad.code == 7
+    assert "is not a job id" in bad.err
+
+
+def test_at_80_columns_list_shows_short_ids_that_get_takes_back_and_keeps_last_error(
+    dsn: str, client: Client
+) -> None:
+    ids = dead_jobs(client, 4, type_="email.send")  # made in one millisecond or a few
+    result = jobrun(dsn, "list", "--state", "dead", COLUMNS="80")
+    assert result.code == 0, result.err
+    header, *rows, _count = result.out.splitlines()
+    assert header.split() == ["id", "queue", "type", "state", "attempts", "last_error"]
+    assert all(len(line) <= 80 for line in rows)
+    shown = [line.split()[0] for line in rows]
+    assert len(shown[0]) < 36
+    assert sorted(str(i) for i in ids) == sorted(
+        next(str(i) for i in ids if str(i).startswith(s)) for s in shown
+    )
+    assert all(line.endswith("boom") for line in rows)
+    for short in shown:  # unique: each one is a job's own
+        got = jobrun(dsn, "get", short, "--json")
+        assert got.code == 0, got.err
+        assert got.json()["id"].startswith(short)
+
+
+def test_a_long_error_is_cut_with_an_ellipsis_at_80_columns(dsn: str, client: Client) -> None:
+    job_id = client.enqueue("t", max_attempts=1).id
+    (job,) = client.store.claim("w", ["default"], 1, dt.timedelta(seconds=30))
+    client.store.fail(job, "connection refused by upstream " * 10, None, permanent=True)
+    result = jobrun(dsn, "list", COLUMNS="80")
+    (row,) = result.out.splitlines()[1:-1]
+    assert str(job_id).startswith(row.split()[0])
+    assert len(row) == 80
+    assert row.endswith("…")
+    assert "connection refused" in row
+    wide = jobrun(dsn, "list")  # a pipe without COLUMNS: the full id and run_at
+    assert str(job_id) in wide.out
+    assert "run_at" in wide.out.splitlines()[0]
