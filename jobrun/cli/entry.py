@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from jobrun.job.validate import redact
 from jobrun.worker.stop_signals import Interrupted
 
-from . import actions, database, extras, jobs, processes, queues, schedules
+from . import actions, completion, database, extras, jobs, processes, queues, schedules
 from .exits import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.register(commands)
     extras.register(commands)  # demo, dashboard
     database.register_embedded(commands)
+    completion.register(commands)
     return parser
 
 

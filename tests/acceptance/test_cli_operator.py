@@ -380,3 +380,98 @@ def test_a_long_error_is_cut_with_an_ellipsis_at_80_columns(dsn: str, client: Cl
     wide = jobrun(dsn, "list")  # a pipe without COLUMNS: the full id and run_at
     assert str(job_id) in wide.out
     assert "run_at" in wide.out.splitlines()[0]
+
+
+# -- per-command help ---------------------------------------------------------------------
+
+
+def _help(*command: str) -> str:
+    result = jobrun(None, *command, "--help", COLUMNS="200")
+    assert result.code == 0, result.err
+    return result.out
+
+
+def test_a_command_s_help_leaves_out_global_options_that_do_nothing_for_it() -> None:
+    for command in (("get",), ("list",), ("events",), ("purge",), ("queues", "pause")):
+        text = _help(*command)
+        assert "--database-url" in text, command
+        assert "--job-events" not in text, command
+        assert "--notify-channel" not in text, command
+    for command in (("enqueue",), ("worker",), ("retry",), ("queues", "resume")):
+        text = _help(*command)
+        assert "--job-events" in text, command
+        assert "--notify-channel" in text, command
+    embedded = _help("embedded", "start")
+    assert "--database-url" not in embedded
+    assert "--url" in embedded
+    everything = _help()
+    assert "--job-events" in everything  # jobrun --help still shows every global option
+
+
+def test_a_global_option_left_out_of_a_help_is_still_accepted(dsn: str, client: Client) -> None:
+    job_id = client.enqueue("t").id
+    result = jobrun(dsn, "get", str(job_id), "--job-events", "terminal", "--notify-channel", "x")
+    assert result.code == 0, result.err
+    assert str(job_id) in result.out
+
+
+# -- shell completion ---------------------------------------------------------------------
+
+
+def _complete(script: Path, *words: str) -> list[str]:
+    """What bash offers after ``words`` (the last one being completed), via the script."""
+    quoted = " ".join("'" + w.replace("'", "'\\''") + "'" for w in words)
+    program = (
+        f"source {script}\n"
+        f"COMP_WORDS=({quoted}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))\n"
+        '_jobrun; printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    proc = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return [w for w in proc.stdout.splitlines() if w]
+
+
+def test_bash_completion_completes_commands_options_choices_and_files(tmp_path: Path) -> None:
+    result = jobrun(None, "completion", "bash")
+    assert result.code == 0, result.err
+    script = tmp_path / "jobrun.bash"
+    script.write_text(result.out)
+    assert "complete -F _jobrun jobrun" in result.out
+
+    assert _complete(script, "jobrun", "en") == ["enqueue"]
+    assert set(_complete(script, "jobrun", "queues", "")) >= {"pause", "resume", "limit", "list"}
+    assert _complete(script, "jobrun", "--schema", "x", "queues", "pa") == ["pause"]
+    assert _complete(script, "jobrun", "retry", "--d") == [
+        "--database-url",
+        "--direct-url",
+        "--dry-run",
+    ]
+    assert "--job-events" not in _complete(script, "jobrun", "get", "--")
+    assert _complete(script, "jobrun", "list", "--pooler", "") == [
+        "auto",
+        "none",
+        "session",
+        "transaction",
+    ]
+    assert _complete(script, "jobrun", "worker", "--log-level", "w") == ["warning"]
+    (tmp_path / "jobs.jsonl").write_text("")
+    assert _complete(script, "jobrun", "enqueue", "--batch", str(tmp_path / "jobs.")) == [
+        str(tmp_path / "jobs.jsonl")
+    ]
+    assert _complete(script, "jobrun", "get", "--database-url", "") == []
+
+
+def test_zsh_completion_is_the_same_function_through_bashcompinit() -> None:
+    zsh = jobrun(None, "completion", "zsh")
+    bash = jobrun(None, "completion", "bash")
+    assert zsh.code == 0, zsh.err
+    assert "bashcompinit" in zsh.out
+    assert bash.out.split("_jobrun() {", 1)[1] == zsh.out.split("_jobrun() {", 1)[1]
+    wrong = jobrun(None, "completion", "fish")
+    assert wrong.code == 2
+    assert "invalid choice" in wrong.err
