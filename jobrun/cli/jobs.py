@@ -68,7 +68,7 @@ def register(commands: Commands) -> None:
     p.add_argument(
         "--delay",
         metavar="DURATION",
-        help="run later: 30s, 5m, 2h, 1d or plain seconds like 300 (default: now)",
+        help="run later: 90s, 5m, 1h30m, 2d or plain seconds like 300 (default: now)",
     )
     p.add_argument("--key", metavar="KEY", help="idempotency key (unique per queue)")
     p.add_argument(

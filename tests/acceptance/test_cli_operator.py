@@ -475,3 +475,22 @@ def test_zsh_completion_is_the_same_function_through_bashcompinit() -> None:
     wrong = jobrun(None, "completion", "fish")
     assert wrong.code == 2
     assert "invalid choice" in wrong.err
+
+
+# -- durations ----------------------------------------------------------------------------
+
+
+def test_cli_flags_and_settings_take_compound_durations(dsn: str, client: Client) -> None:
+    result = jobrun(dsn, "enqueue", "t", "--delay", "1h30m", "--json")
+    assert result.code == 0, result.err
+    job = client.get(result.json()["id"])
+    assert 5399 <= (job.run_at - job.created_at).total_seconds() <= 5401
+    bad = jobrun(dsn, "enqueue", "t", "--delay", "1h30")
+    assert (bad.code, bad.err) == (
+        7,
+        "jobrun: --delay: '1h30' is not a duration (like 90s, 5m, 1h30m, 7d)\n",
+    )
+    env_bad = jobrun(dsn, "list", JOBRUN_LEASE_TTL="2x")
+    assert env_bad.code == 7
+    assert env_bad.err.startswith("jobrun: JOBRUN_LEASE_TTL: '2x' is not a duration")
+    assert jobrun(dsn, "list", JOBRUN_LEASE_TTL="1m30s").code == 0
