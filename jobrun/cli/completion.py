@@ -22,12 +22,16 @@ import argparse
 import shlex
 import sys
 
+from jobrun.job.model import State
+
 from .exits import EXIT_OK
 from .parser import Commands, Parser
 
 SHELLS = ("bash", "zsh")
 FILE_OPTIONS = frozenset(("--batch", "--payload-file"))
 """Options whose value is a file name: completed from the file system."""
+FREE_TEXT_VALUES = {"--state": " ".join(s.value for s in State)}
+"""Values of options parsed by jobrun rather than argparse (any case is accepted)."""
 
 
 def register(commands: Commands) -> None:
@@ -80,7 +84,7 @@ def script(root: argparse.ArgumentParser, shell: str) -> str:
     tree = _walk(root)
     paths: list[str] = []
     takes_value: set[str] = set()
-    choices: dict[str, str] = {}
+    choices: dict[str, str] = dict(FREE_TEXT_VALUES)
     word_cases: list[str] = []
     for path, parser in tree:
         key = " ".join(path)

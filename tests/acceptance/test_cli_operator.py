@@ -459,6 +459,7 @@ def test_bash_completion_completes_commands_options_choices_and_files(tmp_path: 
         "transaction",
     ]
     assert _complete(script, "jobrun", "worker", "--log-level", "w") == ["warning"]
+    assert _complete(script, "jobrun", "retry", "--state", "d") == ["dead"]
     (tmp_path / "jobs.jsonl").write_text("")
     assert _complete(script, "jobrun", "enqueue", "--batch", str(tmp_path / "jobs.")) == [
         str(tmp_path / "jobs.jsonl")
