@@ -1,12 +1,13 @@
 """``jobrun completion bash|zsh``: a shell completion script, made from the parser itself.
 
-The script is generated from the command tree :func:`jobrun.cli.entry.build_parser`
-builds, when it is asked for, so it cannot drift from the commands: every
-command and action, each command's options (as its help shows them), the
-choices of an option that has some (``--pooler``, ``--log-level`` ...), and
-file names after ``--batch`` and ``--payload-file``. No dependency and
-nothing run at completion time but the shell (argcomplete would start
-Python on every Tab, with jobrun's imports).
+The script is generated from the command tree that
+:func:`jobrun.cli.entry.build_parser` builds (handed to :func:`register`),
+when it is asked for, so it cannot drift from the commands: every command
+and action, each command's options (as its help shows them), the values of
+an option that has a fixed set (``--pooler``, ``--log-level``, ``--state``
+...), and file names after ``--batch`` and ``--payload-file``. No
+dependency, and nothing runs at completion time but the shell (argcomplete
+would start Python, with jobrun's imports, on every Tab).
 
 Install::
 
@@ -34,18 +35,17 @@ FREE_TEXT_VALUES = {"--state": " ".join(s.value for s in State)}
 """Values of options parsed by jobrun rather than argparse (any case is accepted)."""
 
 
-def register(commands: Commands) -> None:
-    """Add ``completion``."""
+def register(commands: Commands, root: argparse.ArgumentParser) -> None:
+    """Add ``completion``, which describes ``root`` (the whole tree, once it is built)."""
     p = commands.add(
         "completion", cmd_completion, "print a shell completion script (bash or zsh)", json=False
     )
     p.add_argument("shell", choices=SHELLS, help="the shell: bash or zsh")
+    p.set_defaults(root_parser=root)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from .entry import build_parser  # noqa: PLC0415 - the tree this command is part of
-
-    sys.stdout.write(script(build_parser(), args.shell))
+    sys.stdout.write(script(args.root_parser, args.shell))
     return EXIT_OK
 
 

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.register(commands)
     extras.register(commands)  # demo, dashboard
     database.register_embedded(commands)
-    completion.register(commands)
+    completion.register(commands, parser)
     return parser
 
 
