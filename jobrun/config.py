@@ -102,16 +102,37 @@ TRACING_MODES = ("off", "otel")
 DEFAULT_OBSERVE_HOST = "0.0.0.0"  # noqa: S104 - probes and scrapers connect from outside
 _HOST = re.compile(r"[A-Za-z0-9._:%-]+")
 
-_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_DURATION_PART = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)\s*")
+_SECONDS = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_ORDER = ("d", "h", "m", "s", "ms")
 
 
 def parse_duration(text: str, name: str) -> dt.timedelta:
-    """``"250ms"``, ``"30s"``, ``"5m"``, ``"2h"``, ``"7d"`` or seconds -> timedelta."""
-    match = _DURATION.fullmatch(text)
-    if not match:
-        raise ValidationError(name, f"{text!r} is not a duration (like 30s, 5m, 7d)")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    """``"250ms"``, ``"30s"``, ``"1h30m"``, ``"2d 12h"``, ``"7d"`` or seconds -> timedelta.
+
+    Parts go from the largest unit to the smallest, each unit at most once
+    (``1h30m``, not ``30m1h``): a typo like ``5m5m`` is an error, not 10 minutes.
+    """
+    bad = ValidationError(name, f"{text!r} is not a duration (like 90s, 5m, 1h30m, 7d)")
+    if not isinstance(text, str):
+        raise bad
+    plain = _SECONDS.fullmatch(text)
+    if plain:
+        seconds = float(plain.group(1))
+    else:
+        seconds, at, last = 0.0, 0, -1
+        while at < len(text):
+            part = _DURATION_PART.match(text, at)
+            if part is None or part.end() == at:
+                raise bad
+            rank = _DURATION_ORDER.index(part.group(2))
+            if rank <= last:
+                raise bad
+            seconds += float(part.group(1)) * _UNITS[part.group(2)]
+            at, last = part.end(), rank
+        if last < 0:
+            raise bad
     if not math.isfinite(seconds) or seconds > 10 * 365 * 86400:
         raise ValidationError(name, f"{text!r} is too long")
     return dt.timedelta(seconds=seconds)

@@ -847,6 +847,16 @@ DELETE FROM jobrun.jobs AS jobs WHERE id IN (
     FOR UPDATE SKIP LOCKED
 );
 
+-- name: CountPurgeable :one
+-- What PurgeJobs would delete at the same age: a purge's dry run and its
+-- confirmation count, with the span of finish times it covers.
+SELECT count(*)::int8 AS jobs,
+       min(finished_at)::timestamptz AS oldest,
+       max(finished_at)::timestamptz AS newest
+FROM jobrun.jobs AS jobs
+WHERE finished_at IS NOT NULL
+  AND finished_at < now() - make_interval(secs => sqlc.arg(age_seconds)::float8);
+
 -- name: QueueDepth :many
 SELECT queue,
        count(*) FILTER (WHERE state = 'queued' AND run_at <= now())::int8 AS ready,

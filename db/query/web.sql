@@ -180,3 +180,14 @@ ORDER BY s.id;
 SELECT pe.job_id, pe.created_at
 FROM jobrun.processed_effects AS pe
 WHERE pe.scope = sqlc.arg(scope) AND pe.key = sqlc.arg(key);
+
+-- name: WebJobIdNeighbours :many
+-- Each given id's nearest neighbours along the primary key (two index probes
+-- each, whatever the table's size): how much of an id tells it apart from
+-- every other job, its shortest unique prefix, as git abbreviates commits.
+SELECT given.id::uuid AS id,
+       (SELECT jobs.id FROM jobrun.jobs AS jobs WHERE jobs.id < given.id
+        ORDER BY jobs.id DESC LIMIT 1)::uuid AS below,
+       (SELECT jobs.id FROM jobrun.jobs AS jobs WHERE jobs.id > given.id
+        ORDER BY jobs.id LIMIT 1)::uuid AS above
+FROM unnest(sqlc.arg(ids)::uuid[]) AS given(id);

@@ -7,24 +7,26 @@
     jobrun worker --app myapp.jobs:registry [--queues emails=4,default] [--concurrency N] ...
     jobrun scheduler [--app MODULE:REGISTRY]
     jobrun enqueue TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--queue Q] [--priority N]
-                   [--max-attempts N] [--delay 30s] [--key KEY] [--concurrency-key KEY]
-    jobrun get ID
+                   [--max-attempts N] [--delay 1h30m] [--key KEY] [--concurrency-key KEY]
+    jobrun enqueue --batch FILE|- [--queue Q] [...]       (JSON lines, one COPY, all or nothing)
+    jobrun get ID                                          (ID: whole, or a unique prefix)
     jobrun list [--queue Q] [--state S] [--type T] [--limit N] [--before ID]   (newest first)
     jobrun list --oldest | --after ID [...]                                   (oldest first)
     jobrun events ID | depth
-    jobrun cancel ID | cancel --state S [--queue Q] [--type T]
-    jobrun retry ID  | retry --state dead [--queue Q] [--type T]
+    jobrun cancel ID | cancel --state S [--queue Q] [--type T] [--dry-run | --yes]
+    jobrun retry ID  | retry --state dead [--queue Q] [--type T] [--dry-run | --yes]
     jobrun queues pause Q | resume Q | list
     jobrun queues limit Q [CONCURRENCY] [--per-key K] [--rate 100/s]
                         [--no-concurrency] [--no-per-key] [--no-rate]
     jobrun queues unlimit Q
-    jobrun purge --older-than 30d
+    jobrun purge --older-than 30d [--dry-run | --yes]
     jobrun schedules add ID CRON TYPE [PAYLOAD_JSON | --payload-file PATH|-] [--tz ZONE]
                          [--replace] [--app MODULE:REGISTRY] ...
     jobrun schedules list | remove ID | pause ID | resume ID
     jobrun demo [...]
     jobrun dashboard [--bind 127.0.0.1:8080] [--read-only]
     jobrun embedded start | status | stop
+    jobrun completion bash | zsh
 
 Global options (``--database-url``, ``--schema``, ``--job-events``,
 ``--notify-channel``, ...) may be given before or after the subcommand; every
@@ -62,6 +64,8 @@ code  meaning
 7     validation error: bad input or bad configuration
 8     the jobrun schema is missing, or at another version than this jobrun
       needs: run ``jobrun migrate`` (or upgrade jobrun when it is newer)
+9     not confirmed: a bulk ``retry``, ``cancel`` or ``purge`` was declined at
+      its prompt, or ran off a terminal without ``--yes`` (nothing changed)
 130   interrupted (Ctrl-C during a short command)
 128+N ``jobrun worker`` or ``jobrun scheduler`` stopped by signal N before its
       work was done: while starting (importing the app, opening its pools),
@@ -80,6 +84,7 @@ from .exits import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_INVALID_STATE,
+    EXIT_NOT_CONFIRMED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_SCHEMA,
@@ -102,6 +107,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_INVALID_STATE",
+    "EXIT_NOT_CONFIRMED",
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_SCHEMA",

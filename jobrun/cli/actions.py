@@ -9,6 +9,13 @@ as left alone rather than failing the whole run, and the line at the end
 says how many there were. Bulk actions that cannot apply to a state (cancel
 of finished jobs, retry of running ones) are refused before any job is read.
 
+Every bulk form counts first and is guarded (:mod:`jobrun.cli.confirm`):
+``--dry-run`` shows the count and a sample, ``--yes`` acts, a terminal is
+asked, and anything else is refused (exit 9). The bulk action then acts on
+the jobs counted, no newer: a job that came to match after the count (its
+id above the last one counted) is left for the next run, so the count a
+person confirmed is the most that is changed.
+
 A running job cannot be cancelled from outside its worker: cancelling it
 requests the cancel, and its worker stops it.
 """
@@ -23,14 +30,20 @@ from jobrun.client import Client
 from jobrun.config import parse_duration
 from jobrun.job.errors import InvalidState, NotFound
 from jobrun.job.model import Job, State
+from jobrun.postgres.web import DashboardReads
 
+from .confirm import confirmed, guard_options
 from .exits import EXIT_INVALID_STATE, EXIT_OK, CommandError, UsageError
-from .output import count_jobs, report
+from .ids import job_id
+from .output import count_jobs, output_width, print_json, print_table, report, say, when
 from .parser import Commands, job_filters, parse_state
 from .settings import open_client
+from .views import jobs_table
 
 BULK_PAGE = 500
 """Jobs fetched per page by the bulk ``cancel`` and ``retry``."""
+SAMPLE = 5
+"""Jobs ``--dry-run`` shows of a bulk ``cancel`` or ``retry`` (the oldest matching)."""
 
 _LEFT_ALONE = "; {} changed state meanwhile and were left alone"
 _REQUESTED = "is running: cancel requested (its worker stops it)"
@@ -44,9 +57,13 @@ def register(commands: Commands) -> None:
     ):
         p = commands.add(name, func, what, json=True)
         p.add_argument(
-            "id", metavar="ID", nargs="?", help="the job id (or none, and --state for many)"
+            "id",
+            metavar="ID",
+            nargs="?",
+            help="the job id or its start, a unique prefix (or none, and --state for many)",
         )
         job_filters(p)
+        guard_options(p)
 
 
 def register_purge(commands: Commands) -> None:
@@ -56,8 +73,9 @@ def register_purge(commands: Commands) -> None:
         "--older-than",
         required=True,
         metavar="DURATION",
-        help="delete jobs finished longer ago than this, like 7d (required)",
+        help="delete jobs finished longer ago than this, like 7d or 1h30m (required)",
     )
+    guard_options(p)
 
 
 def _single_or_bulk(args: argparse.Namespace) -> State | None:
@@ -76,22 +94,82 @@ def _single_or_bulk(args: argparse.Namespace) -> State | None:
     return parse_state(args.state)
 
 
-def _matching(client: Client, state: State, queue: str | None, type_: str | None) -> Iterator[Job]:
-    """Every job matching the filters, a page at a time (acting on each before the next page)."""
+def _matching(
+    client: Client,
+    state: State,
+    queue: str | None,
+    type_: str | None,
+    upto: uuid.UUID | None = None,
+) -> Iterator[Job]:
+    """Every job matching the filters, oldest first, a page at a time (acting on each
+    before the next page), none with an id above ``upto``."""
     after: uuid.UUID | None = None
     while True:
         page = client.list(queue=queue, state=state, type=type_, after=after, limit=BULK_PAGE)
-        yield from page
+        for job in page:
+            if upto is not None and job.id > upto:
+                return
+            yield job
         if len(page) < BULK_PAGE:
             return
         after = page[-1].id
 
 
+def _counted(args: argparse.Namespace, client: Client, state: State, verb: str) -> uuid.UUID | None:
+    """Count the matching jobs and pass the guard; the last id counted (None: act on none).
+
+    Under --dry-run, prints the count and a sample and returns None.
+    """
+    count = 0
+    sample: list[Job] = []
+    last: uuid.UUID | None = None
+    for job in _matching(client, state, args.queue, args.type):
+        count += 1
+        last = job.id
+        if len(sample) < SAMPLE:
+            sample.append(job)
+    what = f"{verb} {count_jobs(count)} ({_filters(state, args)})"
+    if args.dry_run:
+        if args.json:
+            print_json({"matched": count, "sample": sample})
+        else:
+            say(f"would {what}; nothing changed (--dry-run)")
+            if sample:
+                short = DashboardReads(client.store).short_ids([j.id for j in sample])
+                print_table(jobs_table(sample, output_width(), short))
+                if count > len(sample):
+                    say(f"... and {count - len(sample)} more")
+        return None
+    if count == 0:
+        return None
+    confirmed(args, what)
+    return last
+
+
+def _filters(state: State, args: argparse.Namespace) -> str:
+    words = [f"state {state}"]
+    if args.queue is not None:
+        words.append(f"queue {args.queue}")
+    if args.type is not None:
+        words.append(f"type {args.type}")
+    return ", ".join(words)
+
+
+def _single_dry_run(args: argparse.Namespace, verb: str) -> int:
+    """``--dry-run`` with one ID: the job as it stands, unchanged."""
+    with open_client(args) as client:
+        job = client.get(job_id(client, args.id))
+    report(args, job, f"would {verb} job {job.id} (now {job.state}); nothing changed (--dry-run)")
+    return EXIT_OK
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     state = _single_or_bulk(args)
+    if state is None and args.dry_run:
+        return _single_dry_run(args, "cancel")
     if state is None:
         with open_client(args) as client:
-            job = client.cancel(args.id)
+            job = client.cancel(job_id(client, args.id))
         if job.state in (State.SUCCEEDED, State.DEAD):
             raise InvalidState(job.id, str(job.state), "cancel")
         outcome = "cancelled" if job.state == State.CANCELLED else _REQUESTED
@@ -105,7 +183,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         )
     cancelled = requested = skipped = 0
     with open_client(args) as client:
-        for job in _matching(client, state, args.queue, args.type):
+        upto = _counted(args, client, state, "cancel")
+        if upto is None:
+            return _nothing(args, {"cancelled": 0, "cancel_requested": 0, "skipped": 0})
+        for job in _matching(client, state, args.queue, args.type, upto):
             try:
                 done = client.cancel(job.id)
             except NotFound:
@@ -128,9 +209,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_retry(args: argparse.Namespace) -> int:
     state = _single_or_bulk(args)
+    if state is None and args.dry_run:
+        return _single_dry_run(args, "retry")
     if state is None:
         with open_client(args) as client:
-            job = client.retry(args.id)
+            job = client.retry(job_id(client, args.id))
         report(args, job, f"job {job.id} queued to run now")
         return EXIT_OK
 
@@ -142,7 +225,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
         )
     retried = skipped = 0
     with open_client(args) as client:
-        for job in _matching(client, state, args.queue, args.type):
+        upto = _counted(args, client, state, "retry")
+        if upto is None:
+            return _nothing(args, {"retried": 0, "skipped": 0})
+        for job in _matching(client, state, args.queue, args.type, upto):
             try:
                 client.retry(job.id)
             except (NotFound, InvalidState):
@@ -156,9 +242,31 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _nothing(args: argparse.Namespace, value: dict[str, int]) -> int:
+    """The end of a bulk action that changed nothing: a dry run (already reported), or no match."""
+    if not args.dry_run:
+        report(args, value, "no jobs match; nothing changed")
+    return EXIT_OK
+
+
 def cmd_purge(args: argparse.Namespace) -> int:
     older_than = parse_duration(args.older_than, "--older-than")
     with open_client(args) as client:
+        matched, oldest, newest = client.store.purgeable(older_than)
+        what = f"purge {count_jobs(matched)} finished before {args.older_than.strip()} ago"
+        if args.dry_run:
+            value = {
+                "matched": matched,
+                "oldest_finished_at": oldest,
+                "newest_finished_at": newest,
+            }
+            span = f", finished {when(oldest)} to {when(newest)}" if matched else ""
+            report(args, value, f"would {what}{span}; nothing changed (--dry-run)")
+            return EXIT_OK
+        if matched == 0:
+            report(args, {"purged": 0}, "no jobs to purge; nothing changed")
+            return EXIT_OK
+        confirmed(args, what)
         count = client.purge(older_than)
     report(args, {"purged": count}, f"purged {count_jobs(count)}")
     return EXIT_OK

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from jobrun.job.validate import redact
 from jobrun.worker.stop_signals import Interrupted
 
-from . import actions, database, extras, jobs, processes, queues, schedules, why
+from . import actions, completion, database, extras, jobs, processes, queues, schedules, why
 from .exits import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         epilog="exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 conflict, "
         "5 invalid state, 6 database unavailable, 7 validation, 8 schema missing or "
-        "at another version (run jobrun migrate)",
+        "at another version (run jobrun migrate), 9 bulk action not confirmed",
     )
     parser.add_argument(
         "--version", action="version", version=f"{PROG} {version()}", help="print the version"
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.register(commands)
     extras.register(commands)  # demo, dashboard
     database.register_embedded(commands)
+    completion.register(commands, parser)
     return parser
 
 

@@ -41,6 +41,8 @@ EXIT_INVALID_STATE = 5
 EXIT_UNAVAILABLE = 6
 EXIT_VALIDATION = 7
 EXIT_SCHEMA = 8
+EXIT_NOT_CONFIRMED = 9
+"""A bulk action was not confirmed: declined at the prompt, or no --yes off a terminal."""
 EXIT_INTERRUPTED = 130
 EXIT_SIGNALLED = 128
 """Plus the signal's number: a worker or scheduler stopped by a signal before its work was done."""

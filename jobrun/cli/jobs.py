@@ -21,13 +21,14 @@ from typing import Any
 
 from jobrun.client import Client
 from jobrun.job import validate
-from jobrun.job.errors import ValidationError
 from jobrun.job.model import Event, Job, NewJob, QueueDepth
 from jobrun.postgres.store import MAX_LIST_LIMIT
 from jobrun.postgres.web import MAX_PAGE as WEB_MAX_PAGE
 from jobrun.postgres.web import DashboardReads, JobFilter
 
+from .batch import cmd_enqueue_batch
 from .exits import EXIT_OK, UsageError
+from .ids import job_id
 from .output import (
     count_jobs,
     output_width,
@@ -56,14 +57,18 @@ LIST_LIMIT = 100
 
 def register(commands: Commands) -> None:
     """Add ``enqueue``, ``get``, ``list``, ``events`` and ``depth``."""
-    p = commands.add("enqueue", cmd_enqueue, "enqueue a job; prints its id", json=True)
-    p.add_argument("type", metavar="TYPE", help="the job type (a handler's name)")
+    p = commands.add(
+        "enqueue", cmd_enqueue, "enqueue a job (or --batch: many); prints its id", json=True
+    )
+    p.add_argument(
+        "type", metavar="TYPE", nargs="?", help="the job type (a handler's name; not with --batch)"
+    )
     payload_options(p)
     job_options(p)
     p.add_argument(
         "--delay",
         metavar="DURATION",
-        help="run later: 30s, 5m, 2h, 1d or plain seconds like 300 (default: now)",
+        help="run later: 90s, 5m, 1h30m, 2d or plain seconds like 300 (default: now)",
     )
     p.add_argument("--key", metavar="KEY", help="idempotency key (unique per queue)")
     p.add_argument(
@@ -72,9 +77,18 @@ def register(commands: Commands) -> None:
         help="what the queue's per-key limit counts the job under: a tenant, an account "
         "(default: none, only the queue's own limits apply)",
     )
+    p.add_argument(
+        "--batch",
+        metavar="FILE",
+        help="enqueue one job per JSON line of FILE ('-': stdin), all or nothing: "
+        '{"type": T, "payload": {...}, "queue": Q, "priority": N, "max_attempts": N, '
+        '"delay": "1h30m", "key": K, "concurrency_key": K}; the flags are every line\'s defaults',
+    )
 
     p = commands.add("get", cmd_get, "show one job", json=True)
-    p.add_argument("id", metavar="ID", help="the job id (as enqueue and list print it)")
+    p.add_argument(
+        "id", metavar="ID", help="the job id, or its start (as list prints it): unique prefix"
+    )
 
     p = commands.add("list", cmd_list, "list jobs, newest first", json=True)
     job_filters(p)
@@ -90,12 +104,16 @@ def register(commands: Commands) -> None:
     p.add_argument("--after", metavar="ID", help="jobs newer than this id, oldest first")
 
     p = commands.add("events", cmd_events, "a job's audit trail", json=True)
-    p.add_argument("id", metavar="ID", help="the job id")
+    p.add_argument("id", metavar="ID", help="the job id, or its start (a unique prefix)")
 
     commands.add("depth", cmd_depth, "jobs per queue and state; paused queues", json=True)
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
+    if args.batch is not None:
+        return cmd_enqueue_batch(args)
+    if args.type is None:
+        raise UsageError("enqueue: give a job TYPE, or --batch FILE for many jobs")
     # Every check runs here, before the database is even opened.
     new = NewJob(
         type=args.type,
@@ -115,7 +133,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def cmd_get(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        job = client.get(args.id)
+        job = client.get(job_id(client, args.id))
     if args.json:
         print_json(job)
     else:
@@ -142,13 +160,6 @@ def newest_jobs(
     return list(itertools.islice(matching, count))
 
 
-def _job_id(text: str, flag: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text.strip())
-    except ValueError:
-        raise ValidationError(flag, f"{text!r} is not a job id (a UUID)") from None
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     state = None if args.state is None else parse_state(args.state)
     oldest_first = args.oldest or args.after is not None
@@ -158,34 +169,35 @@ def cmd_list(args: argparse.Namespace) -> int:
     where: dict[str, Any] = {"queue": args.queue, "state": state, "type": args.type}
     with open_client(args) as client:
         if oldest_first:
-            jobs = client.list(**where, after=args.after, limit=args.limit)
+            after = None if args.after is None else job_id(client, args.after, "--after")
+            jobs = client.list(**where, after=after, limit=args.limit)
             more = len(jobs) == args.limit
         else:
-            before = None if args.before is None else _job_id(args.before, "--before")
+            before = None if args.before is None else job_id(client, args.before, "--before")
             jobs = newest_jobs(client, where, args.limit + 1, before)
             more = len(jobs) > args.limit
             jobs = jobs[: args.limit]
+        short = {} if args.json else DashboardReads(client.store).short_ids([j.id for j in jobs])
     if args.json:
         print_json(jobs)
     elif not jobs:
         say("no jobs")
     else:
-        print_table(jobs_table(jobs, output_width()))
+        print_table(jobs_table(jobs, output_width(), short))
+        last = str(jobs[-1].id)  # whole, as scripts that page read it
         if oldest_first:
-            say(
-                count_jobs(len(jobs))
-                + (f"; more may follow: --after {jobs[-1].id}" if more else "")
-            )
+            say(count_jobs(len(jobs)) + (f"; more may follow: --after {last}" if more else ""))
         else:
-            older = f"; older: --before {jobs[-1].id}" if more else ""
+            older = f"; older: --before {last}" if more else ""
             say(f"{count_jobs(len(jobs))}, newest first{older}")
     return EXIT_OK
 
 
 def cmd_events(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        client.get(args.id)  # NotFound for an unknown job, not an empty trail
-        events: list[Event] = client.events(args.id)
+        ident = job_id(client, args.id)
+        client.get(ident)  # NotFound for an unknown job, not an empty trail
+        events: list[Event] = client.events(ident)
     if args.json:
         print_json(events)
     elif not events:

@@ -55,11 +55,63 @@ MAX_PAYLOAD_FILE_BYTES = 4 * MAX_PAYLOAD_BYTES
 """--payload-file reads at most this much: room for indentation around a 1 MiB payload."""
 
 
+CONNECTION_OPTIONS = frozenset(("database_url", "pooler", "direct_url", "schema"))
+"""The global options that say where the database is."""
+WRITER_OPTIONS = frozenset(("job_events", "notify_channel"))
+"""The global options that matter only to a command that changes jobs or wakes workers."""
+WRITERS = frozenset(
+    (
+        ("worker",),
+        ("scheduler",),
+        ("enqueue",),
+        ("cancel",),
+        ("retry",),
+        ("dashboard",),
+        ("demo",),
+        ("queues", "resume"),
+        ("queues", "limit"),
+        ("queues", "unlimit"),
+    )
+)
+"""The commands that record job events or send wake-ups: their help shows WRITER_OPTIONS."""
+
+
+def hidden_globals(path: tuple[str, ...]) -> frozenset[str]:
+    """The global options a command's help leaves out: those that do nothing for it.
+
+    They are still accepted (a script that passes ``--job-events`` to every
+    command keeps working); ``jobrun --help`` shows them all.
+    """
+    if path[:1] in (("embedded",), ("completion",)):
+        return CONNECTION_OPTIONS | WRITER_OPTIONS
+    return frozenset() if path in WRITERS else WRITER_OPTIONS
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage dump) and exit code 2."""
+    """argparse, but a usage error is one line (no usage dump) and exit code 2.
+
+    ``help_hides`` names options (by dest) its help leaves out, though it
+    accepts them: the global options irrelevant to the command.
+    """
+
+    help_hides: frozenset[str] = frozenset()
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+    def format_help(self) -> str:
+        hidden = [a for a in self._actions if a.dest in self.help_hides]
+        if not hidden:
+            return super().format_help()
+        # Actions are shared with the parents: suppressed only while this help is made.
+        saved = [a.help for a in hidden]
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        try:
+            return super().format_help()
+        finally:
+            for action, text in zip(hidden, saved, strict=True):
+                action.help = text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +123,8 @@ class Commands:
     """The global options, a parent of every command."""
     as_json: Parser
     """``--json``, a parent of every command that is not a long-running process."""
+    path: tuple[str, ...] = ()
+    """The command words before this group's: ``("queues",)`` for ``jobrun queues ...``."""
 
     def add(self, name: str, func: Command, help: str, *, json: bool) -> argparse.ArgumentParser:
         """A command running ``func``, with the global options and (``json``) --json."""
@@ -78,14 +132,20 @@ class Commands:
         p: argparse.ArgumentParser = self.group.add_parser(
             name, help=help, description=help, parents=parents, allow_abbrev=False
         )
+        if isinstance(p, Parser):
+            p.help_hides = hidden_globals((*self.path, name))
         p.set_defaults(func=func)
         return p
 
     def nest(self, name: str, help: str) -> Commands:
         """A command with actions of its own (``jobrun queues pause``): add them to the result."""
         p = self.group.add_parser(name, help=help, parents=[self.common], allow_abbrev=False)
-        group = p.add_subparsers(dest=f"{name}_command", metavar="ACTION", required=True)
-        return dataclasses.replace(self, group=group)
+        if isinstance(p, Parser):
+            p.help_hides = hidden_globals((*self.path, name))
+        group = p.add_subparsers(
+            dest=f"{name}_command", metavar="ACTION", required=True, parser_class=Parser
+        )
+        return dataclasses.replace(self, group=group, path=(*self.path, name))
 
 
 def version() -> str:

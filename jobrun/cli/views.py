@@ -1,12 +1,14 @@
 """How a job looks on a terminal: the one-line-per-job table, one job's details, its events.
 
-``jobrun list`` keeps one line per job at any width, with its full id first
-(what ``jobrun get`` takes, so it is never cut): queue, type, state and
+``jobrun list`` keeps one line per job at any width, with its id first
+(what ``jobrun get`` takes, so it is never cut: the full id when the whole
+row fits, else its short id, a unique prefix): queue, type, state and
 attempts always come next (a leased job reads ``cancelling`` once its
 cancel was asked, ``waiting`` while a worker holds it claimed ahead of its
 free threads, not started: :func:`state_word`), queue and type cut with an ellipsis when the
-names are long, and run_at and then last_error only when they fit
-(:func:`jobs_table`). A pipe without COLUMNS is wide enough for all of them.
+names are long, then last_error (cut with an ellipsis; at 80 columns it
+keeps its column) and run_at when they fit (:func:`jobs_table`). A pipe
+without COLUMNS is wide enough for all of them, full ids included.
 
 ``jobrun get`` shows every field people ask about, including the result (a
 handler's return value), and the concurrency key, snoozes, releases and progress when
@@ -20,7 +22,8 @@ These are for people; ``--json`` prints the jobs themselves
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -35,49 +38,61 @@ _REQUIRED_JOB_COLUMNS = 5
 _MIN_NAME_WIDTH = 8
 """queue and type are cut (with an ellipsis) to no fewer columns than this."""
 _MIN_ERROR_WIDTH = 12
+_ERROR_BESIDE_RUN_AT = 30
+"""run_at is shown beside last_error only when the error keeps this much room (or all of it)."""
 
 
-def jobs_table(jobs: Sequence[Job], width: int) -> Table:
-    """One line per job within ``width`` columns, the full id first (for ``jobrun get``).
+def jobs_table(
+    jobs: Sequence[Job], width: int, short: Mapping[uuid.UUID, str] | None = None
+) -> Table:
+    """One line per job within ``width`` columns, its id first (what ``jobrun get`` takes).
 
-    queue, type, state and attempts always come next (queue and type cut with an
-    ellipsis when the names are long); run_at and then last_error when room is left.
+    The full ids when every column fits at its natural width, else each job's
+    short id from ``short`` (a unique prefix, see :meth:`DashboardReads.short_ids`).
+    queue, type, state and attempts always come next (queue and type cut with
+    an ellipsis when the names are long); then last_error, which is what a
+    person reads a list of failed jobs for, before run_at, each when room is left.
     """
-    rows = [
-        (
-            str(job.id),
-            job.queue,
-            job.type,
-            state_word(job),
-            f"{job.attempts}/{job.max_attempts}",
-            when(job.run_at),
-            cut(job.last_error),
-        )
-        for job in jobs
-    ]
+    rows = [_job_row(job, str(job.id)) for job in jobs]
+    if short and _natural_width(rows) > width:
+        rows = [_job_row(job, short.get(job.id, str(job.id))) for job in jobs]
     gap = 2
     headers = list(JOB_COLUMNS)
     widths = [max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(headers)]
     shown = list(range(_REQUIRED_JOB_COLUMNS))
 
-    def used() -> int:
-        return sum(widths[i] for i in shown) + gap * (len(shown) - 1)
+    def used(extra: Sequence[int] = ()) -> int:
+        columns = [*shown, *extra]
+        return sum(widths[i] for i in columns) + gap * (len(columns) - 1)
 
-    queue, type_, attempts = 1, 2, 4
+    queue, type_, attempts, run_at, last_error = 1, 2, 4, 5, 6
+    errors = any(row[last_error] for row in rows)
     if used() > width:  # first a shorter header: the counts are narrower than "attempts"
         headers[attempts] = "tries"
         widths[attempts] = max([len("tries"), *(len(row[attempts]) for row in rows)])
-    while used() > width:  # cut the longer of queue and type, one column at a time
+
+    def fits(room: int) -> bool:
+        return used() + gap + room <= width
+
+    # Cut the longer of queue and type, a column at a time, until the required columns fit.
+    while used() > width:
         longer = queue if widths[queue] >= widths[type_] else type_
         if widths[longer] <= _MIN_NAME_WIDTH:
             break  # a terminal this narrow wraps whatever is shown
         widths[longer] -= 1
-    run_at, last_error = 5, 6
-    if used() + gap + widths[run_at] <= width:
+    error_width = 0
+    if errors:
+        # run_at too when the error keeps enough of itself beside it, else the error alone
+        beside = width - used() - gap - widths[run_at] - gap
+        if beside >= min(widths[last_error], _ERROR_BESIDE_RUN_AT):
+            shown.append(run_at)
+            error_width = min(widths[last_error], beside)
+        elif fits(_MIN_ERROR_WIDTH):
+            error_width = min(widths[last_error], width - used() - gap)
+    elif fits(widths[run_at]):
         shown.append(run_at)
-    room = width - used() - gap
-    if any(row[last_error] for row in rows) and room >= _MIN_ERROR_WIDTH:
-        widths[last_error] = min(widths[last_error], room)
+    if error_width:
+        widths[last_error] = error_width
         shown.append(last_error)
 
     table = Table(
@@ -88,6 +103,28 @@ def jobs_table(jobs: Sequence[Job], width: int) -> Table:
     for row in rows:
         table.add_row(*(Text(row[i]) for i in shown))
     return table
+
+
+def _job_row(job: Job, ident: str) -> tuple[str, ...]:
+    return (
+        ident,
+        job.queue,
+        job.type,
+        state_word(job),
+        f"{job.attempts}/{job.max_attempts}",
+        when(job.run_at),
+        cut(job.last_error),
+    )
+
+
+def _natural_width(rows: Sequence[tuple[str, ...]]) -> int:
+    """The columns every field of ``rows`` takes uncut, with the gaps between them."""
+    widths = [
+        max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(JOB_COLUMNS)
+    ]
+    if not any(row[-1] for row in rows):
+        widths.pop()
+    return sum(widths) + 2 * (len(widths) - 1)
 
 
 def state_word(job: Job) -> str:

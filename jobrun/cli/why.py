@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 
 from jobrun.postgres.diagnose import Diagnose
-from jobrun.producer import job_id
-
 from .exits import EXIT_OK
+from .ids import job_id
 from .output import print_json, say
 from .parser import Commands
 from .settings import open_client
@@ -24,13 +23,12 @@ from .settings import open_client
 def register(commands: Commands) -> None:
     """Add ``why``."""
     p = commands.add("why", cmd_why, "why a job is not running (what holds it back)", json=True)
-    p.add_argument("id", metavar="ID", help="the job id")
+    p.add_argument("id", metavar="ID", help="the job id, or its start (a unique prefix)")
 
 
 def cmd_why(args: argparse.Namespace) -> int:
-    wanted = job_id(args.id)  # a malformed id is exit 7 before connecting
     with open_client(args) as client:
-        diagnosis = Diagnose(client.store).why(wanted)
+        diagnosis = Diagnose(client.store).why(job_id(client, args.id))
     if args.json:
         print_json(diagnosis)
         return EXIT_OK

@@ -147,6 +147,17 @@ class Admin(Enqueue):
             lambda c: self.q.purge_jobs(c, age_seconds=older_than.total_seconds(), max_jobs=limit)
         )
 
+    def purgeable(
+        self, older_than: dt.timedelta
+    ) -> tuple[int, dt.datetime | None, dt.datetime | None]:
+        """How many jobs :meth:`purge` would delete now, and their oldest and newest finish."""
+        validate.delay(older_than, "older_than")
+        row = self._on_pool_read(
+            lambda c: self.q.count_purgeable(c, age_seconds=older_than.total_seconds())
+        )
+        assert row is not None  # an aggregate always returns its row
+        return row.jobs, row.oldest, row.newest
+
     def depth(self) -> builtins.list[QueueDepth]:
         rows = self._on_pool_read(self.q.queue_depth)
         return [

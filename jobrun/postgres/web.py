@@ -33,7 +33,7 @@ import datetime as dt
 import functools
 import re
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -55,6 +55,11 @@ SCAN_ROWS = 20_000
 """The most jobs a bounded scan reads for one page (see the module docstring)."""
 RUNNING_SHOWN = 200
 """The most running jobs the overview lists under their workers."""
+MAX_PREFIX_COUNT = 1000
+"""An id prefix matching more jobs than this is counted as "more than" this many."""
+MIN_SHORT_HEX = 12
+"""Short ids show at least this many hex digits: the creation millisecond of a UUIDv7
+(``0190a0a0-0000``, the dashboard's short form)."""
 FILTER_MAX_CHARS = 1000
 """Longer filter values are refused (no queue, type or key is that long)."""
 
@@ -120,6 +125,23 @@ def normalize_id_prefix(text: str) -> str | None:
             "id_prefix", "must be the start of a job id: hexadecimal digits (dashes allowed)"
         )
     return digits
+
+
+def _common_hex(a: uuid.UUID, b: uuid.UUID) -> int:
+    """How many leading hex digits ``a`` and ``b`` share."""
+    return (128 - (a.int ^ b.int).bit_length()) // 4
+
+
+def id_prefix_text(job_id: uuid.UUID, digits: int) -> str:
+    """The first ``digits`` hex digits of ``job_id`` as its text shows them, dashes included."""
+    text = str(job_id)
+    seen = 0
+    for end, char in enumerate(text, 1):
+        if char != "-":
+            seen += 1
+            if seen == digits:
+                return text[:end]
+    return text
 
 
 def _text(field: str, value: object) -> str:
@@ -310,6 +332,56 @@ class DashboardReads:
             if before is None:
                 return
 
+    def ids_with_prefix(
+        self, prefix: str, *, count_upto: int = MAX_PREFIX_COUNT
+    ) -> tuple[list[uuid.UUID], int]:
+        """The jobs whose id starts with ``prefix`` (hex, dashes ignored): at most two ids,
+        and how many there are, counted up to ``count_upto + 1``.
+
+        The dashboard's id filter as a lookup: one bounded scan of the
+        prefix's span of the primary key (:meth:`JobFilter.id_range`), so a
+        prefix as short as ``0`` costs ``count_upto`` rows, not the table.
+        """
+        span = JobFilter(id_prefix=prefix).id_range()
+        if span is None:
+            return [], 0
+        low, high = span
+        validate.batch_limit(count_upto, SCAN_ROWS)
+        found = self.store._on_pool_read(
+            lambda conn: self.q.web_scan_jobs(
+                conn,
+                id_low=low,
+                id_high=high,
+                state=None,
+                queue=None,
+                type=None,
+                max_rows=2,
+                scan_rows=count_upto + 1,
+            )
+        )
+        assert found is not None  # an aggregate always returns its row
+        return list(found.ids), found.scanned
+
+    def short_ids(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+        """Each id's shortest unique prefix (at least :data:`MIN_SHORT_HEX` hex digits),
+        as the text of the id's start: ``0190a0a0-0000-7``.
+
+        Unique against the whole table when read (its two neighbours along
+        the primary key), so that ``jobrun get`` takes it back; a job
+        enqueued later may make it ambiguous, which the lookup then says.
+        """
+        if not ids:
+            return {}
+        rows = self.store._on_pool_read(
+            lambda conn: self.q.web_job_id_neighbours(conn, ids=list(ids))
+        )
+        short = {}
+        for r in rows:
+            apart = [_common_hex(r.id, n) + 1 for n in (r.below, r.above) if n is not None]
+            digits = min(32, max([MIN_SHORT_HEX, *apart]))
+            short[r.id] = id_prefix_text(r.id, digits)
+        return short
+
     def _page(
         self,
         conn: psycopg.Connection[Any],
@@ -419,6 +491,8 @@ class DashboardReads:
 
 __all__ = [
     "MAX_PAGE",
+    "MAX_PREFIX_COUNT",
+    "MIN_SHORT_HEX",
     "DashboardReads",
     "EffectRecord",
     "JobDetail",
@@ -428,5 +502,6 @@ __all__ = [
     "Minute",
     "Overview",
     "ScheduleInfo",
+    "id_prefix_text",
     "normalize_id_prefix",
 ]

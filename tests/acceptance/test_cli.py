@@ -622,7 +622,7 @@ def test_bulk_cancel_acts_on_every_matching_job_across_pages(
     doomed = [client.enqueue("t.a", queue="q1").id for _ in range(5)]
     spared = [client.enqueue("t.b", queue="q1").id, client.enqueue("t.a", queue="q2").id]
 
-    result = jobrun("cancel", "--state", "queued", "--queue", "q1", "--type", "t.a")
+    result = jobrun("cancel", "--state", "queued", "--queue", "q1", "--type", "t.a", "--yes")
     assert result.code == 0, result.err
     assert result.out == "cancelled 5 jobs\n"
     assert {client.get(i).state for i in doomed} == {State.CANCELLED}
@@ -636,7 +636,7 @@ def test_bulk_cancel_of_running_jobs_requests_cancellation(
     for _ in range(3):
         client.enqueue("t.a")
     running = client.store.claim("w", ["default"], 3, TTL)
-    result = jobrun("cancel", "--state", "leased", "--json")
+    result = jobrun("cancel", "--state", "leased", "--json", "--yes")
     assert result.code == 0, result.err
     assert result.json() == {"cancelled": 0, "cancel_requested": 3, "skipped": 0}
     assert all(client.get(j.id).cancel_requested for j in running)
@@ -688,12 +688,12 @@ def test_bulk_retry_of_dead_jobs_requeues_every_match_and_prints_the_count(
     monkeypatch.setattr("jobrun.cli.actions.BULK_PAGE", 2)
     dead_ones = [dead(client, type="t.a").id for _ in range(3)]
     other = dead(client, type="t.b").id
-    result = jobrun("retry", "--state", "dead", "--type", "t.a")
+    result = jobrun("retry", "--state", "dead", "--type", "t.a", "--yes")
     assert result.code == 0, result.err
     assert result.out == "retried 3 jobs\n"
     assert {client.get(i).state for i in dead_ones} == {State.QUEUED}
     assert client.get(other).state == State.DEAD
-    assert jobrun("retry", "--state", "dead", "--json").json() == {"retried": 1, "skipped": 0}
+    assert jobrun("retry", "--state", "dead", "--json", "-y").json() == {"retried": 1, "skipped": 0}
 
 
 def test_bulk_retry_of_leased_jobs_is_refused(
@@ -758,7 +758,7 @@ def test_purge_deletes_jobs_finished_longer_ago_and_prints_the_count(
     conn.execute(
         "UPDATE jobrun.jobs SET finished_at = now() - interval '10 days' WHERE id = ANY(%s)", [old]
     )
-    result = jobrun("purge", "--older-than", "7d")
+    result = jobrun("purge", "--older-than", "7d", "--yes")
     assert (result.code, result.out) == (0, "purged 2 jobs\n")
     assert {j.id for j in client.list()} == {recent, queued}
     assert jobrun("purge", "--older-than", "7d", "--json").json() == {"purged": 0}

@@ -50,6 +50,13 @@ def test_why_names_the_jobs_holding_a_full_limit(jobrun: Run, client: Client) ->
     assert f"  held by: {first.id}" in result.out
 
 
+def test_why_takes_a_unique_prefix_of_the_id(jobrun: Run, client: Client) -> None:
+    job = client.enqueue("emails.send", {}, queue="emails")
+    result = jobrun("why", str(job.id)[:13])
+    assert result.code == 0, result.err
+    assert result.out.startswith(f"job {job.id} ")
+
+
 def test_why_as_json_gives_each_reason_its_stable_name(jobrun: Run, client: Client) -> None:
     job = client.enqueue("emails.send", {}, queue="emails")
     body = jobrun("why", str(job.id), "--json").json()

@@ -114,6 +114,8 @@ STATEMENTS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "running": (wq.WEB_RUNNING_JOBS, (200,)),
     "schedules": (wq.WEB_SCHEDULES, ()),
     "effect": (wq.WEB_EFFECT, ("job:t", "x")),
+    "id-prefix": (wq.WEB_SCAN_JOBS, (DEEP, None, None, None, 2, HIGH, 1001)),
+    "short-ids": (wq.WEB_JOB_ID_NEIGHBOURS, ([DEEP, HIGH],)),
 }
 
 

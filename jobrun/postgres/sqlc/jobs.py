@@ -794,6 +794,22 @@ DELETE FROM jobrun.jobs AS jobs WHERE id IN (
 )"""
 
 
+COUNT_PURGEABLE: Final = """\
+SELECT count(*)::int8 AS jobs,
+       min(finished_at)::timestamptz AS oldest,
+       max(finished_at)::timestamptz AS newest
+FROM jobrun.jobs AS jobs
+WHERE finished_at IS NOT NULL
+  AND finished_at < now() - make_interval(secs => $1::float8)"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CountPurgeableRow:
+    jobs: int
+    oldest: datetime.datetime
+    newest: datetime.datetime
+
+
 QUEUE_DEPTH: Final = """\
 SELECT queue,
        count(*) FILTER (WHERE state = 'queued' AND run_at <= now())::int8 AS ready,
@@ -2640,6 +2656,22 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))
             return cur.rowcount
+
+    def count_purgeable(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        age_seconds: float,
+    ) -> CountPurgeableRow | None:
+        """What PurgeJobs would delete at the same age: a purge's dry run and its
+        confirmation count, with the span of finish times it covers.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(COUNT_PURGEABLE), (age_seconds,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return CountPurgeableRow(jobs=r[0], oldest=r[1], newest=r[2])
 
     def queue_depth(self, conn: psycopg.Connection[Any]) -> list[QueueDepthRow]:
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:

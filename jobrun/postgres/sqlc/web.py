@@ -200,6 +200,22 @@ class WebEffectRow:
     created_at: datetime.datetime
 
 
+WEB_JOB_ID_NEIGHBOURS: Final = """\
+SELECT given.id::uuid AS id,
+       (SELECT jobs.id FROM jobrun.jobs AS jobs WHERE jobs.id < given.id
+        ORDER BY jobs.id DESC LIMIT 1)::uuid AS below,
+       (SELECT jobs.id FROM jobrun.jobs AS jobs WHERE jobs.id > given.id
+        ORDER BY jobs.id LIMIT 1)::uuid AS above
+FROM unnest($1::uuid[]) AS given(id)"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WebJobIdNeighboursRow:
+    id: uuid.UUID
+    below: uuid.UUID
+    above: uuid.UUID
+
+
 class Queries(QueriesBase):
     """The queries of db/query/web.sql, run in the schema given (see QueriesBase)."""
 
@@ -587,3 +603,17 @@ class Queries(QueriesBase):
         if r is None:
             return None
         return WebEffectRow(job_id=r[0], created_at=r[1])
+
+    def web_job_id_neighbours(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+    ) -> list[WebJobIdNeighboursRow]:
+        """Each given id's nearest neighbours along the primary key (two index probes
+        each, whatever the table's size): how much of an id tells it apart from
+        every other job, its shortest unique prefix, as git abbreviates commits.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WEB_JOB_ID_NEIGHBOURS), (ids,))
+            return [WebJobIdNeighboursRow(id=r[0], below=r[1], above=r[2]) for r in cur.fetchall()]

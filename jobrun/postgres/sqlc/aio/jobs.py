@@ -27,6 +27,7 @@ from jobrun.postgres.sqlc.jobs import (
     COPY_JOBS_COPY,
     COPY_JOBS_COPY_TYPES,
     COUNT_BY_STATE,
+    COUNT_PURGEABLE,
     DB_NOW,
     DELETE_QUEUE_LIMITS,
     ENQUEUE_JOB,
@@ -69,6 +70,7 @@ from jobrun.postgres.sqlc.jobs import (
     CompleteJobsRow,
     CopyJobsParams,
     CountByStateRow,
+    CountPurgeableRow,
     EnqueueJobRow,
     EnqueueKeyedJobRow,
     LimitedQueuesRow,
@@ -1782,6 +1784,22 @@ class AsyncQueries(QueriesBase):
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))
             return cur.rowcount
+
+    async def count_purgeable(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        age_seconds: float,
+    ) -> CountPurgeableRow | None:
+        """What PurgeJobs would delete at the same age: a purge's dry run and its
+        confirmation count, with the span of finish times it covers.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(COUNT_PURGEABLE), (age_seconds,))
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        return CountPurgeableRow(jobs=r[0], oldest=r[1], newest=r[2])
 
     async def queue_depth(self, conn: psycopg.AsyncConnection[Any]) -> list[QueueDepthRow]:
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:

@@ -15,6 +15,7 @@ from jobrun.postgres.sqlc.models import Job, JobState
 from jobrun.postgres.sqlc.web import (
     WEB_DEAD_JOBS_PAGE,
     WEB_EFFECT,
+    WEB_JOB_ID_NEIGHBOURS,
     WEB_KEYED_JOBS_PAGE,
     WEB_LEASE_OWNERS,
     WEB_LEASED_JOBS_PAGE,
@@ -25,6 +26,7 @@ from jobrun.postgres.sqlc.web import (
     WEB_THROUGHPUT,
     WEB_WAITING_BY_QUEUE,
     WebEffectRow,
+    WebJobIdNeighboursRow,
     WebLeaseOwnersRow,
     WebScanJobsRow,
     WebSchedulesRow,
@@ -442,3 +444,19 @@ class AsyncQueries(QueriesBase):
         if r is None:
             return None
         return WebEffectRow(job_id=r[0], created_at=r[1])
+
+    async def web_job_id_neighbours(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+    ) -> list[WebJobIdNeighboursRow]:
+        """Each given id's nearest neighbours along the primary key (two index probes
+        each, whatever the table's size): how much of an id tells it apart from
+        every other job, its shortest unique prefix, as git abbreviates commits.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(WEB_JOB_ID_NEIGHBOURS), (ids,))
+            return [
+                WebJobIdNeighboursRow(id=r[0], below=r[1], above=r[2]) for r in await cur.fetchall()
+            ]

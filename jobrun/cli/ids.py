@@ -1,0 +1,45 @@
+"""Job ids as people type them: whole, or the start of one (a unique prefix).
+
+The dashboard filters jobs by an id prefix; the command takes one wherever
+it takes a job id (``get``, ``events``, ``cancel``, ``retry``, ``list
+--before/--after``), through the same query (:meth:`DashboardReads.ids_with_prefix`).
+A whole id is used as it is, without a lookup. A prefix that matches no job
+is "not found" (exit 3); one that matches several is a validation error
+(exit 7) that says how many, so the next try types more of it.
+
+Tables show each job's shortest unique prefix instead of its 36
+characters (:meth:`DashboardReads.short_ids`): what ``get`` takes back.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from jobrun.client import Client
+from jobrun.job.errors import NotFound, ValidationError
+from jobrun.postgres.web import MAX_PREFIX_COUNT, DashboardReads, normalize_id_prefix
+
+
+def job_id(client: Client, text: str, flag: str = "ID") -> uuid.UUID:
+    """The job ``text`` names: a whole id, or the start of exactly one job's id."""
+    try:
+        return uuid.UUID(text.strip())
+    except ValueError:
+        pass
+    try:
+        prefix = normalize_id_prefix(text)
+    except ValidationError:
+        prefix = None
+    if prefix is None:
+        raise ValidationError(
+            flag, f"{text!r} is not a job id (a UUID, or its start: hex digits and dashes)"
+        )
+    ids, count = DashboardReads(client.store).ids_with_prefix(prefix)
+    if not ids:
+        raise NotFound("job", f"with an id starting {text.strip()!r}")
+    if count > 1:
+        many = f"more than {MAX_PREFIX_COUNT}" if count > MAX_PREFIX_COUNT else str(count)
+        raise ValidationError(
+            flag, f"{text.strip()!r} is the start of {many} job ids: give more of the id"
+        )
+    return ids[0]
