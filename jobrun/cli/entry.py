@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from jobrun.job.validate import redact
 from jobrun.worker.stop_signals import Interrupted
 
-from . import actions, database, extras, jobs, processes, queues, schedules
+from . import actions, database, extras, jobs, processes, queues, schedules, workers
 from .exits import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.register(commands)  # enqueue, get, list, events, depth
     actions.register(commands)  # cancel, retry
     queues.register(commands)
+    workers.register(commands)
     actions.register_purge(commands)
     schedules.register(commands)
     extras.register(commands)  # demo, dashboard

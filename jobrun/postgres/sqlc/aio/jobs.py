@@ -471,9 +471,9 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         queues: list[str],
+        owner: str,
         max_jobs: int,
         start: int,
-        owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
@@ -489,7 +489,11 @@ class AsyncQueries(QueriesBase):
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
         them are taken, and returned in that order. LIMIT inside a FOR UPDATE
         SKIP LOCKED subquery, never IN (subquery), so a claim can never return
-        more than max_jobs rows. Paused queues are skipped, and so are limited
+        more than max_jobs rows. Type-aware (issue 28): a registered worker (a
+        row in jobrun.workers for owner) takes only the types it knows, and a
+        type no live worker serving the queue knows (a rollout, a forgotten
+        handler), which it then releases; an owner with no row (a bare store
+        call, run_jobs) takes every type. Paused queues are skipped, and so are limited
         queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
         lock, claims those. This statement is the lock-free path of every queue
         without limits; it stays this small because PostgreSQL plans it anew on
@@ -509,7 +513,7 @@ class AsyncQueries(QueriesBase):
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
                 self.sql(CLAIM_JOBS),
-                (queues, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, owner, max_jobs, start, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -552,9 +556,9 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         queues: list[str],
+        owner: str,
         max_jobs: int,
         start: int,
-        owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> Callable[[], Awaitable[list[Job]]]:
@@ -570,7 +574,11 @@ class AsyncQueries(QueriesBase):
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
         them are taken, and returned in that order. LIMIT inside a FOR UPDATE
         SKIP LOCKED subquery, never IN (subquery), so a claim can never return
-        more than max_jobs rows. Paused queues are skipped, and so are limited
+        more than max_jobs rows. Type-aware (issue 28): a registered worker (a
+        row in jobrun.workers for owner) takes only the types it knows, and a
+        type no live worker serving the queue knows (a rollout, a forgotten
+        handler), which it then releases; an owner with no row (a bare store
+        call, run_jobs) takes every type. Paused queues are skipped, and so are limited
         queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
         lock, claims those. This statement is the lock-free path of every queue
         without limits; it stays this small because PostgreSQL plans it anew on
@@ -594,7 +602,7 @@ class AsyncQueries(QueriesBase):
         try:
             await cur.execute(
                 self.sql(CLAIM_JOBS),
-                (queues, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, owner, max_jobs, start, ttl_seconds, write_events),
             )
         except BaseException:
             await cur.close()
@@ -647,8 +655,8 @@ class AsyncQueries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
-        start: int,
         owner: str,
+        start: int,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
@@ -678,7 +686,7 @@ class AsyncQueries(QueriesBase):
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, start, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -723,8 +731,8 @@ class AsyncQueries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
-        start: int,
         owner: str,
+        start: int,
         ttl_seconds: float,
         write_events: bool,
     ) -> Callable[[], Awaitable[list[Job]]]:
@@ -758,7 +766,7 @@ class AsyncQueries(QueriesBase):
         try:
             await cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, start, ttl_seconds, write_events),
             )
         except BaseException:
             await cur.close()
