@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from jobrun.job.model import NewJob
 from jobrun.job.workers import WorkerInfo
 from jobrun.postgres.leader import LeaseLocker, leader_lock_name
+from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.store import Store
 from tests.web.test_app_support import Element, app, client, parse
 
@@ -101,3 +102,20 @@ def test_no_registered_worker_says_so_and_every_page_links_the_workers_page(
     assert doc.has_id("no-registered-workers")
     for path in ("/", "/jobs", "/schedules"):
         assert page(client, path).by_id("nav-workers").attrs["href"].endswith("/workers")
+
+
+def test_the_overview_names_the_leader_by_its_worker_not_a_backend_pid(
+    store: Store, client: TestClient, dsn: str
+) -> None:
+    store.register_worker(info("leader-one", ("t",)))
+    locker = AdvisoryLocker(dsn, leader_lock_name(store.schema))
+    try:
+        assert locker.try_acquire()
+        store.mark_leader("leader-one", locker.backend_pid)
+        for path in ("/", "/live/overview"):
+            leader = page(client, path).by_id("leader")
+            assert leader.attrs["data-worker-id"] == "leader-one"
+            assert "data-pid" not in leader.attrs
+            assert leader.one("a", id="leader-worker").attrs["href"].endswith("/workers")
+    finally:
+        locker.close()
