@@ -109,6 +109,11 @@ ABANDONED_RELEASE_BOUND = 5.0
 that ignored cancellation (see ``Worker._give_back_abandoned``)."""
 
 
+REGISTER_BOUND = 5.0
+"""Seconds a starting worker waits at most for its registration (see
+``Worker._register``); the heartbeat registers it when this ran out."""
+
+
 class Worker(Service):
     """Runs jobs of ``config.queues``, ``config.concurrency`` at once: plain handlers
     on threads, ``async def`` handlers as tasks on one event loop."""
@@ -235,10 +240,15 @@ class Worker(Service):
         )
         self._heartbeat.info = info
         try:
-            self.store.register_worker(info)
+            with self.store.bounded(REGISTER_BOUND):
+                self.store.register_worker(info)
             self._heartbeat.registered = True
         except JobrunError as exc:
-            outage.of(self.store).failed(exc, "worker registration")
+            # Not an outage of its own: the claims and heartbeats that follow
+            # say that, if it lasts.
+            self._log.warning(
+                "worker %s not registered yet (%s): its heartbeat registers it", self.owner, exc
+            )
 
     def _unregister(self) -> None:
         """A clean stop takes the registry row away, bounded like the give-back:
