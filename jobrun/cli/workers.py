@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from jobrun.job.workers import WorkerStatus
+from jobrun.postgres.leader import leader_election
 
 from .exits import EXIT_OK
 from .output import print_json, print_table, row, say, table, when
@@ -43,7 +44,7 @@ def _ago(w: WorkerStatus) -> str:
 
 def cmd_workers(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        workers = client.store.workers()
+        workers = client.store.workers(leader_election(client.store.schema))
     if args.json:
         print_json(
             [

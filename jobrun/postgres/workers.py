@@ -17,8 +17,9 @@ from jobrun.job import validate
 from jobrun.job.workers import WorkerInfo, WorkerStatus
 from jobrun.postgres.admin import Admin
 from jobrun.postgres.convert import utc
-from jobrun.postgres.leader import election_name, leader_lock_name
-from jobrun.postgres.lock import LOCK_LEADER, lock_key
+
+LeaderElection = tuple[tuple[int, int], str]
+"""The scheduler's election: its advisory lock key and its lease row's name."""
 
 
 class Workers(Admin):
@@ -56,13 +57,14 @@ class Workers(Admin):
         validate.owner(worker_id)
         self._on_pool(lambda c: self.q.mark_worker_leader(c, id=worker_id, leader_pid=session_pid))
 
-    def workers(self) -> list[WorkerStatus]:
-        """Every registered worker, idle ones included, oldest first, each with
-        whether it leads this schema's scheduler now (its election, as the
-        Runtime names it: :func:`jobrun.postgres.leader.leader_lock_name`)."""
-        name = leader_lock_name(self.schema)
-        lock_class, lock_object = lock_key(LOCK_LEADER, name)
-        election = election_name(name)
+    def workers(self, leader: LeaderElection | None = None) -> list[WorkerStatus]:
+        """Every registered worker, idle ones included, oldest first.
+
+        ``leader`` names the scheduler's election (its lock key and lease
+        row's name: :func:`jobrun.postgres.leader.leader_election` of the
+        schema); a worker leading it is marked. None: no one is marked.
+        """
+        (lock_class, lock_object), election = leader or ((0, 0), "")
         rows = self._on_pool_read(
             lambda c: self.q.list_workers(
                 c, lock_class=lock_class, lock_object=lock_object, election=election

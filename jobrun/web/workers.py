@@ -13,11 +13,12 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from jobrun.postgres.leader import leader_election
 from jobrun.web.dashboard import Dashboard
 
 
 def workers(dash: Dashboard, request: Request) -> Response:
-    listed = dash.store.workers()
+    listed = dash.store.workers(leader_election(dash.store.schema))
     db_now = listed[0].db_now if listed else dash.store.now()
     return dash.render(
         request,

@@ -16,7 +16,7 @@ import pytest
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import NewJob
 from jobrun.job.workers import PRUNE_FACTOR, WorkerInfo
-from jobrun.postgres.leader import LeaseLocker, leader_lock_name
+from jobrun.postgres.leader import LeaseLocker, leader_election, leader_lock_name
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.store import Store
 
@@ -46,7 +46,7 @@ def age(conn: psycopg.Connection[Any], worker_id: str, seconds: float) -> None:
 
 def test_a_registered_idle_worker_is_listed_with_what_it_said(store: Store) -> None:
     store.register_worker(info(types=("a", "b"), queues=("q1", "q2")))
-    [w] = store.workers()
+    [w] = store.workers(leader_election(store.schema))
     assert w.info == info(types=("a", "b"), queues=("q1", "q2"))
     assert w.live and w.leased == 0 and not w.leader
     assert w.started_at <= w.last_seen_at <= w.db_now
@@ -57,10 +57,10 @@ def test_registering_again_refreshes_last_seen_and_keeps_started(
 ) -> None:
     store.register_worker(info())
     age(conn, "host:1:aa", 60)
-    [old] = store.workers()
+    [old] = store.workers(leader_election(store.schema))
     assert not old.live  # not seen within its lease TTL
     store.register_worker(info(concurrency=8))
-    [new] = store.workers()
+    [new] = store.workers(leader_election(store.schema))
     assert new.live and new.info.concurrency == 8
     assert new.started_at == old.started_at and new.last_seen_at > old.last_seen_at
 
@@ -74,7 +74,7 @@ def test_the_heartbeat_statement_refreshes_a_busy_worker(
     age(conn, "host:1:aa", 60)
     assert job.lease_token is not None
     store.heartbeat("host:1:aa", [(job.id, job.lease_token)], store.now() + TTL)
-    [w] = store.workers()
+    [w] = store.workers(leader_election(store.schema))
     assert w.live and w.leased == 1
 
 
@@ -86,14 +86,17 @@ def test_registration_prunes_workers_gone_for_ten_lease_ttls(
     age(conn, "host:1:aa", PRUNE_FACTOR * TTL.total_seconds() + 1)  # gone for long
     age(conn, "host:2:aa", PRUNE_FACTOR * TTL.total_seconds() - 5)  # gone, not for long
     assert store.register_worker(info("host:3:aa")) == 1
-    assert [w.info.id for w in store.workers()] == ["host:2:aa", "host:3:aa"]
+    assert [w.info.id for w in store.workers(leader_election(store.schema))] == [
+        "host:2:aa",
+        "host:3:aa",
+    ]
 
 
 def test_a_worker_that_stops_takes_its_row_away(store: Store) -> None:
     store.register_worker(info("host:1:aa"))
     store.register_worker(info("host:2:aa"))
     store.unregister_worker("host:1:aa")
-    assert [w.info.id for w in store.workers()] == ["host:2:aa"]
+    assert [w.info.id for w in store.workers(leader_election(store.schema))] == ["host:2:aa"]
 
 
 def test_bad_registrations_are_refused_before_any_sql() -> None:
@@ -141,12 +144,12 @@ def test_the_advisory_leader_is_shown_as_its_worker(store: Store, dsn: str) -> N
         assert locker.try_acquire()
         store.mark_leader("leader", locker.backend_pid)
         store.mark_leader("follower", None)
-        assert {w.info.id: w.leader for w in store.workers()} == {
+        assert {w.info.id: w.leader for w in store.workers(leader_election(store.schema))} == {
             "leader": True,
             "follower": False,
         }
         locker.release()  # a stale pid on the row shows no leader
-        assert not any(w.leader for w in store.workers())
+        assert not any(w.leader for w in store.workers(leader_election(store.schema)))
     finally:
         locker.close()
 
@@ -157,10 +160,10 @@ def test_the_lease_row_leader_is_shown_as_its_worker(store: Store) -> None:
     locker = LeaseLocker(store, leader_lock_name(store.schema), holder="leader")
     try:
         assert locker.try_acquire()
-        assert {w.info.id: w.leader for w in store.workers()} == {
+        assert {w.info.id: w.leader for w in store.workers(leader_election(store.schema))} == {
             "leader": True,
             "follower": False,
         }
     finally:
         locker.close()
-    assert not any(w.leader for w in store.workers())
+    assert not any(w.leader for w in store.workers(leader_election(store.schema)))
