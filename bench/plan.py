@@ -101,11 +101,14 @@ def explain_claim(
     transaction that is rolled back, after the ``setup`` statements.
     """
     # Every job it claims starts at once (start = limit): the common path.
-    params: tuple[Any, ...] = (list(queues), limit, limit, "bench-explain", 30.0, True)
-    types = "text[], bigint, bigint, text, float8, boolean"
+    # In the order of the statements' placeholders ($1, $2, ...): the owner
+    # comes early, read by the type-aware filter (the worker's known types).
+    owner = "bench-explain"
+    params: tuple[Any, ...] = (list(queues), owner, limit, limit, 30.0, True)
+    types = "text[], text, bigint, bigint, float8, boolean"
     if statement == CLAIM_LIMITED_JOBS:  # its commit_async comes second (True: a claim alone)
-        params = (params[0], True, *params[1:])
-        types = "text[], boolean, bigint, bigint, text, float8, boolean"
+        params = (list(queues), True, limit, owner, limit, 30.0, True)
+        types = "text[], boolean, bigint, text, bigint, float8, boolean"
     with conn.transaction(force_rollback=True):
         for line in setup:
             conn.execute(line)

@@ -231,13 +231,22 @@ class Runtime(Service):
                 if lock_url is not None:
                     locker = AdvisoryLocker(lock_url, leader_lock_name(settings.schema))
                 else:
-                    locker = LeaseLocker(sstore, leader_lock_name(settings.schema))
+                    locker = LeaseLocker(
+                        sstore,
+                        leader_lock_name(settings.schema),
+                        holder=None if self.worker is None else self.worker.owner,
+                    )
                     log.info(
                         "jobrun: through a transaction pooler the leader is elected by a lease "
                         "row (%s) with a fencing term (set JOBRUN_DIRECT_URL for the session lock)",
                         locker.name,
                     )
-                self.scheduler = SchedulerService(sstore, locker, settings.scheduler_config())
+                self.scheduler = SchedulerService(
+                    sstore,
+                    locker,
+                    settings.scheduler_config(),
+                    worker_id=None if self.worker is None else self.worker.owner,
+                )
             if self.observe is not None:
                 self.observe.attach(
                     worker=self.worker,

@@ -156,7 +156,11 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- "queue = ANY(...)" would sort every queued row), then the best max_jobs of
 -- them are taken, and returned in that order. LIMIT inside a FOR UPDATE
 -- SKIP LOCKED subquery, never IN (subquery), so a claim can never return
--- more than max_jobs rows. Paused queues are skipped, and so are limited
+-- more than max_jobs rows. Type-aware (issue 28): a registered worker (a
+-- row in jobrun.workers for owner) takes only the types it knows, and a
+-- type no live worker serving the queue knows (a rollout, a forgotten
+-- handler), which it then releases; an owner with no row (a bare store
+-- call, run_jobs) takes every type. Paused queues are skipped, and so are limited
 -- queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
 -- lock, claims those. This statement is the lock-free path of every queue
 -- without limits; it stays this small because PostgreSQL plans it anew on
@@ -178,6 +182,12 @@ WITH next AS (
     CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
+          AND (COALESCE(jobs.type = ANY((SELECT w.types FROM jobrun.workers AS w
+                                         WHERE w.id = sqlc.arg(owner)::text)::text[]), true)
+               OR NOT EXISTS (SELECT 1 FROM jobrun.workers AS w
+                              WHERE jobs.type = ANY(w.types) AND jobs.queue = ANY(w.queues)
+                                AND w.last_seen_at
+                                    > now() - make_interval(secs => w.lease_ttl_seconds)))
         ORDER BY jobs.priority, jobs.run_at, jobs.id
         LIMIT sqlc.arg(max_jobs)
         FOR UPDATE SKIP LOCKED
@@ -280,6 +290,12 @@ WITH lim AS MATERIALIZED (
     FROM room CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
+          AND (COALESCE(jobs.type = ANY((SELECT w.types FROM jobrun.workers AS w
+                                         WHERE w.id = sqlc.arg(owner)::text)::text[]), true)
+               OR NOT EXISTS (SELECT 1 FROM jobrun.workers AS w
+                              WHERE jobs.type = ANY(w.types) AND jobs.queue = ANY(w.queues)
+                                AND w.last_seen_at
+                                    > now() - make_interval(secs => w.lease_ttl_seconds)))
         ORDER BY jobs.priority, jobs.run_at, jobs.id
         LIMIT room.n
         FOR UPDATE SKIP LOCKED
@@ -294,6 +310,12 @@ WITH lim AS MATERIALIZED (
         FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
           AND (jobs.concurrency_key IS NULL OR jobs.concurrency_key <> ALL(full_keys.keys))
+          AND (COALESCE(jobs.type = ANY((SELECT w.types FROM jobrun.workers AS w
+                                         WHERE w.id = sqlc.arg(owner)::text)::text[]), true)
+               OR NOT EXISTS (SELECT 1 FROM jobrun.workers AS w
+                              WHERE jobs.type = ANY(w.types) AND jobs.queue = ANY(w.queues)
+                                AND w.last_seen_at
+                                    > now() - make_interval(secs => w.lease_ttl_seconds)))
         ORDER BY jobs.priority, jobs.run_at, jobs.id
         LIMIT room.n * 4
     ) AS c
@@ -512,8 +534,16 @@ WITH lease AS (
       AND jobs.lease_owner = sqlc.arg(owner)::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
     RETURNING jobs.id
+), seen AS (
+    -- The worker's registry row rides along (jobrun.workers, migration
+    -- 0013): a busy worker is seen alive by its heartbeat, with no round
+    -- trip of its own.
+    UPDATE jobrun.workers AS w SET last_seen_at = now()
+    WHERE w.id = sqlc.arg(owner)::text
+    RETURNING w.id
 )
-SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0;
+SELECT valid.id FROM valid
+WHERE (SELECT count(*) FROM extended) >= 0 AND (SELECT count(*) FROM seen) >= 0;
 
 -- name: StartJobs :many
 -- @deferred

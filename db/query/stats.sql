@@ -63,12 +63,16 @@ ORDER BY names.queue;
 -- session of its own). One row while there is a leader, none while there is
 -- none. pg_stat_activity names a lock's session; its application_name and
 -- address are blank when this role may not see another role's sessions
--- (grant pg_read_all_stats to see them).
+-- (grant pg_read_all_stats to see them). worker: the registered worker
+-- (jobrun.workers) whose scheduler leads, blank when none is registered
+-- (a scheduler-only process).
 SELECT l.pid::int4 AS pid,
        COALESCE(a.application_name, '')::text AS application_name,
        COALESCE(host(a.client_addr), '')::text AS client_addr,
        ''::text AS holder,
-       0::int8 AS term
+       0::int8 AS term,
+       COALESCE((SELECT min(w.id) FROM jobrun.workers AS w WHERE w.leader_pid = l.pid),
+                '')::text AS worker
 FROM pg_catalog.pg_locks AS l
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
@@ -79,7 +83,8 @@ WHERE l.locktype = 'advisory'
   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
                     WHERE d.datname = current_database())
 UNION ALL
-SELECT 0::int4, ''::text, ''::text, e.holder::text, e.term::int8
+SELECT 0::int4, ''::text, ''::text, e.holder::text, e.term::int8,
+       COALESCE((SELECT w.id FROM jobrun.workers AS w WHERE w.id = e.holder), '')::text
 FROM jobrun.leader AS e
 WHERE e.name = sqlc.arg(election)::text AND e.expires_at > now()
 ORDER BY 1, 4;

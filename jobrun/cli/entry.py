@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from jobrun.job.validate import redact
 from jobrun.worker.stop_signals import Interrupted
 
-from . import actions, completion, database, extras, jobs, processes, queues, schedules, why
+from . import (
+    actions,
+    completion,
+    database,
+    extras,
+    jobs,
+    processes,
+    queues,
+    schedules,
+    why,
+    workers,
+)
 from .exits import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -55,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     why.register(commands)
     actions.register(commands)  # cancel, retry
     queues.register(commands)
+    workers.register(commands)
     actions.register_purge(commands)
     schedules.register(commands)
     extras.register(commands)  # demo, dashboard

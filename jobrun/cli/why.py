@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from jobrun.postgres.diagnose import Diagnose
+
 from .exits import EXIT_OK
 from .ids import job_id
 from .output import print_json, say

@@ -30,6 +30,7 @@ from jobrun.job.model import (
     Schedule,
     State,
 )
+from jobrun.job.workers import WorkerInfo
 
 CommitCallable = Callable[[Any], None]
 """The transactional path: called with the open psycopg connection inside
@@ -120,6 +121,19 @@ class Store(Schedules, Protocol):
     def heartbeat(
         self, owner: str, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], until: dt.datetime
     ) -> set[uuid.UUID]: ...
+
+    def register_worker(self, info: WorkerInfo) -> int:
+        """Insert or refresh this worker's registry row (last seen: the database's
+        now); prune the rows of workers gone for long; return how many."""
+        ...
+
+    def unregister_worker(self, worker_id: str) -> None:
+        """Take a worker's registry row away (a clean stop)."""
+        ...
+
+    def mark_leader(self, worker_id: str, session_pid: int | None) -> None:
+        """Note that this worker's scheduler was elected, on session ``session_pid``."""
+        ...
 
     def complete(
         self, job: Job, commit: CommitCallable | None = None, *, result: Any = None

@@ -74,6 +74,13 @@ def leader_lock_name(schema: str) -> str | None:
     return None if schema == DEFAULT_SCHEMA else f"schema:{schema}"
 
 
+def leader_election(schema: str) -> tuple[tuple[int, int], str]:
+    """The scheduler's election in ``schema`` as the Runtime holds it: the
+    advisory lock key and the lease row's name (for who-leads reads)."""
+    name = leader_lock_name(schema)
+    return lock_key(LOCK_LEADER, name), election_name(name)
+
+
 def new_holder() -> str:
     """A candidate's id: host and pid for operators, a random part for uniqueness."""
     return f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"

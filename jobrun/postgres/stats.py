@@ -67,6 +67,8 @@ class LeaderSession:
     """A lease-row leader's holder id (host, pid and a random part); blank for a lock."""
     term: int | None = None
     """A lease-row leader's term; None for a lock."""
+    worker: str = ""
+    """The registered worker whose scheduler leads (its id); blank when none is."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,6 +146,7 @@ class ClusterStats:
                     client_addr=r.client_addr,
                     holder=r.holder,
                     term=r.term if r.holder else None,
+                    worker=r.worker,
                 )
                 for r in leaders
             ),

@@ -61,12 +61,13 @@ from jobrun.postgres.schedules import SchedulesMixin
 from jobrun.postgres.schema import DEFAULT_SCHEMA
 from jobrun.postgres.session import DEFAULT_CHANNEL
 from jobrun.postgres.sqlc import Queries
+from jobrun.postgres.workers import Workers
 
 DEFAULT_NOTIFY_CHANNEL = DEFAULT_CHANNEL
 DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
 
 
-class Store(SchedulesMixin, Exchange):
+class Store(SchedulesMixin, Workers, Exchange):
     """Durable job storage on a psycopg pool (see the module docstring)."""
 
     def __init__(

@@ -87,10 +87,21 @@ class SchedulerService(LoopThread):
     ``start``/``stop`` are idempotent; ``with service:`` starts and stops it.
     """
 
-    def __init__(self, store: Store, locker: Locker, config: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        locker: Locker,
+        config: SchedulerConfig | None = None,
+        *,
+        worker_id: str | None = None,
+    ) -> None:
         super().__init__("jobrun-scheduler")
         self.store = store
         self.locker = locker
+        self.worker_id = worker_id
+        """The worker of this process (its owner id), shown as the leader in the
+        workers' registry while this scheduler leads; None: no worker here."""
+        self._marked = False
         self._acting = store
         """The store leader actions go through: fenced by the term, when the locker has one."""
         self.config = config or SchedulerConfig()
@@ -132,6 +143,22 @@ class SchedulerService(LoopThread):
         if self._leader:
             (log.info if expected else log.warning)("scheduler: no longer the leader (%s)", why)
         self._leader = False
+        self._marked = False
+
+    def _mark_leader(self) -> None:
+        """Name this process's worker as the leader in the registry: the session
+        holding the advisory lock (its backend pid) is noted on the worker's
+        row; a lease-row leader's holder is the worker's id already. Tried
+        again next tick when the database does not answer."""
+        if self.worker_id is None:
+            self._marked = True
+            return
+        pid = getattr(self.locker, "backend_pid", None)
+        try:
+            self.store.mark_leader(self.worker_id, pid if isinstance(pid, int) else None)
+            self._marked = True
+        except JobrunError as exc:
+            outage.of(self.store).failed(exc, "scheduler: naming the leader's worker")
 
     def _still_leader(self) -> bool:
         if not self.locker.held(force=True):
@@ -152,6 +179,8 @@ class SchedulerService(LoopThread):
         if not self._still_leader():
             return report
         report.leader = True
+        if not self._marked:
+            self._mark_leader()
         try:
             report.materialized = self._materialize()
             now_mono = time.monotonic()

@@ -53,6 +53,7 @@ GET  /schedules              [schedules]
 POST /schedules/pause        form field id [schedule_pause]
 POST /schedules/resume       [schedule_resume]
 POST /schedules/trigger      enqueue one run now [schedule_trigger]
+GET  /workers                every registered worker, idle ones too [workers]
 GET  /static/...             the stylesheet and the script [static]
 ===========================  ==================================================
 
@@ -84,7 +85,7 @@ from jobrun.job.errors import (
     TransientError,
     ValidationError,
 )
-from jobrun.web import bulk, jobs, overview, schedules
+from jobrun.web import bulk, jobs, overview, schedules, workers
 from jobrun.web.bulk import BULK_LIMIT, BULK_STATES
 from jobrun.web.chart import Bar, Chart, throughput_chart
 from jobrun.web.dashboard import CONNECTION_WAIT, HERE, NOTICES, Dashboard, Source
@@ -178,6 +179,7 @@ def create_app(
         post("/schedules/pause", schedules.schedule_pause, "schedule_pause"),
         post("/schedules/resume", schedules.schedule_resume, "schedule_resume"),
         post("/schedules/trigger", schedules.schedule_trigger, "schedule_trigger"),
+        get("/workers", workers.workers, "workers"),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
 

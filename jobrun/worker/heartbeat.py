@@ -5,7 +5,10 @@ every job running or finished and not yet recorded, and cancels the context
 of each job the store left out (its cancel was requested, or its lease is
 lost: another worker may run it). While heartbeats fail for longer than the
 lease TTL the leases may be gone, so the running handlers are cancelled
-rather than left to finish work someone else may already redo. It stops
+rather than left to finish work someone else may already redo. Each beat
+also keeps the worker's registry row fresh (jobrun.workers): in the
+heartbeat's own statement when it holds leases, by registering again when
+idle. It stops
 last, after the completer has flushed: a lease is kept until its outcome is.
 """
 
@@ -17,6 +20,7 @@ import uuid
 from jobrun.job import outage
 from jobrun.job.errors import JobrunError
 from jobrun.job.model import Job
+from jobrun.job.workers import WorkerInfo
 from jobrun.worker.leases import token
 from jobrun.worker.parts import Parts, WorkerLoop
 from jobrun.worker.stall_watch import Activity
@@ -27,6 +31,9 @@ class Heartbeat(WorkerLoop):
 
     def __init__(self, parts: Parts, activity: Activity) -> None:
         super().__init__("jobrun-heartbeat", parts, activity)
+        self.info: WorkerInfo | None = None
+        """The worker's registry row (set when it starts; None: not registered)."""
+        self.registered = False
 
     def loop(self) -> None:
         interval = self.config.heartbeat_interval.total_seconds()
@@ -69,8 +76,14 @@ class Heartbeat(WorkerLoop):
         for r in running:
             if newest[r.job.id] is not r.job and not r.ctx.is_cancelled:
                 r.ctx.cancel("superseded by a newer claim of the same job")
-        if not newest:
-            return
+        if not newest or not self.registered:
+            # Idle (or not yet in the registry): the beat is the registration,
+            # refreshed. Busy, HeartbeatJobs refreshes it in its statement.
+            if self.info is not None:
+                self.store.register_worker(self.info)
+                self.registered = True
+            if not newest:
+                return
         leases = [(job.id, token(job)) for job in newest.values()]
         sent_at = time.monotonic()
         until = self.store.now() + self.config.lease_ttl

@@ -34,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -43,6 +45,7 @@ from jobrun.job.errors import JobrunError, ValidationError
 from jobrun.job.model import Job
 from jobrun.job.ports import Dispatcher, Store
 from jobrun.job.service import Service
+from jobrun.job.workers import WorkerInfo
 from jobrun.worker import logs, text
 from jobrun.worker.claimer import CLAIM_COALESCE, LIMITED_RECLAIM, LOST_CLAIM_DELIVERY, Claimer
 from jobrun.worker.completer import Completer
@@ -104,6 +107,11 @@ log = logging.getLogger("jobrun.worker")
 ABANDONED_RELEASE_BOUND = 5.0
 """Seconds a stopping worker spends at most giving back the jobs of handlers
 that ignored cancellation (see ``Worker._give_back_abandoned``)."""
+
+
+REGISTER_BOUND = 5.0
+"""Seconds a starting worker waits at most for its registration (see
+``Worker._register``); the heartbeat registers it when this ran out."""
 
 
 class Worker(Service):
@@ -201,6 +209,7 @@ class Worker(Service):
             probe = getattr(self.dispatcher, "activity", None)
             if callable(probe):
                 self._stalls.track_probe("jobrun-listener", probe)
+        self._register()
         self._timeouts.start()
         self._executor.start()
         for part in (
@@ -212,6 +221,47 @@ class Worker(Service):
             self._stalls,
         ):
             part.start()
+
+    def _register(self) -> None:
+        """Put this worker in the registry (jobrun.workers) before it claims: the
+        claim reads the types it knows from there. A database that does not
+        answer now is no reason not to start: the heartbeat registers it
+        later, and until then its claims take every type (and release the
+        unknown ones), as an unregistered worker's do."""
+        info = WorkerInfo(
+            id=self.owner,
+            host=socket.gethostname()[:255],
+            pid=os.getpid(),
+            version=logs.version()[:255],
+            queues=tuple(self.config.queues),
+            concurrency=self.config.concurrency,
+            types=tuple(self.registry.types),
+            lease_ttl=self.config.lease_ttl,
+        )
+        self._heartbeat.info = info
+        try:
+            with self.store.bounded(REGISTER_BOUND):
+                self.store.register_worker(info)
+            self._heartbeat.registered = True
+        except JobrunError as exc:
+            # Not an outage of its own: the claims and heartbeats that follow
+            # say that, if it lasts.
+            self._log.warning(
+                "worker %s not registered yet (%s): its heartbeat registers it", self.owner, exc
+            )
+
+    def _unregister(self) -> None:
+        """A clean stop takes the registry row away, bounded like the give-back:
+        a database that is gone leaves the row to be pruned."""
+        if self._hard_stop.is_set() or not self._heartbeat.registered:
+            return
+        try:
+            with self.store.bounded(ABANDONED_RELEASE_BOUND):
+                self.store.unregister_worker(self.owner)
+        except JobrunError as exc:
+            self._log.warning(
+                "worker %s left in the registry (it is pruned later): %s", self.owner, exc
+            )
 
     def _log_banner(self) -> None:
         """The start banner: what this worker is, on one record (fields for JSON too)."""
@@ -321,6 +371,7 @@ class Worker(Service):
         if not drained:
             self._give_back_abandoned()
         self._heartbeat.stop(10)
+        self._unregister()
         self._timeouts.request_stop()
         self._stalls.request_stop()
         if self._claimer.waiter is not None:

@@ -17,7 +17,8 @@ import pytest
 
 from bench.plan import explain_claim, scans
 from jobrun.job.model import DEFAULT_BACKOFF
-from jobrun.postgres.sqlc.jobs import CLAIM_LIMITED_JOBS
+from jobrun.postgres.sqlc import Queries
+from jobrun.postgres.sqlc.jobs import CLAIM_JOBS, CLAIM_LIMITED_JOBS
 
 FINISHED = 200_000
 QUEUED = 20_000
@@ -139,3 +140,63 @@ def test_the_limited_claim_uses_the_claim_index_and_never_scans_jobs(
     )
     assert plan.seq_scans_on_jobs == 0, plan.summary()
     assert plan.uses_claim_index, plan.summary()
+
+
+# The type-aware claim (issue 28): the owner's registry row names the types it
+# knows, and other live workers of the queue know others. The type filter is
+# a condition of the same index scan (the worker's row read once, by its
+# primary key; the other workers only for a row of a type the claimer does
+# not know): the claim still reads jobs through jobs_claim_idx alone.
+WORKERS = """
+INSERT INTO jobrun.workers (id, host, pid, version, queues, concurrency, types,
+                            lease_ttl_seconds)
+VALUES ('bench-explain', 'h', 1, 'v', '{default,other}', 8, '{t}', 30),
+       ('peer', 'h', 2, 'v', '{default}', 8, '{u,v}', 30)
+"""
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("statement", ["plain", "limited"])
+def test_the_type_aware_claim_stays_on_the_claim_index(
+    big: psycopg.Connection[Any], generic: bool, statement: str
+) -> None:
+    setup = [WORKERS]
+    claim = CLAIM_JOBS
+    if statement == "limited":
+        claim = CLAIM_LIMITED_JOBS
+        setup += [
+            "INSERT INTO jobrun.queue_limits (queue, concurrency) VALUES ('default', 50)",
+            "SELECT set_config('jobrun.claim_locks', '{default}', true)",
+        ]
+    big.execute("ANALYZE jobrun.jobs")
+    plan = explain_claim(
+        big, ["default", "other"], 10, generic=generic, statement=claim, setup=setup
+    )
+    assert plan.seq_scans_on_jobs == 0, plan.summary()
+    assert plan.uses_claim_index, plan.summary()
+    workers = [s for s in plan.scans if s.relation == "workers"]
+    assert workers, plan.summary()  # the filter is in the plan: the worker's row is read
+
+
+def test_the_type_aware_claim_takes_only_known_types_and_orphans(
+    big: psycopg.Connection[Any],
+) -> None:
+    # The plan above claims the right rows: known type t, orphan type w (no
+    # live worker knows it), never u (a live peer knows it).
+    big.execute(WORKERS)
+    big.execute(
+        "UPDATE jobrun.jobs SET type = CASE WHEN id::text < '4' THEN 'u' "
+        "WHEN id::text < '8' THEN 'w' ELSE 't' END WHERE state = 'queued'"
+    )
+    rows = Queries().claim_jobs(
+        big,
+        queues=["default"],
+        owner="bench-explain",
+        max_jobs=500,
+        start=500,
+        ttl_seconds=30.0,
+        write_events=False,
+    )
+    types = {r.type for r in rows}
+    assert len(rows) == 500
+    assert types == {"t", "w"}

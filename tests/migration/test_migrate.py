@@ -135,7 +135,7 @@ def test_a_migrator_killed_while_holding_the_lock_blocks_nobody(empty_dsn: str) 
 # -- a schema of its own -----------------------------------------------------------
 
 LEGACY = Path(__file__).resolve().parent / "legacy_0_1"
-JOBRUN_TABLES = {"jobs", "job_events", "processed_effects", "schedules", "queue_pauses"}
+JOBRUN_TABLES = {"jobs", "job_events", "processed_effects", "schedules", "queue_pauses", "workers"}
 
 
 def _public_objects(dsn: str) -> set[str]:
@@ -217,6 +217,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0010.attempt_start",
         "0011.release_count",
         "0012.queue_churn",
+        "0013.workers",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -405,3 +406,21 @@ def test_the_churn_migration_rolls_back_to_both_leased_indexes_and_fillfactor_85
             "autovacuum_vacuum_cost_limit=2000",
         ]
     )
+
+
+def test_the_workers_migration_adds_one_table_and_rolls_back_to_none(empty_dsn: str) -> None:
+    # Migration 0013 creates jobrun.workers and touches no other table: no
+    # lock on jobs, so it takes as long at a million jobs as on none.
+    m.migrate(empty_dsn)
+    assert "workers" in _tables(empty_dsn)
+    text = (MIGRATIONS / "0013.workers.sql").read_text()
+    statements = [line for line in text.splitlines() if line and not line.startswith("--")]
+    assert not any("jobrun.jobs" in line for line in statements)
+    rollback = (MIGRATIONS / "0013.workers.rollback.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(rollback)
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0013.workers'")
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (12,)
+    assert "workers" not in _tables(empty_dsn)
+    assert m.migrate(empty_dsn) == ["0013.workers"]
+    assert "workers" in _tables(empty_dsn)

@@ -175,21 +175,27 @@ WITH next AS (
     CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
+          AND (COALESCE(jobs.type = ANY((SELECT w.types FROM jobrun.workers AS w
+                                         WHERE w.id = $2::text)::text[]), true)
+               OR NOT EXISTS (SELECT 1 FROM jobrun.workers AS w
+                              WHERE jobs.type = ANY(w.types) AND jobs.queue = ANY(w.queues)
+                                AND w.last_seen_at
+                                    > now() - make_interval(secs => w.lease_ttl_seconds)))
         ORDER BY jobs.priority, jobs.run_at, jobs.id
-        LIMIT $2
+        LIMIT $3
         FOR UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
       AND NOT EXISTS (SELECT 1 FROM jobrun.queue_limits l WHERE l.queue = q.name)
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     ORDER BY c.priority, c.run_at, c.id
-    LIMIT $2
+    LIMIT $3
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
-        attempts = jobs.attempts + (next.nth <= $3::int8)::int4,
-        started_at = CASE WHEN next.nth <= $3::int8 THEN now() END,
-        lease_owner = $4::text,
+        attempts = jobs.attempts + (next.nth <= $4::int8)::int4,
+        started_at = CASE WHEN next.nth <= $4::int8 THEN now() END,
+        lease_owner = $2::text,
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => $5::float8),
         progress = NULL, progress_message = NULL, progress_at = NULL,
@@ -255,6 +261,12 @@ WITH lim AS MATERIALIZED (
     FROM room CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
+          AND (COALESCE(jobs.type = ANY((SELECT w.types FROM jobrun.workers AS w
+                                         WHERE w.id = $4::text)::text[]), true)
+               OR NOT EXISTS (SELECT 1 FROM jobrun.workers AS w
+                              WHERE jobs.type = ANY(w.types) AND jobs.queue = ANY(w.queues)
+                                AND w.last_seen_at
+                                    > now() - make_interval(secs => w.lease_ttl_seconds)))
         ORDER BY jobs.priority, jobs.run_at, jobs.id
         LIMIT room.n
         FOR UPDATE SKIP LOCKED
@@ -269,6 +281,12 @@ WITH lim AS MATERIALIZED (
         FROM jobrun.jobs AS jobs
         WHERE jobs.state = 'queued' AND jobs.queue = room.name AND jobs.run_at <= now()
           AND (jobs.concurrency_key IS NULL OR jobs.concurrency_key <> ALL(full_keys.keys))
+          AND (COALESCE(jobs.type = ANY((SELECT w.types FROM jobrun.workers AS w
+                                         WHERE w.id = $4::text)::text[]), true)
+               OR NOT EXISTS (SELECT 1 FROM jobrun.workers AS w
+                              WHERE jobs.type = ANY(w.types) AND jobs.queue = ANY(w.queues)
+                                AND w.last_seen_at
+                                    > now() - make_interval(secs => w.lease_ttl_seconds)))
         ORDER BY jobs.priority, jobs.run_at, jobs.id
         LIMIT room.n * 4
     ) AS c
@@ -295,9 +313,9 @@ WITH lim AS MATERIALIZED (
 ), claimed AS (
     UPDATE jobrun.jobs AS jobs
     SET state = 'leased',
-        attempts = jobs.attempts + (next.nth <= $4::int8)::int4,
-        started_at = CASE WHEN next.nth <= $4::int8 THEN now() END,
-        lease_owner = $5::text,
+        attempts = jobs.attempts + (next.nth <= $5::int8)::int4,
+        started_at = CASE WHEN next.nth <= $5::int8 THEN now() END,
+        lease_owner = $4::text,
         lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => $6::float8),
         progress = NULL, progress_message = NULL, progress_at = NULL,
@@ -471,8 +489,16 @@ WITH lease AS (
       AND jobs.lease_owner = $3::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
     RETURNING jobs.id
+), seen AS (
+    -- The worker's registry row rides along (jobrun.workers, migration
+    -- 0013): a busy worker is seen alive by its heartbeat, with no round
+    -- trip of its own.
+    UPDATE jobrun.workers AS w SET last_seen_at = now()
+    WHERE w.id = $3::text
+    RETURNING w.id
 )
-SELECT valid.id FROM valid WHERE (SELECT count(*) FROM extended) >= 0"""
+SELECT valid.id FROM valid
+WHERE (SELECT count(*) FROM extended) >= 0 AND (SELECT count(*) FROM seen) >= 0"""
 
 
 START_JOBS: Final = """\
@@ -1368,9 +1394,9 @@ class Queries(QueriesBase):
         conn: psycopg.Connection[Any],
         *,
         queues: list[str],
+        owner: str,
         max_jobs: int,
         start: int,
-        owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
@@ -1386,7 +1412,11 @@ class Queries(QueriesBase):
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
         them are taken, and returned in that order. LIMIT inside a FOR UPDATE
         SKIP LOCKED subquery, never IN (subquery), so a claim can never return
-        more than max_jobs rows. Paused queues are skipped, and so are limited
+        more than max_jobs rows. Type-aware (issue 28): a registered worker (a
+        row in jobrun.workers for owner) takes only the types it knows, and a
+        type no live worker serving the queue knows (a rollout, a forgotten
+        handler), which it then releases; an owner with no row (a bare store
+        call, run_jobs) takes every type. Paused queues are skipped, and so are limited
         queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
         lock, claims those. This statement is the lock-free path of every queue
         without limits; it stays this small because PostgreSQL plans it anew on
@@ -1406,7 +1436,7 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
                 self.sql(CLAIM_JOBS),
-                (queues, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, owner, max_jobs, start, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -1449,9 +1479,9 @@ class Queries(QueriesBase):
         conn: psycopg.Connection[Any],
         *,
         queues: list[str],
+        owner: str,
         max_jobs: int,
         start: int,
-        owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> Callable[[], list[Job]]:
@@ -1467,7 +1497,11 @@ class Queries(QueriesBase):
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
         them are taken, and returned in that order. LIMIT inside a FOR UPDATE
         SKIP LOCKED subquery, never IN (subquery), so a claim can never return
-        more than max_jobs rows. Paused queues are skipped, and so are limited
+        more than max_jobs rows. Type-aware (issue 28): a registered worker (a
+        row in jobrun.workers for owner) takes only the types it knows, and a
+        type no live worker serving the queue knows (a rollout, a forgotten
+        handler), which it then releases; an owner with no row (a bare store
+        call, run_jobs) takes every type. Paused queues are skipped, and so are limited
         queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
         lock, claims those. This statement is the lock-free path of every queue
         without limits; it stays this small because PostgreSQL plans it anew on
@@ -1491,7 +1525,7 @@ class Queries(QueriesBase):
         try:
             cur.execute(
                 self.sql(CLAIM_JOBS),
-                (queues, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, owner, max_jobs, start, ttl_seconds, write_events),
             )
         except BaseException:
             cur.close()
@@ -1544,8 +1578,8 @@ class Queries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
-        start: int,
         owner: str,
+        start: int,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
@@ -1575,7 +1609,7 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, start, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -1620,8 +1654,8 @@ class Queries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
-        start: int,
         owner: str,
+        start: int,
         ttl_seconds: float,
         write_events: bool,
     ) -> Callable[[], list[Job]]:
@@ -1655,7 +1689,7 @@ class Queries(QueriesBase):
         try:
             cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, start, ttl_seconds, write_events),
             )
         except BaseException:
             cur.close()

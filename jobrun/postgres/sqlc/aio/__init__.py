@@ -15,6 +15,7 @@ from jobrun.postgres.sqlc.aio import (
     testing,
     web,
     why,
+    workers,
 )
 
 __all__ = ["DEFAULT_SCHEMA", "AsyncQueries"]
@@ -30,6 +31,7 @@ class AsyncQueries(
     testing.AsyncQueries,
     web.AsyncQueries,
     why.AsyncQueries,
+    workers.AsyncQueries,
 ):
     """Every query of db/query for asyncio, run in one PostgreSQL schema.
 

@@ -473,9 +473,9 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         queues: list[str],
+        owner: str,
         max_jobs: int,
         start: int,
-        owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
@@ -491,7 +491,11 @@ class AsyncQueries(QueriesBase):
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
         them are taken, and returned in that order. LIMIT inside a FOR UPDATE
         SKIP LOCKED subquery, never IN (subquery), so a claim can never return
-        more than max_jobs rows. Paused queues are skipped, and so are limited
+        more than max_jobs rows. Type-aware (issue 28): a registered worker (a
+        row in jobrun.workers for owner) takes only the types it knows, and a
+        type no live worker serving the queue knows (a rollout, a forgotten
+        handler), which it then releases; an owner with no row (a bare store
+        call, run_jobs) takes every type. Paused queues are skipped, and so are limited
         queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
         lock, claims those. This statement is the lock-free path of every queue
         without limits; it stays this small because PostgreSQL plans it anew on
@@ -511,7 +515,7 @@ class AsyncQueries(QueriesBase):
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
                 self.sql(CLAIM_JOBS),
-                (queues, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, owner, max_jobs, start, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -554,9 +558,9 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         queues: list[str],
+        owner: str,
         max_jobs: int,
         start: int,
-        owner: str,
         ttl_seconds: float,
         write_events: bool,
     ) -> Callable[[], Awaitable[list[Job]]]:
@@ -572,7 +576,11 @@ class AsyncQueries(QueriesBase):
         "queue = ANY(...)" would sort every queued row), then the best max_jobs of
         them are taken, and returned in that order. LIMIT inside a FOR UPDATE
         SKIP LOCKED subquery, never IN (subquery), so a claim can never return
-        more than max_jobs rows. Paused queues are skipped, and so are limited
+        more than max_jobs rows. Type-aware (issue 28): a registered worker (a
+        row in jobrun.workers for owner) takes only the types it knows, and a
+        type no live worker serving the queue knows (a rollout, a forgotten
+        handler), which it then releases; an owner with no row (a bare store
+        call, run_jobs) takes every type. Paused queues are skipped, and so are limited
         queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
         lock, claims those. This statement is the lock-free path of every queue
         without limits; it stays this small because PostgreSQL plans it anew on
@@ -596,7 +604,7 @@ class AsyncQueries(QueriesBase):
         try:
             await cur.execute(
                 self.sql(CLAIM_JOBS),
-                (queues, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, owner, max_jobs, start, ttl_seconds, write_events),
             )
         except BaseException:
             await cur.close()
@@ -649,8 +657,8 @@ class AsyncQueries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
-        start: int,
         owner: str,
+        start: int,
         ttl_seconds: float,
         write_events: bool,
     ) -> list[Job]:
@@ -680,7 +688,7 @@ class AsyncQueries(QueriesBase):
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, start, ttl_seconds, write_events),
             )
             return [
                 Job(
@@ -725,8 +733,8 @@ class AsyncQueries(QueriesBase):
         queues: list[str],
         commit_async: bool,
         max_jobs: int,
-        start: int,
         owner: str,
+        start: int,
         ttl_seconds: float,
         write_events: bool,
     ) -> Callable[[], Awaitable[list[Job]]]:
@@ -760,7 +768,7 @@ class AsyncQueries(QueriesBase):
         try:
             await cur.execute(
                 self.sql(CLAIM_LIMITED_JOBS),
-                (queues, commit_async, max_jobs, start, owner, ttl_seconds, write_events),
+                (queues, commit_async, max_jobs, owner, start, ttl_seconds, write_events),
             )
         except BaseException:
             await cur.close()

@@ -82,7 +82,9 @@ class AsyncQueries(QueriesBase):
         session of its own). One row while there is a leader, none while there is
         none. pg_stat_activity names a lock's session; its application_name and
         address are blank when this role may not see another role's sessions
-        (grant pg_read_all_stats to see them).
+        (grant pg_read_all_stats to see them). worker: the registered worker
+        (jobrun.workers) whose scheduler leads, blank when none is registered
+        (a scheduler-only process).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(CLUSTER_LEADER), (lock_class, lock_object, election))
@@ -93,6 +95,7 @@ class AsyncQueries(QueriesBase):
                     client_addr=r[2],
                     holder=r[3],
                     term=r[4],
+                    worker=r[5],
                 )
                 for r in await cur.fetchall()
             ]
