@@ -11,7 +11,9 @@
 -- the leases that fill the queue's concurrency and its key's (how many, the
 -- first few ids); the rate window's use and when the window next lets a job
 -- through; how many runnable jobs of its queue come before it in claim
--- order (counted up to ahead_cap); and the live lease owners of its queue.
+-- order (counted up to ahead_cap); the live workers of the registry serving
+-- its queue (the first few) and how many of them know its type (live: seen
+-- within their lease TTL, as the type-aware claim reads it).
 WITH j AS (
     SELECT jobs.id, jobs.state, jobs.queue, jobs.type, jobs.priority, jobs.run_at,
            jobs.concurrency_key, jobs.cancel_requested, jobs.lease_owner, jobs.lease_expires_at
@@ -66,9 +68,16 @@ SELECT j.id, j.state, j.queue, j.type, j.run_at, j.concurrency_key, j.cancel_req
               AND (x.priority, x.run_at, x.id) < (j.priority, j.run_at, j.id)
             LIMIT sqlc.arg(ahead_cap)
         ) AS a)::int8 AS ahead,
-       COALESCE((SELECT array_agg(DISTINCT x.lease_owner) FROM jobrun.jobs AS x
-        WHERE x.state = 'leased' AND x.queue = j.queue AND x.lease_expires_at > now()),
-        '{}')::text[] AS live_owners
+       COALESCE((SELECT array_agg(w.id ORDER BY w.id) FROM (
+            SELECT w.id FROM jobrun.workers AS w
+            WHERE j.queue = ANY(w.queues)
+              AND w.last_seen_at > now() - make_interval(secs => w.lease_ttl_seconds)
+            ORDER BY w.id LIMIT sqlc.arg(holders)
+        ) AS w), '{}')::text[] AS serving,
+        (SELECT count(*) FROM jobrun.workers AS w
+         WHERE j.queue = ANY(w.queues) AND j.type = ANY(w.types)
+           AND w.last_seen_at > now() - make_interval(secs => w.lease_ttl_seconds))::int8
+         AS knowing
 FROM j
 LEFT JOIN jobrun.queue_pauses AS p ON p.queue = j.queue
 LEFT JOIN jobrun.queue_limits AS l ON l.queue = j.queue

@@ -11,9 +11,9 @@ that is known, and which jobs hold the slots it waits for.
 The reasons are listed in the order a claim meets them: a job not queued
 is not waiting at all; a queued job not due yet waits for its time; then the
 queue's pause, its concurrency, the job's key, the rate window; then the
-runnable jobs ahead of it in claim order. When nothing in the database holds
-a due job back, what is left is that no worker is claiming its queue: said
-as such, since only a running worker could claim it.
+runnable jobs ahead of it in claim order; then the workers: none live
+serving its queue, or none of them with a handler for its type (the worker
+registry, seen within each worker's lease TTL as the claim reads it).
 
 This module is pure (no I/O): ``jobrun.postgres.diagnose`` reads the
 snapshot, the CLI (``jobrun why``) and the dashboard show the reasons.
@@ -42,6 +42,8 @@ class Hold(enum.StrEnum):
     RATE = "rate"
     BEHIND = "behind"
     NO_WORKER = "no_worker"
+    UNKNOWN_TYPE = "unknown_type"
+    NOTHING = "nothing"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,7 +84,10 @@ class Snapshot:
     rate_frees_at: dt.datetime | None
     ahead: int
     ahead_cap: int
-    live_owners: tuple[str, ...]
+    serving: tuple[str, ...]
+    """Live registered workers serving the job's queue (the first few)."""
+    knowing: int
+    """How many of the live workers serving its queue have a handler for its type."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,18 +180,30 @@ def _reasons(s: Snapshot) -> tuple[Reason, ...]:
                 "(claimed by priority, then due time)",
             )
         )
-    if not reasons:
-        workers = (
-            f"workers holding leases on it now: {', '.join(s.live_owners)}"
-            if s.live_owners
-            else "no worker holds a lease on it now"
-        )
+    if not s.serving:
         reasons.append(
             Reason(
                 Hold.NO_WORKER,
-                "nothing in the database holds it back (due, first in line, its queue "
-                f"neither paused nor at a limit): a worker serving queue {s.queue!r} claims it "
-                f"within its poll interval; is one running? ({workers})",
+                f"no live worker serves queue {s.queue!r} (none registered has been seen "
+                f"within its lease TTL): start one with `jobrun worker --queues {s.queue}`",
+            )
+        )
+    elif not s.knowing:
+        reasons.append(
+            Reason(
+                Hold.UNKNOWN_TYPE,
+                f"no live worker serving queue {s.queue!r} has a handler for {s.type!r}: "
+                f"they claim it and put it back for later (a rollout not done, a handler "
+                f"missing); serving it: {', '.join(s.serving)}",
+            )
+        )
+    if not reasons:
+        reasons.append(
+            Reason(
+                Hold.NOTHING,
+                "nothing holds it back (due, first in line, its queue neither paused nor at "
+                f"a limit, served by {', '.join(s.serving)}): it is claimed within a poll "
+                "interval, or at once on the notification of its enqueue",
             )
         )
     return tuple(reasons)

@@ -4,8 +4,9 @@ The snapshot that :func:`jobrun.job.why.explain` reasons about is read here
 by one statement (db/query/why.sql's WhyJob) on one pooled connection, by
 the database clock, so that every reason it names holds at one instant:
 the job's row, its queue's pause and limits, the leases filling them, the
-rate window and the jobs ahead of it. Every count is bounded and read
-through an index; reading costs the same in a queue of a million jobs.
+rate window, the jobs ahead of it and the live workers serving its queue.
+Every count is bounded and read through an index; reading costs the same
+in a queue of a million jobs.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Diagnose:
                     rate_frees_at=row.rate_frees_at,
                     ahead=row.ahead,
                     ahead_cap=AHEAD_CAP,
-                    live_owners=tuple(row.live_owners),
+                    serving=tuple(row.serving),
+                    knowing=row.knowing,
                 )
             )
 

@@ -34,7 +34,11 @@ def test_why_names_each_reason_on_a_line_of_its_own(jobrun: Run, client: Client)
     assert lines[1].startswith("- it is not due yet: due at ")
     assert lines[1].endswith("(2h from now)") or lines[1].endswith("(1h 59m from now)")
     assert lines[2].startswith("- its queue 'emails' is paused (since ")
-    assert len(lines) == 3
+    assert lines[3] == (
+        "- no live worker serves queue 'emails' (none registered has been seen within its "
+        "lease TTL): start one with `jobrun worker --queues emails`"
+    )
+    assert len(lines) == 4
 
 
 def test_why_names_the_jobs_holding_a_full_limit(jobrun: Run, client: Client) -> None:
@@ -62,6 +66,7 @@ def test_why_as_json_gives_each_reason_its_stable_name(jobrun: Run, client: Clie
     body = jobrun("why", str(job.id), "--json").json()
     assert body["state"] == "queued" and body["queue"] == "emails"
     assert [r["hold"] for r in body["reasons"]] == ["no_worker"]
+    assert body["reasons"][0]["jobs"] == []
 
 
 def test_why_of_an_unknown_or_malformed_id_is_one_line_and_its_exit_code(

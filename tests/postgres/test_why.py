@@ -14,6 +14,7 @@ import pytest
 from jobrun.job.errors import NotFound
 from jobrun.job.model import State
 from jobrun.job.why import Hold
+from jobrun.job.workers import WorkerInfo
 from jobrun.postgres.diagnose import AHEAD_CAP, Diagnose
 from jobrun.postgres.store import Store
 from tests.postgres.conftest import TTL, new_job
@@ -23,12 +24,66 @@ def _holds(store: Store, job_id: uuid.UUID) -> list[Hold]:
     return [r.hold for r in Diagnose(store).why(job_id).reasons]
 
 
-def test_a_due_job_first_in_line_is_held_by_no_worker_claiming_it(store: Store) -> None:
+def _serve(store: Store, worker: str = "w-serving", types: tuple[str, ...] = ("test.job",)) -> None:
+    """A live worker in the registry, serving queue q with handlers for ``types``."""
+    store.register_worker(
+        WorkerInfo(
+            id=worker,
+            host="h",
+            pid=1,
+            version="0",
+            queues=("q",),
+            concurrency=4,
+            types=types,
+            lease_ttl=dt.timedelta(seconds=30),
+        )
+    )
+
+
+@pytest.fixture(autouse=True)
+def _a_live_worker_serves_q(request: pytest.FixtureRequest, store: Store) -> None:
+    if "no_worker" not in request.node.name:
+        _serve(store)
+
+
+def test_a_due_job_first_in_line_with_a_live_worker_is_held_by_nothing(store: Store) -> None:
     job = store.enqueue(new_job(queue="q"))
     diagnosis = Diagnose(store).why(job.id)
     assert diagnosis.state is State.QUEUED
-    assert [r.hold for r in diagnosis.reasons] == [Hold.NO_WORKER]
-    assert "'q'" in diagnosis.reasons[0].text
+    assert [r.hold for r in diagnosis.reasons] == [Hold.NOTHING]
+    assert "w-serving" in diagnosis.reasons[0].text
+
+
+def test_a_queue_no_worker_serves_is_named_no_worker(store: Store) -> None:
+    job = store.enqueue(new_job(queue="q"))
+    (reason,) = Diagnose(store).why(job.id).reasons
+    assert reason.hold is Hold.NO_WORKER
+    assert "jobrun worker --queues q" in reason.text
+
+
+def test_a_worker_not_seen_within_its_lease_ttl_serves_no_worker(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    _serve(store, "w-gone")
+    conn.execute("UPDATE jobrun.workers SET last_seen_at = now() - interval '1 minute'")
+    conn.commit()
+    job = store.enqueue(new_job(queue="q"))
+    assert _holds(store, job.id) == [Hold.NO_WORKER]
+
+
+def test_a_type_no_live_worker_of_its_queue_runs_is_named(store: Store) -> None:
+    job = store.enqueue(new_job(queue="q", type="reports.build"))
+    (reason,) = Diagnose(store).why(job.id).reasons
+    assert reason.hold is Hold.UNKNOWN_TYPE
+    assert "'reports.build'" in reason.text and "w-serving" in reason.text
+    _serve(store, "w-reports", types=("reports.build",))
+    assert _holds(store, job.id) == [Hold.NOTHING]
+
+
+def test_a_paused_queue_without_workers_names_both_no_worker(store: Store) -> None:
+    job = store.enqueue(new_job(queue="q"))
+    store.pause_queue("q")
+    assert _holds(store, job.id) == [Hold.PAUSED, Hold.NO_WORKER]
 
 
 def test_a_job_due_later_names_when(store: Store) -> None:
@@ -44,7 +99,7 @@ def test_a_paused_queue_is_named(store: Store) -> None:
     store.pause_queue("q")
     assert _holds(store, job.id) == [Hold.PAUSED]
     store.resume_queue("q")
-    assert _holds(store, job.id) == [Hold.NO_WORKER]
+    assert _holds(store, job.id) == [Hold.NOTHING]
 
 
 def test_a_full_concurrency_limit_names_the_jobs_holding_its_slots(store: Store) -> None:

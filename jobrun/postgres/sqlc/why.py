@@ -71,9 +71,16 @@ SELECT j.id, j.state, j.queue, j.type, j.run_at, j.concurrency_key, j.cancel_req
               AND (x.priority, x.run_at, x.id) < (j.priority, j.run_at, j.id)
             LIMIT $2
         ) AS a)::int8 AS ahead,
-       COALESCE((SELECT array_agg(DISTINCT x.lease_owner) FROM jobrun.jobs AS x
-        WHERE x.state = 'leased' AND x.queue = j.queue AND x.lease_expires_at > now()),
-        '{}')::text[] AS live_owners
+       COALESCE((SELECT array_agg(w.id ORDER BY w.id) FROM (
+            SELECT w.id FROM jobrun.workers AS w
+            WHERE j.queue = ANY(w.queues)
+              AND w.last_seen_at > now() - make_interval(secs => w.lease_ttl_seconds)
+            ORDER BY w.id LIMIT $1
+        ) AS w), '{}')::text[] AS serving,
+        (SELECT count(*) FROM jobrun.workers AS w
+         WHERE j.queue = ANY(w.queues) AND j.type = ANY(w.types)
+           AND w.last_seen_at > now() - make_interval(secs => w.lease_ttl_seconds))::int8
+         AS knowing
 FROM j
 LEFT JOIN jobrun.queue_pauses AS p ON p.queue = j.queue
 LEFT JOIN jobrun.queue_limits AS l ON l.queue = j.queue
@@ -104,7 +111,8 @@ class WhyJobRow:
     rate_used: int
     rate_frees_at: datetime.datetime | None
     ahead: int
-    live_owners: list[str]
+    serving: list[str]
+    knowing: int
 
 
 class Queries(QueriesBase):
@@ -131,7 +139,9 @@ class Queries(QueriesBase):
         the leases that fill the queue's concurrency and its key's (how many, the
         first few ids); the rate window's use and when the window next lets a job
         through; how many runnable jobs of its queue come before it in claim
-        order (counted up to ahead_cap); and the live lease owners of its queue.
+        order (counted up to ahead_cap); the live workers of the registry serving
+        its queue (the first few) and how many of them know its type (live: seen
+        within their lease TTL, as the type-aware claim reads it).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(WHY_JOB), (holders, ahead_cap, id))
@@ -161,5 +171,6 @@ class Queries(QueriesBase):
             rate_used=r[19],
             rate_frees_at=r[20],
             ahead=r[21],
-            live_owners=r[22],
+            serving=r[22],
+            knowing=r[23],
         )

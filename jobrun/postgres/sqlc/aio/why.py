@@ -43,7 +43,9 @@ class AsyncQueries(QueriesBase):
         the leases that fill the queue's concurrency and its key's (how many, the
         first few ids); the rate window's use and when the window next lets a job
         through; how many runnable jobs of its queue come before it in claim
-        order (counted up to ahead_cap); and the live lease owners of its queue.
+        order (counted up to ahead_cap); the live workers of the registry serving
+        its queue (the first few) and how many of them know its type (live: seen
+        within their lease TTL, as the type-aware claim reads it).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(WHY_JOB), (holders, ahead_cap, id))
@@ -73,5 +75,6 @@ class AsyncQueries(QueriesBase):
             rate_used=r[19],
             rate_frees_at=r[20],
             ahead=r[21],
-            live_owners=r[22],
+            serving=r[22],
+            knowing=r[23],
         )
