@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from jobrun.job.model import State
+from jobrun.postgres.diagnose import Diagnose
 from jobrun.web.bulk import BULK_STATES
 from jobrun.web.dashboard import Dashboard
 from jobrun.web.endpoints import back, filter_from, filter_query, optional_id, path_id
@@ -83,7 +84,10 @@ def _job_context(dash: Dashboard, request: Request) -> dict[str, Any]:
     detail = dash.reads.job(job_id)
     job = detail.job
     error = job.last_error or ""
+    # What holds a queued job back (jobrun why): one more read, for queued jobs only.
+    why = Diagnose(dash.reads.store).why(job.id) if job.state is State.QUEUED else None
     return {
+        "why": why,
         "page": "job",
         "detail": detail,
         "job": job,
