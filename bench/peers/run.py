@@ -81,7 +81,7 @@ class Sizes:
     pickup_seconds: float = 10.0
     ceiling_tx: int = 10_000
     ceiling_threads: int = 8
-    jobrun_threads: tuple[int, ...] = (32, 64, 128)
+    jobrun_threads: tuple[int, ...] = (32, 128, 512)
     """The best-setting drain's settings: jobrun's threads, PgQueuer's batch sizes (its
     default 10 first), procrastinate's concurrency; the best median is the row's figure."""
     pgqueuer_batches: tuple[int, ...] = (10, 100, 1000)
