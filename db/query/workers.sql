@@ -31,14 +31,24 @@ RETURNING w.started_at, (SELECT count(*) FROM gone)::int8 AS pruned;
 -- A worker that stopped cleanly takes its row away.
 DELETE FROM jobrun.workers AS w WHERE w.id = sqlc.arg(id)::text;
 
--- name: MarkWorkerLeader :execrows
+-- name: MarkWorkerLeader :one
 -- The scheduler of worker `id` was elected through the advisory lock, on the
 -- session `leader_pid`: noted on its row (and taken off any other row that
 -- names the same pid, a pid the server may have reused). Only believed
 -- together with pg_locks (ListWorkers), so a stale value shows nothing.
-UPDATE jobrun.workers AS w
-   SET leader_pid = CASE WHEN w.id = sqlc.arg(id)::text THEN sqlc.narg(leader_pid)::int4 END
- WHERE w.id = sqlc.arg(id)::text OR w.leader_pid = sqlc.narg(leader_pid)::int4;
+-- marked = 0: the worker has no row yet (its scheduler was elected before
+-- its registration reached the database); the scheduler tries again.
+WITH cleared AS (
+    UPDATE jobrun.workers AS w SET leader_pid = NULL
+     WHERE w.id <> sqlc.arg(id)::text AND w.leader_pid = sqlc.narg(leader_pid)::int4
+    RETURNING w.id
+), marked AS (
+    UPDATE jobrun.workers AS w SET leader_pid = sqlc.narg(leader_pid)::int4
+     WHERE w.id = sqlc.arg(id)::text
+    RETURNING w.id
+)
+SELECT (SELECT count(*) FROM marked)::int8 AS marked,
+       (SELECT count(*) FROM cleared)::int8 AS cleared;
 
 -- name: ListWorkers :many
 -- Every registered worker, idle ones included, with whether it is live

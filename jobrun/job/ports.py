@@ -131,8 +131,9 @@ class Store(Schedules, Protocol):
         """Take a worker's registry row away (a clean stop)."""
         ...
 
-    def mark_leader(self, worker_id: str, session_pid: int | None) -> None:
-        """Note that this worker's scheduler was elected, on session ``session_pid``."""
+    def mark_leader(self, worker_id: str, session_pid: int | None) -> bool:
+        """Note that this worker's scheduler was elected, on session ``session_pid``;
+        False when the worker has no row (yet)."""
         ...
 
     def complete(

@@ -50,12 +50,16 @@ class Workers(Admin):
         validate.owner(worker_id)
         self._on_pool(lambda c: self.q.unregister_worker(c, id=worker_id))
 
-    def mark_leader(self, worker_id: str, session_pid: int | None) -> None:
+    def mark_leader(self, worker_id: str, session_pid: int | None) -> bool:
         """Note that worker ``worker_id``'s scheduler was elected on the session
         ``session_pid`` (the advisory lock's backend); believed only while that
-        session holds the lock (:meth:`workers`)."""
+        session holds the lock (:meth:`workers`). False: the worker has no row
+        (yet), nothing was noted."""
         validate.owner(worker_id)
-        self._on_pool(lambda c: self.q.mark_worker_leader(c, id=worker_id, leader_pid=session_pid))
+        row = self._on_pool(
+            lambda c: self.q.mark_worker_leader(c, id=worker_id, leader_pid=session_pid)
+        )
+        return row is not None and row.marked > 0
 
     def workers(self, leader: LeaderElection | None = None) -> list[WorkerStatus]:
         """Every registered worker, idle ones included, oldest first.

@@ -149,14 +149,17 @@ class SchedulerService(LoopThread):
         """Name this process's worker as the leader in the registry: the session
         holding the advisory lock (its backend pid) is noted on the worker's
         row; a lease-row leader's holder is the worker's id already. Tried
-        again next tick when the database does not answer."""
+        again next tick when the database does not answer, or when the
+        worker's row is not there yet (elected before the worker's
+        registration reached the database: the two start side by side)."""
         if self.worker_id is None:
             self._marked = True
             return
         pid = getattr(self.locker, "backend_pid", None)
         try:
-            self.store.mark_leader(self.worker_id, pid if isinstance(pid, int) else None)
-            self._marked = True
+            self._marked = self.store.mark_leader(
+                self.worker_id, pid if isinstance(pid, int) else None
+            )
         except JobrunError as exc:
             outage.of(self.store).failed(exc, "scheduler: naming the leader's worker")
 

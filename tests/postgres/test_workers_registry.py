@@ -19,6 +19,7 @@ from jobrun.job.workers import PRUNE_FACTOR, WorkerInfo
 from jobrun.postgres.leader import LeaseLocker, leader_election, leader_lock_name
 from jobrun.postgres.lock import AdvisoryLocker
 from jobrun.postgres.store import Store
+from jobrun.scheduler import SchedulerConfig, SchedulerService
 
 TTL = dt.timedelta(seconds=30)
 
@@ -167,3 +168,24 @@ def test_the_lease_row_leader_is_shown_as_its_worker(store: Store) -> None:
     finally:
         locker.close()
     assert not any(w.leader for w in store.workers(leader_election(store.schema)))
+
+
+def test_a_leader_elected_before_its_worker_registered_is_named_once_it_has(
+    store: Store, dsn: str
+) -> None:
+    """The scheduler and the worker of one process start side by side: an
+    election that reaches the database first finds no row to mark, says so,
+    and the scheduler marks the row at a later tick."""
+    election = leader_election(store.schema)
+    locker = AdvisoryLocker(dsn, leader_lock_name(store.schema))
+    service = SchedulerService(store, locker, SchedulerConfig(), worker_id="late")
+    try:
+        assert store.mark_leader("late", None) is False  # no row: nothing noted
+        assert service.run_once().leader
+        store.register_worker(info("late"))
+        assert not any(w.leader for w in store.workers(election))
+        service.run_once()
+        assert [(w.info.id, w.leader) for w in store.workers(election)] == [("late", True)]
+    finally:
+        service.stop()
+        locker.close()

@@ -43,9 +43,23 @@ UNREGISTER_WORKER: Final = "DELETE FROM jobrun.workers AS w WHERE w.id = $1::tex
 
 
 MARK_WORKER_LEADER: Final = """\
-UPDATE jobrun.workers AS w
-   SET leader_pid = CASE WHEN w.id = $1::text THEN $2::int4 END
- WHERE w.id = $1::text OR w.leader_pid = $2::int4"""
+WITH cleared AS (
+    UPDATE jobrun.workers AS w SET leader_pid = NULL
+     WHERE w.id <> $1::text AND w.leader_pid = $2::int4
+    RETURNING w.id
+), marked AS (
+    UPDATE jobrun.workers AS w SET leader_pid = $2::int4
+     WHERE w.id = $1::text
+    RETURNING w.id
+)
+SELECT (SELECT count(*) FROM marked)::int8 AS marked,
+       (SELECT count(*) FROM cleared)::int8 AS cleared"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MarkWorkerLeaderRow:
+    marked: int
+    cleared: int
 
 
 LIST_WORKERS: Final = """\
@@ -141,15 +155,20 @@ class Queries(QueriesBase):
         *,
         id: str,
         leader_pid: int | None,
-    ) -> int:
+    ) -> MarkWorkerLeaderRow | None:
         """The scheduler of worker `id` was elected through the advisory lock, on the
         session `leader_pid`: noted on its row (and taken off any other row that
         names the same pid, a pid the server may have reused). Only believed
         together with pg_locks (ListWorkers), so a stale value shows nothing.
+        marked = 0: the worker has no row yet (its scheduler was elected before
+        its registration reached the database); the scheduler tries again.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(MARK_WORKER_LEADER), (id, leader_pid))
-            return cur.rowcount
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return MarkWorkerLeaderRow(marked=r[0], cleared=r[1])
 
     def list_workers(
         self,

@@ -16,6 +16,7 @@ from jobrun.postgres.sqlc.workers import (
     REGISTER_WORKER,
     UNREGISTER_WORKER,
     ListWorkersRow,
+    MarkWorkerLeaderRow,
     RegisterWorkerRow,
 )
 
@@ -75,15 +76,20 @@ class AsyncQueries(QueriesBase):
         *,
         id: str,
         leader_pid: int | None,
-    ) -> int:
+    ) -> MarkWorkerLeaderRow | None:
         """The scheduler of worker `id` was elected through the advisory lock, on the
         session `leader_pid`: noted on its row (and taken off any other row that
         names the same pid, a pid the server may have reused). Only believed
         together with pg_locks (ListWorkers), so a stale value shows nothing.
+        marked = 0: the worker has no row yet (its scheduler was elected before
+        its registration reached the database); the scheduler tries again.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(MARK_WORKER_LEADER), (id, leader_pid))
-            return cur.rowcount
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        return MarkWorkerLeaderRow(marked=r[0], cleared=r[1])
 
     async def list_workers(
         self,
