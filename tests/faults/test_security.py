@@ -51,6 +51,7 @@ JOBRUN_TABLES = (
     "queue_limits",
     "queue_starts",
     "leader",
+    "workers",
 )
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""
 
