@@ -152,13 +152,25 @@ class Outage:
                 reason,
             )
 
-    def ok(self) -> None:
-        """A call or a connection attempt to the database succeeded."""
+    def mark(self) -> float:
+        """The time a call or connection attempt begins, for :meth:`ok`'s ``began``."""
+        return self._clock()
+
+    def ok(self, began: float | None = None) -> None:
+        """A call or a connection attempt to the database succeeded.
+
+        ``began`` (from :meth:`mark`, read before the call was made): a call
+        that was already in flight when the outage was first noticed says
+        nothing about the database now (it may have got its answer just before
+        the server went away), so its success does not end the outage. Without
+        it, a call finishing a moment after a listener's failure announced the
+        database back at once, and the next failure announced the outage again.
+        """
         if self._since is None:  # the common case: no lock, one read
             return
         now = self._clock()
         with self._lock:
-            if self._since is None:
+            if self._since is None or (began is not None and began <= self._since):
                 return
             lasted, failures = now - self._since, self._counts()
             self._since = None

@@ -226,12 +226,13 @@ class AdvisoryLocker(Closing):
         if conn is not None and not conn.closed and not conn.broken:
             return conn
         self._close_conn()
+        began = self._outage.mark()
         try:
             conn = psycopg.Connection.connect(self._conninfo, autocommit=True)
         except Exception as exc:  # noqa: BLE001 - a connection fault means "not acquired"
             self._fault("connect", exc)
             return None
-        self._outage.ok()
+        self._outage.ok(began)
         # A forked child severs its copy: its unlock or close can never end
         # the parent's term, and its next try reconnects (see forksafe).
         forksafe.track(conn)

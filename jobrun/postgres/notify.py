@@ -412,6 +412,7 @@ class Notifier(_Hub, Service):
         attempt = 0
         while not self._stop.is_set():
             self._busy("connecting and running LISTEN")
+            began = self._outage.mark()
             try:
                 conn = self._connect()
             except Exception as exc:  # noqa: BLE001 - any connect error is a fault: retry
@@ -424,7 +425,7 @@ class Notifier(_Hub, Service):
             self._conn = conn
             self._connects += 1
             self._connected.set()
-            self._outage.ok()
+            self._outage.ok(began)
             if self._connects > 1:
                 log.info("listener reconnected to channel %s", self.channel)
             # Anything sent while we were not listening is lost: everyone polls once.

@@ -148,6 +148,7 @@ class ReconnectingPool(ConnectionPool[psycopg.Connection[Any]]):
     outage: Outage | None = None
 
     def _connect(self, timeout: float | None = None) -> psycopg.Connection[Any]:
+        began = self.outage.mark() if self.outage is not None else None
         try:
             conn = super()._connect(timeout)
         except Exception as exc:
@@ -155,7 +156,7 @@ class ReconnectingPool(ConnectionPool[psycopg.Connection[Any]]):
                 self.outage.failed(exc, "connecting")
             raise
         if self.outage is not None:
-            self.outage.ok()
+            self.outage.ok(began)
         return conn
 
     def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
@@ -181,6 +182,7 @@ class AsyncReconnectingPool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
     outage: Outage | None = None
 
     async def _connect(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
+        began = self.outage.mark() if self.outage is not None else None
         try:
             conn = await super()._connect(timeout)
         except Exception as exc:
@@ -188,7 +190,7 @@ class AsyncReconnectingPool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
                 self.outage.failed(exc, "connecting")
             raise
         if self.outage is not None:
-            self.outage.ok()
+            self.outage.ok(began)
         return conn
 
     async def _add_connection(

@@ -93,9 +93,11 @@ class Outcomes:
         records along the way. A success is one for the outage reporter too.
         """
         hooks = self.hooks
+        reporter = outage.of(self.store)
+        started = reporter.mark()
         if hooks is None or not hooks.calls:
             answer = call()
-            outage.of(self.store).ok()
+            reporter.ok(started)
             return answer
         began = time.perf_counter()
         try:
@@ -106,7 +108,7 @@ class Outcomes:
                 StoreCall(operation, time.perf_counter() - began, carried, exc, queues, 0)
             )
             raise
-        outage.of(self.store).ok()
+        reporter.ok(started)
         carried = jobs(answer) if callable(jobs) else jobs
         hooks.store_call(
             StoreCall(operation, time.perf_counter() - began, carried, None, queues, completed)

@@ -81,3 +81,22 @@ def test_one_reporter_per_database_and_a_store_finds_its_own() -> None:
 
     assert outage.of(WithOne()) is a
     assert outage.of(object()) is outage.for_database("the database")
+
+
+def test_a_call_in_flight_when_the_outage_began_does_not_end_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobrun.outage")
+    clock = Clock()
+    reporter = Outage("db", clock=clock)
+    in_flight = reporter.mark()  # a claim sent while the server still answered
+    clock.now += 0.5
+    reporter.failed("server closed the connection", "listener")
+    reporter.ok(in_flight)  # its answer arrives just after the listener's failure
+    assert reporter.down
+    reporter.failed("connection refused", "connecting")
+    clock.now += 2
+    reporter.ok(reporter.mark())  # a call made since the outage began: it is over
+    said = lines(caplog)
+    assert [level for level, _ in said] == ["WARNING", "INFO"], said
+    assert "available again after 2.0 s (2 failures: connecting 1, listener 1)" in said[1][1]
