@@ -218,6 +218,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0011.release_count",
         "0012.queue_churn",
         "0013.workers",
+        "0014.events_without_pkey",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -307,18 +308,22 @@ def test_the_code_needs_the_version_the_last_migration_writes() -> None:
             ), f"{path.name} does not write its version into schema_version"
 
 
-def test_the_event_time_index_is_brin_and_pruning_still_takes_the_oldest_first(
+def test_events_cost_one_btree_entry_and_pruning_deletes_only_old_events_in_batches(
     empty_dsn: str,
 ) -> None:
-    # Migration 0009: every event costs one B-tree entry less (BRIN on `at`);
-    # PruneEvents then walks the primary key, oldest first, in a few pages.
+    # Migration 0009: `at` is a BRIN index; 0014: no primary key either, so an
+    # event enters one B-tree (its job's timeline) and PruneEvents finds old
+    # events through the BRIN index, at most max_events per call.
     m.migrate(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as c:
-        (definition,) = c.execute(
-            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'jobrun'"
-            " AND indexname = 'job_events_at_idx'"
-        ).fetchone() or ("",)
-        assert "USING brin (at)" in definition
+        indexes = dict(
+            c.execute(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'jobrun'"
+                " AND tablename = 'job_events'"
+            ).fetchall()
+        )
+        assert set(indexes) == {"job_events_job_idx", "job_events_at_idx"}, indexes
+        assert "USING brin (at)" in indexes["job_events_at_idx"]
         c.execute(
             "INSERT INTO jobrun.job_events (job_id, kind, at)"
             " SELECT gen_random_uuid(), 'enqueued', now() - make_interval(days => 30 - g)"
@@ -326,10 +331,18 @@ def test_the_event_time_index_is_brin_and_pruning_still_takes_the_oldest_first(
         )
         from jobrun.postgres.sqlc import Queries  # noqa: PLC0415
 
-        assert Queries().prune_events(c, age_seconds=86400 * 15, max_events=5) == 5
-        left = [r[0] for r in c.execute("SELECT at FROM jobrun.job_events ORDER BY id")]
-        assert len(left) == 15 and left == sorted(left)  # the five oldest went
-        assert Queries().prune_events(c, age_seconds=86400 * 15, max_events=100) == 10
+        young = {
+            r[0]
+            for r in c.execute(
+                "SELECT id FROM jobrun.job_events WHERE at > now() - interval '14.5 days'"
+            )
+        }
+        assert len(young) == 5  # 14 days old down to 10: kept at any batch size
+        assert Queries().prune_events(c, age_seconds=86400 * 14.5, max_events=5) == 5
+        assert Queries().prune_events(c, age_seconds=86400 * 14.5, max_events=5) == 5
+        assert Queries().prune_events(c, age_seconds=86400 * 14.5, max_events=100) == 5
+        assert Queries().prune_events(c, age_seconds=86400 * 14.5, max_events=100) == 0
+        assert {r[0] for r in c.execute("SELECT id FROM jobrun.job_events")} == young
 
 
 def test_upgrading_to_the_release_column_keeps_the_count_a_queued_job_carried_in_its_error(

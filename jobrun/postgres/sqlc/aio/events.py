@@ -93,9 +93,11 @@ class AsyncQueries(QueriesBase):
         age_seconds: float,
         max_events: int,
     ) -> int:
-        """Events older than the age, oldest first, at most max_events per call:
-        oldest by id (insertion order, through the primary key), as the BRIN
-        index on `at` has no order to give.
+        """Up to max_events events older than the age, by their row address, as the
+        BRIN index on `at` finds them (its page ranges in order: roughly the
+        oldest first). job_events has no primary key to walk (migration 0014):
+        every event costs one index entry less. Only the scheduler's leader
+        prunes; a row another transaction deleted meanwhile is simply skipped.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PRUNE_EVENTS), (age_seconds, max_events))
