@@ -37,7 +37,7 @@ from jobrun.postgres.convert import (
     utc,
 )
 from jobrun.postgres.leases import Leases
-from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, lease_of
+from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, lease_of, one_owners_leases
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
 
@@ -256,18 +256,13 @@ class Completion(Leases):
             return CompleteManyResult(
                 completed=frozenset(), cancelled=frozenset(), lease_lost=frozenset()
             )
-        if len(items) > MAX_HEARTBEAT_IDS:
-            raise ValidationError("items", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
         jobs = [job for job, _ in items]
-        owners = {lease_of(j)[0] for j in jobs}
-        if len(owners) != 1:
-            raise ValidationError("items", "complete_many_tx takes the jobs of one owner")
-        if len({j.id for j in jobs}) != len(jobs):
+        owner, ids, tokens = one_owners_leases(jobs, "complete_many_tx", "items")
+        if len(set(ids)) != len(jobs):
             raise ValidationError("items", "a job appears twice")
         for _, commit in items:
             if commit is not None and not callable(commit):
                 raise ValidationError("commit", "must be callable")
-        owner = owners.pop()
         keys = [EffectKey.of(j) for j in jobs]
         texts = dict(zip((j.id for j in jobs), _result_texts(jobs, results), strict=True))
         begin = self._begin_with_timeout()
@@ -276,8 +271,8 @@ class Completion(Leases):
             c.execute(begin)
             rows = self.q.complete_begin_many(
                 c,
-                ids=BinaryArray(j.id for j in jobs),
-                tokens=BinaryArray(lease_of(j)[1] for j in jobs),
+                ids=BinaryArray(ids),
+                tokens=BinaryArray(tokens),
                 scopes=BinaryArray(k.scope for k in keys),
                 keys=BinaryArray(k.key for k in keys),
                 owner=owner,

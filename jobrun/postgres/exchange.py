@@ -39,7 +39,7 @@ from jobrun.job.ports import Exchanged
 from jobrun.postgres.completion import Completion, _completed_outcome
 from jobrun.postgres.convert import job_from_row, utc
 from jobrun.postgres.events import EventMode
-from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, MAX_NOTIFY_QUEUE_USAGE, lease_of
+from jobrun.postgres.plans import MAX_NOTIFY_QUEUE_USAGE, one_owners_leases
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
 
@@ -134,12 +134,10 @@ class Exchange(Completion):
         )
 
     def _start_args(self, owner: str, jobs: Sequence[Job]) -> dict[str, Any]:
-        if len(jobs) > MAX_HEARTBEAT_IDS:
-            raise ValidationError("start", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
-        leases = [lease_of(j) for j in jobs]
-        if any(o != owner for o, _ in leases):
+        held_by, ids, tokens = one_owners_leases(jobs, "exchange", "start")
+        if held_by != owner:
             raise ValidationError("start", "the jobs to start are another owner's")
-        return dict(ids=[j.id for j in jobs], tokens=[t for _, t in leases], owner=owner)
+        return dict(ids=ids, tokens=tokens, owner=owner)
 
     def unclaim(self, jobs: Sequence[Job]) -> dict[uuid.UUID, State]:
         """Give back claimed jobs that never started (a stopping worker's buffer):
@@ -148,18 +146,13 @@ class Exchange(Completion):
         with their state; a job left out had started, or its lease was gone."""
         if not jobs:
             return {}
-        if len(jobs) > MAX_HEARTBEAT_IDS:
-            raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
-        leases = [lease_of(j) for j in jobs]
-        owners = {owner for owner, _ in leases}
-        if len(owners) != 1:
-            raise ValidationError("jobs", "unclaim takes the jobs of one owner")
+        owner, ids, tokens = one_owners_leases(jobs, "unclaim")
         rows = self._on_pool(
             lambda c: self.q.unclaim_jobs(
                 c,
-                ids=[j.id for j in jobs],
-                tokens=[t for _, t in leases],
-                owner=owners.pop(),
+                ids=ids,
+                tokens=tokens,
+                owner=owner,
                 write_all=self.event_mode is EventMode.ALL,
                 finish_channel=self.finish_channel,
                 channel=self.notify_channel,

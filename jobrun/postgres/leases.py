@@ -33,7 +33,7 @@ from jobrun.job.model import EventKind, Job, ReapResult, State
 from jobrun.postgres.convert import job_from_row, utc
 from jobrun.postgres.events import EventMode, EventRow, record
 from jobrun.postgres.limits import Limits
-from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, lease_of
+from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, lease_of, one_owners_leases
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
 
@@ -149,20 +149,8 @@ class Leases(Limits):
         """
         if not jobs:
             return []
-        if len(jobs) > MAX_HEARTBEAT_IDS:
-            raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
-        leases = [lease_of(j) for j in jobs]
-        owners = {owner for owner, _ in leases}
-        if len(owners) != 1:
-            raise ValidationError("jobs", "start_jobs takes the jobs of one owner")
-        rows = self._on_pool(
-            lambda c: self.q.start_jobs(
-                c,
-                ids=[j.id for j in jobs],
-                tokens=[token for _, token in leases],
-                owner=owners.pop(),
-            )
-        )
+        owner, ids, tokens = one_owners_leases(jobs, "start_jobs")
+        rows = self._on_pool(lambda c: self.q.start_jobs(c, ids=ids, tokens=tokens, owner=owner))
         started = {row.id: row for row in rows}
         return [
             dataclasses.replace(

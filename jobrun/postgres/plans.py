@@ -163,6 +163,25 @@ def lease_of(job: Job) -> tuple[str, uuid.UUID]:
     return job.lease_owner, job.lease_token
 
 
+def one_owners_leases(
+    jobs: Sequence[Job], call: str, field: str = "jobs"
+) -> tuple[str, builtins.list[uuid.UUID], builtins.list[uuid.UUID]]:
+    """The owner, ids and lease tokens of ``jobs``: leased jobs of one owner, at
+    most MAX_HEARTBEAT_IDS (every batch statement on leases takes them so), or
+    a ValidationError on ``field`` naming ``call``, before any SQL runs."""
+    if len(jobs) > MAX_HEARTBEAT_IDS:
+        raise ValidationError(field, f"at most {MAX_HEARTBEAT_IDS} jobs per call")
+    owners: set[str] = set()
+    tokens: builtins.list[uuid.UUID] = []
+    for job in jobs:
+        owner, token = lease_of(job)
+        owners.add(owner)
+        tokens.append(token)
+    if len(owners) != 1:
+        raise ValidationError(field, f"{call} takes the jobs of one owner")
+    return owners.pop(), [j.id for j in jobs], tokens
+
+
 def same_job_or_conflict(job: NewJob, stored: Job, same_payload: set[uuid.UUID]) -> Job:
     """A job whose id is already stored: the same job again (a replay) or a clash."""
     if (

@@ -153,7 +153,7 @@ class Claimer(WorkerLoop):
                 self._wait_for_work()
         self._leases.hand_over()
         if self._primary is None:
-            self._give_back_buffer()
+            self.give_back_unstarted(self._leases.all_buffered())
 
     def _wait_for_room(self) -> None:
         """No room to claim: wait for a freed slot (or the poll interval)."""
@@ -249,17 +249,6 @@ class Claimer(WorkerLoop):
         self._executor.dispatch([job for job in fresh if job.started])
         self._leases.release_threads(threads)
         return n, fresh
-
-    def _give_back_buffer(self) -> None:
-        """The claimer stops: the jobs claimed ahead go back at once, unstarted
-        (those it cannot give back expire and are requeued without an attempt)."""
-        buffered = self._leases.all_buffered()
-        for chunk in (buffered[i : i + _LIST_PAGE] for i in range(0, len(buffered), _LIST_PAGE)):
-            try:
-                self.store.unclaim(chunk)
-            except JobrunError as exc:
-                self._log.info("giving back %d buffered job(s) failed: %s", len(chunk), exc)
-            self._leases.unbuffer(chunk, started=False)
 
     def _back_off(self, exc: JobrunError, failures: int) -> None:
         """A claim failed: note a claim that may have committed, then pause."""

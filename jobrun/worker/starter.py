@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from jobrun.job import outage
 from jobrun.job.errors import ConnectionUnavailable, JobrunError
-from jobrun.job.model import Job, State
+from jobrun.job.model import Job
 from jobrun.worker.executor import Executor
 from jobrun.worker.outcomes import DB_RETRY_BACKOFF
 from jobrun.worker.parts import Parts, WorkerLoop
@@ -97,21 +97,5 @@ class Starter(WorkerLoop):
         ids = {job.id for job in got.started}
         left_out = [job for job in asked if job.id not in ids]
         if left_out:
-            self._give_back(left_out)
+            self.give_back_unstarted(left_out)
         return got.started
-
-    def _give_back(self, jobs: list[Job]) -> None:
-        """Jobs the database would not start: a lease gone is dropped, a cancel
-        requested while they waited ends them cancelled."""
-        try:
-            given = self.store.unclaim(jobs)
-        except JobrunError as exc:  # their leases expire; the reaper requeues them unstarted
-            self._log.info("giving back %d job(s) that did not start failed: %s", len(jobs), exc)
-            given = {}
-        self._leases.unbuffer(jobs, started=False)
-        for job in jobs:
-            state = given.get(job.id)
-            if state is State.CANCELLED:
-                self._outcomes.count("cancelled", 1)
-            elif state is None:
-                self._outcomes.count("lease_lost", 1)
