@@ -127,7 +127,10 @@ class DurableSteps:
         """
         name = self._take(name, fn)
         try:
-            done = (await self._off_loop(self._done)).get(name)
+            steps = self._steps_done  # read already: no hop to an io thread
+            if steps is None:
+                steps = await self._off_loop(self._done)
+            done = steps.get(name)
             if done is not None:
                 return done.value  # type: ignore[no-any-return]
             value = await fn()
