@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +53,12 @@ def test_a_retried_attempt_skips_the_step_done_and_runs_the_next(
         seen.append(rows)
         if ctx.attempt == 1:
             raise RuntimeError("the import fails after its first step")
-        total = ctx.step("sum", lambda: calls.append(("sum", ctx.attempt)) or sum(rows["rows"]))
+
+        def add() -> int:
+            calls.append(("sum", ctx.attempt))
+            return sum(rows["rows"])
+
+        total = ctx.step("sum", add)
         return {"total": total}
 
     registry.register("import", handler)
@@ -80,7 +86,7 @@ def test_the_steps_are_read_once_per_attempt(
     store.load_steps = counting  # type: ignore[method-assign]
 
     def handler(ctx: JobContext, job: Job) -> int:
-        return sum(ctx.step(f"part-{n}", lambda n=n: n) for n in range(20))
+        return sum(ctx.step(f"part-{n}", functools.partial(int, n)) for n in range(20))
 
     registry.register("parts", handler)
     job = enqueue(store, "parts")
