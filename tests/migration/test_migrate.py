@@ -437,17 +437,14 @@ def test_the_workers_migration_adds_one_table_and_rolls_back_to_none(empty_dsn: 
 
 
 def test_the_steps_migration_adds_two_tables_and_rolls_back_to_none(empty_dsn: str) -> None:
-    # Migration 0015 creates job_steps and job_fences; it names jobs only in
-    # their foreign keys (a catalog change on an empty table: no scan, no
-    # rewrite of jobs), so it takes as long at a million jobs as on none.
+    # Migration 0015 creates job_steps and job_fences and touches no other
+    # table (no foreign key to jobs): no lock on jobs, so it takes as long at
+    # a million jobs as on none.
     m.migrate(empty_dsn)
     assert {"job_steps", "job_fences"} <= _tables(empty_dsn)
     text = (MIGRATIONS / "0015.steps.sql").read_text()
     statements = [line for line in text.splitlines() if line and not line.startswith("--")]
-    assert [line for line in statements if "jobrun.jobs" in line] == [
-        "    job_id      uuid        NOT NULL REFERENCES jobrun.jobs (id) ON DELETE CASCADE,",
-        "    job_id  uuid  PRIMARY KEY REFERENCES jobrun.jobs (id) ON DELETE CASCADE,",
-    ]
+    assert not any("jobrun.jobs" in line for line in statements)
     rollback = (MIGRATIONS / "0015.steps.rollback.sql").read_text()
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute(rollback)
