@@ -3,7 +3,7 @@
 :class:`DurableSteps` is a part of :class:`~jobrun.worker.context.JobContext`
 (its base class); this module is the whole of it, the context only inherits.
 
-- ``ctx.step(name, fn)`` runs ``fn()`` once per job, across retries and
+- ``ctx.step(name, fn, *args)`` runs ``fn(*args)`` once per job, across retries and
   crashes: its value is stored when it returns (fenced by the claim), and a
   later attempt that reaches the same step returns the stored value without
   calling ``fn``. The job's recorded steps are read once per attempt, at its
@@ -42,7 +42,7 @@ import inspect
 import json
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from jobrun.job import validate
 from jobrun.job.errors import LeaseLost, ValidationError
@@ -50,6 +50,7 @@ from jobrun.job.model import Job
 from jobrun.job.steps import StepRecord, StepStore, TransactionStepFn, idempotency_key, step_name
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _LOCKS = threading.Lock()
 """Guards making a context's own steps lock (once per context that uses steps)."""
@@ -94,9 +95,10 @@ class DurableSteps:
 
     # -- steps ---------------------------------------------------------------------
 
-    def step(self, name: str, fn: Callable[[], T]) -> T:
-        """Run ``fn()`` once per job: the value stored by an earlier attempt, or
-        ``fn()``'s value, recorded before it is returned (see the module docstring).
+    def step(self, name: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` once per job: the value stored by an earlier
+        attempt, or ``fn``'s value, recorded before it is returned (see the
+        module docstring).
 
         ``name``: a non-empty str of at most 200 characters, once per attempt
         (ValidationError). A value that cannot be stored as JSON is a
@@ -109,7 +111,7 @@ class DurableSteps:
             done = self._done().get(name)
             if done is not None:
                 return done.value  # type: ignore[no-any-return]
-            value = fn()
+            value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
                 _close(value)
                 raise ValidationError(
@@ -120,8 +122,11 @@ class DurableSteps:
             self._give_back(name)
             raise
 
-    async def step_async(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """:meth:`step` for an ``async def`` handler: ``await fn()`` once per job.
+    async def step_async(
+        self, name: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """:meth:`step` for an ``async def`` handler: ``await fn(*args, **kwargs)``
+        once per job.
 
         The read of the steps and the checkpoint run off the event loop.
         """
@@ -133,7 +138,7 @@ class DurableSteps:
             done = steps.get(name)
             if done is not None:
                 return done.value  # type: ignore[no-any-return]
-            value = await fn()
+            value = await fn(*args, **kwargs)
             record = await self._off_loop(self._record, name, value)
             return record.value  # type: ignore[no-any-return]
         except BaseException:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -86,7 +85,7 @@ def test_the_steps_are_read_once_per_attempt(
     store.load_steps = counting  # type: ignore[method-assign]
 
     def handler(ctx: JobContext, job: Job) -> int:
-        return sum(ctx.step(f"part-{n}", functools.partial(int, n)) for n in range(20))
+        return sum(ctx.step(f"part-{n}", int, n) for n in range(20))
 
     registry.register("parts", handler)
     job = enqueue(store, "parts")
