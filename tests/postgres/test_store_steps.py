@@ -203,3 +203,18 @@ def test_a_step_value_that_json_cannot_hold_is_refused_naming_the_step(
     with pytest.raises(ValidationError, match="step 'fetch' returned a value that cannot"):
         store.record_step(job, "fetch", object())
     assert step_rows(conn) == []
+
+
+def test_an_operators_retry_keeps_the_steps_and_the_token_still_grows(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    store.enqueue(new_job(backoff=NOW))
+    first = claim_one(store)
+    store.record_step(first, "download", [1, 2])
+    token1 = store.issue_fencing_token(first)
+    store.fail(first, "dead at once", None, permanent=True)
+    store.retry(first.id)  # attempts start again from 0: the token does not
+    again = claim_one(store)
+    assert again.attempts == 1
+    assert store.load_steps(again) == {"download": store.load_steps(first)["download"]}
+    assert store.issue_fencing_token(again) > token1
