@@ -27,7 +27,8 @@ is any JSON value (the job result's rules) and comes back as JSON gives it
 back, on the first run as on a replay (a tuple is a list there too).
 
 Async handlers use the ``*_async`` twins: the database work runs on the
-worker's ``jobrun-async-io`` threads, never on the event loop.
+worker's ``jobrun-async-io`` threads, never on the event loop (a plain
+twin called from a coroutine is a ValidationError naming the one to await).
 
 A durable wait (a sleep, a signal; issue 29 item 5) is meant to be one more
 kind of step: a checkpoint that a retried attempt replays.
@@ -106,6 +107,7 @@ class DurableSteps:
         ``fn`` again). LeaseLost when this claim no longer holds the job
         (the context is cancelled; nothing recorded).
         """
+        _off_any_loop("step_async")
         name = self._take(name, fn)
         try:
             done = self._done().get(name)
@@ -157,6 +159,7 @@ class DurableSteps:
         ``commit_timeout`` and holds the job's row: keep it short, as a
         commit callable.
         """
+        _off_any_loop("transaction_step_async")
         name = self._take(name, fn)
         try:
             done = self._done().get(name)
@@ -191,6 +194,7 @@ class DurableSteps:
         fence = self._fence
         if fence is not None:
             return fence
+        _off_any_loop("fencing_token_async")
         with self._lock():
             if self._fence is None:
                 store = self._step_store
@@ -273,6 +277,18 @@ class DurableSteps:
                 if lock is None:
                     lock = self._steps_lock = threading.Lock()
         return lock
+
+
+def _off_any_loop(twin: str) -> None:
+    """A ValidationError when called from a coroutine: the database round trip
+    would hold up every coroutine of the loop (``twin`` is what to await instead)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise ValidationError(
+        "ctx", f"called from a coroutine, it would block the event loop: await ctx.{twin}(...)"
+    )
 
 
 def _close(value: object) -> None:

@@ -98,3 +98,18 @@ def test_a_plain_step_that_returns_an_awaitable_is_refused() -> None:
 
     with pytest.raises(ValidationError, match="step_async"):
         _ = ctx.step("a", coroutine)
+
+
+def test_a_plain_step_called_from_a_coroutine_is_refused_before_it_blocks_the_loop() -> None:
+    ctx = JobContext(_job())
+
+    async def handler() -> None:
+        with pytest.raises(ValidationError, match="step_async"):
+            ctx.step("a", int)
+        with pytest.raises(ValidationError, match="transaction_step_async"):
+            ctx.transaction_step("b", lambda conn: None)
+        with pytest.raises(ValidationError, match="fencing_token_async"):
+            ctx.fencing_token()
+        assert await ctx.step_async("a", asyncio.sleep, 0) is None  # the name was not taken
+
+    asyncio.run(handler())
