@@ -48,7 +48,7 @@ from typing import Any, ParamSpec, TypeVar
 from jobrun.job import validate
 from jobrun.job.errors import LeaseLost, ValidationError
 from jobrun.job.model import Job
-from jobrun.job.steps import StepRecord, StepStore, TransactionStepFn, idempotency_key, step_name
+from jobrun.job.steps import StepRecord, StepStore, idempotency_key, step_name
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -147,7 +147,7 @@ class DurableSteps:
             self._give_back(name)
             raise
 
-    def transaction_step(self, name: str, fn: TransactionStepFn) -> Any:
+    def transaction_step(self, name: str, fn: Callable[[Any], T]) -> T:
         """Run ``fn(conn)`` once per job, in the transaction that records the step.
 
         ``conn`` is the open psycopg connection of that transaction: ``fn``
@@ -164,18 +164,19 @@ class DurableSteps:
         try:
             done = self._done().get(name)
             if done is not None:
-                return done.value
+                return done.value  # type: ignore[no-any-return]
             store = self._step_store
             if store is None:
                 raise ValidationError(
                     "ctx", "a transactional step runs in a worker (this context has no store)"
                 )
-            return self._fenced(lambda: store.transaction_step(self.job, name, fn)).value
+            record = self._fenced(lambda: store.transaction_step(self.job, name, fn))
+            return record.value  # type: ignore[no-any-return]
         except BaseException:
             self._give_back(name)
             raise
 
-    async def transaction_step_async(self, name: str, fn: TransactionStepFn) -> Any:
+    async def transaction_step_async(self, name: str, fn: Callable[[Any], T]) -> T:
         """:meth:`transaction_step` for an ``async def`` handler: ``fn(conn)`` (a
         plain function on a sync connection) runs on an io thread, never on the loop."""
         return await self._off_loop(self.transaction_step, name, fn)

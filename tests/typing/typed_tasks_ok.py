@@ -111,6 +111,11 @@ def durable_steps(ctx: jobrun.JobContext) -> None:
     assert_type(ctx.fencing_token(), int)
     assert_type(ctx.step_key("download"), str)
 
+    def load(conn: psycopg.Connection[Any]) -> int:
+        return conn.execute("SELECT 1").rowcount
+
+    assert_type(ctx.transaction_step("load", load), int)
+
 
 async def durable_steps_async(ctx: jobrun.JobContext) -> None:
     async def count(source: str) -> int:
@@ -118,3 +123,4 @@ async def durable_steps_async(ctx: jobrun.JobContext) -> None:
 
     assert_type(await ctx.step_async("count", count, "spring"), int)
     assert_type(await ctx.fencing_token_async(), int)
+    assert_type(await ctx.transaction_step_async("mark", lambda conn: "done"), str)
