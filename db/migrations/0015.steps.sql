@@ -6,11 +6,12 @@
 -- returns (ctx.step) or in the transaction of its own database writes
 -- (ctx.transaction_step), by the attempt holding the job's lease: the insert
 -- locks the job row FOR SHARE with owner and token matched, so a stale
--- attempt (its lease reaped and claimed again) records nothing, and a claim
--- or a reap of the job waits for a checkpoint in flight. A retried attempt
--- reads the job's rows once, at its first step, and returns the stored
--- result of every step already there without running it again. result is
--- the step's value as JSON (the job result's encoding rules), NULL for None.
+-- attempt (its lease reaped and claimed again) records nothing, and the
+-- reaper (SKIP LOCKED) cannot take the job from under a checkpoint in flight.
+-- A retried attempt reads the job's rows once, at its first step, and
+-- returns the stored result of every step already there without running it
+-- again. result is the step's value as JSON (the job result's encoding
+-- rules), NULL for None.
 -- The rows go with their job: PurgeJobs deletes them in its statement (no
 -- foreign key: a key's triggers would tax every update of every job, for a
 -- feature most jobs never use; only the lease holder of a job writes here,

@@ -1,9 +1,9 @@
 """Durable steps and fencing tokens on the Store (tables of migration 0015).
 
 Three writes, each fenced by the job's claim (owner + lease token) and
-holding the job row FOR SHARE until it commits, so that a reap or a new
-claim of the job waits for it and a stale claim (its lease reaped, the job
-claimed again) writes nothing and gets ``LeaseLost``:
+holding the job row FOR SHARE until it commits, so that the reaper (which
+skips locked rows) cannot take the job from under it, and a stale claim (its
+lease reaped, the job claimed again) writes nothing and gets ``LeaseLost``:
 
 - :meth:`Steps.record_step`: one statement, the checkpoint of a step whose
   work is done (``RecordStep``);
