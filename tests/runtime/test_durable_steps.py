@@ -17,7 +17,7 @@ from jobrun.job.model import Backoff, Job, NewJob, State
 from jobrun.job.steps import idempotency_key
 from jobrun.postgres.store import Store
 from jobrun.testing import run_jobs
-from jobrun.worker import JobContext, Registry, Worker
+from jobrun.worker import JobContext, Registry, Snooze, Worker
 from tests.support.waiting import wait_for
 
 NOW = Backoff(kind="constant", base=0.0, jitter=0.0)
@@ -261,3 +261,27 @@ def test_an_async_handler_has_the_same_steps_keys_and_fencing(
     assert seen[0][2] < seen[1][2] and seen[0][3] == seen[1][3]
     assert conn.execute("SELECT n FROM public.imported").fetchall() == [(1,)]
     assert threads and all(t.startswith("jobrun-async-io") for t in threads)
+
+
+def test_a_snoozed_job_replays_its_steps_and_its_next_run_gets_a_greater_token(
+    store: Store, registry: Registry
+) -> None:
+    # A snooze gives the attempt back, so two runs share an attempt number:
+    # the token still tells them apart (the seam a durable wait builds on).
+    runs: list[tuple[int, int]] = []
+    sent: list[str] = []
+
+    def handler(ctx: JobContext, job: Job) -> str:
+        receipt = ctx.step("send", lambda: sent.append("mail") or "sent")
+        runs.append((ctx.attempt, ctx.fencing_token()))
+        if len(runs) == 1:
+            raise Snooze(dt.timedelta(milliseconds=10))  # waiting for a reply
+        return receipt
+
+    registry.register("waits", handler)
+    job = enqueue(store, "waits")
+    run_jobs(store, registry, advance=SOON)
+    done = store.get(job.id)
+    assert done.state is State.SUCCEEDED and done.result == "sent"
+    assert sent == ["mail"]
+    assert runs == [(1, 1), (1, 2)]
