@@ -867,15 +867,23 @@ RETURNING *;
 
 -- name: PurgeJobs :execrows
 -- Terminal jobs finished longer ago than the age, oldest first, at most
--- max_jobs per call (short locks; the caller loops).
-DELETE FROM jobrun.jobs AS jobs WHERE id IN (
+-- max_jobs per call (short locks; the caller loops), with their durable
+-- steps and fencing token (migration 0015: no foreign key, so that no
+-- update of a job pays for a trigger; only a job's lease holder writes
+-- them, and a job being purged has none).
+WITH victims AS (
     SELECT id FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => sqlc.arg(age_seconds)::float8)
     ORDER BY finished_at
     LIMIT sqlc.arg(max_jobs)
     FOR UPDATE SKIP LOCKED
-);
+), steps AS (
+    DELETE FROM jobrun.job_steps AS steps USING victims WHERE steps.job_id = victims.id
+), fences AS (
+    DELETE FROM jobrun.job_fences AS fences USING victims WHERE fences.job_id = victims.id
+)
+DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id;
 
 -- name: CountPurgeable :one
 -- What PurgeJobs would delete at the same age: a purge's dry run and its

@@ -15,6 +15,7 @@ effect from the job's own state change, and is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -27,16 +28,24 @@ from jobrun.job.ports import CommitCallable
 
 def run_commit(conn: psycopg.Connection[Any], commit: CommitCallable, job: Job) -> None:
     """Run the handler's commit callable and check that it left the transaction open."""
+    _inside(conn, commit, f"the commit callable of job {job.id}", "Complete's transaction")
+
+
+def run_step(conn: psycopg.Connection[Any], fn: Callable[[Any], Any], job: Job, name: str) -> Any:
+    """Run a transactional step's function (:mod:`jobrun.postgres.steps`) and check
+    that it left the transaction open; its value is the step's."""
+    return _inside(conn, fn, f"step {name!r} of job {job.id}", "the step's transaction")
+
+
+def _inside(conn: psycopg.Connection[Any], fn: Callable[[Any], Any], who: str, tx: str) -> Any:
     try:
-        commit(conn)
+        value = fn(conn)
     except psycopg.ProgrammingError as exc:
         if "forbidden" in str(exc) and ("commit" in str(exc) or "rollback" in str(exc)):
-            raise CommitRefused(
-                f"the commit callable of job {job.id} tried to end Complete's transaction"
-            ) from exc
+            raise CommitRefused(f"{who} tried to end {tx}") from exc
         raise
     if conn.info.transaction_status != TransactionStatus.INTRANS:
         raise CommitRefused(
-            f"the commit callable of job {job.id} committed or rolled back Complete's "
-            "transaction; it may only run statements on the connection"
+            f"{who} committed or rolled back {tx}; it may only run statements on the connection"
         )
+    return value

@@ -5,8 +5,8 @@ Each concern is a module of its own, stacked into this one class:
 and its retry loop), :mod:`~jobrun.postgres.enqueue`,
 :mod:`~jobrun.postgres.admin` (get, list, events, cancel, retry, watch,
 wait), :mod:`~jobrun.postgres.limits`, :mod:`~jobrun.postgres.leases`
-(claim to reap), :mod:`~jobrun.postgres.completion` and
-:mod:`~jobrun.postgres.schedules`; what is left here is what only the sync
+(claim to reap), :mod:`~jobrun.postgres.completion`, :mod:`~jobrun.postgres.schedules`
+and :mod:`~jobrun.postgres.steps`; what is left here is what only the sync
 store does: the producer span around an enqueue, the leader's fence, fork
 safety, the housekeeping reads and writes.
 
@@ -61,13 +61,14 @@ from jobrun.postgres.schedules import SchedulesMixin
 from jobrun.postgres.schema import DEFAULT_SCHEMA
 from jobrun.postgres.session import DEFAULT_CHANNEL
 from jobrun.postgres.sqlc import Queries
+from jobrun.postgres.steps import Steps
 from jobrun.postgres.workers import Workers
 
 DEFAULT_NOTIFY_CHANNEL = DEFAULT_CHANNEL
 DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
 
 
-class Store(SchedulesMixin, Workers, Exchange):
+class Store(SchedulesMixin, Workers, Exchange, Steps):
     """Durable job storage on a psycopg pool (see the module docstring)."""
 
     def __init__(

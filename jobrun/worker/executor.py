@@ -127,9 +127,11 @@ class Executor:
         registration = self.registry.get(job.type)
         running = Running(job, ctx)
         write = progress_sink(ctx, self.store.record_progress, self._outcomes.note)
+        ctx._step_store = self.store  # durable steps (jobrun.worker.steps)
         if registration is not None and registration.is_async:
             running.on_loop = True
             running.progress = OffloadedProgress(ctx, write, self.ensure_loop().io)
+            ctx._step_io = self.ensure_loop().io
             ctx._progress_sink = running.progress
         else:
             ctx._progress_sink = write

@@ -52,6 +52,8 @@ JOBRUN_TABLES = (
     "queue_starts",
     "leader",
     "workers",
+    "job_steps",
+    "job_fences",
 )
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""
 

@@ -135,7 +135,16 @@ def test_a_migrator_killed_while_holding_the_lock_blocks_nobody(empty_dsn: str) 
 # -- a schema of its own -----------------------------------------------------------
 
 LEGACY = Path(__file__).resolve().parent / "legacy_0_1"
-JOBRUN_TABLES = {"jobs", "job_events", "processed_effects", "schedules", "queue_pauses", "workers"}
+JOBRUN_TABLES = {
+    "jobs",
+    "job_events",
+    "processed_effects",
+    "schedules",
+    "queue_pauses",
+    "workers",
+    "job_steps",
+    "job_fences",
+}
 
 
 def _public_objects(dsn: str) -> set[str]:
@@ -219,6 +228,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0012.queue_churn",
         "0013.workers",
         "0014.events_without_pkey",
+        "0015.steps",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -437,3 +447,21 @@ def test_the_workers_migration_adds_one_table_and_rolls_back_to_none(empty_dsn: 
     assert "workers" not in _tables(empty_dsn)
     assert m.migrate(empty_dsn) == ["0013.workers"]
     assert "workers" in _tables(empty_dsn)
+
+
+def test_the_steps_migration_adds_two_tables_and_rolls_back_to_none(empty_dsn: str) -> None:
+    # Migration 0015 creates job_steps and job_fences and touches no other
+    # table (no foreign key to jobs): no lock on jobs, so it takes as long at
+    # a million jobs as on none.
+    m.migrate(empty_dsn)
+    assert {"job_steps", "job_fences"} <= _tables(empty_dsn)
+    text = (MIGRATIONS / "0015.steps.sql").read_text()
+    statements = [line for line in text.splitlines() if line and not line.startswith("--")]
+    assert not any("jobrun.jobs" in line for line in statements)
+    rollback = (MIGRATIONS / "0015.steps.rollback.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(rollback)
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0015.steps'")
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (14,)
+    assert not {"job_steps", "job_fences"} & _tables(empty_dsn)
+    assert m.migrate(empty_dsn) == ["0015.steps"]

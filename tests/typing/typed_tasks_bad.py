@@ -64,3 +64,12 @@ async def wrong_async(client: jobrun.Client, aclient: jobrun.AsyncClient) -> Non
     await send_email.aenqueue(client, "ada@example.com", "hi")  # E: arg-type
     await send_email.aenqueue(aclient, "ada@example.com", subject=1)  # E: arg-type
     send_email.aenqueue(aclient, "ada@example.com", "hi")  # E: unused-coroutine
+
+
+def wrong_steps(ctx: jobrun.JobContext) -> None:
+    def rows(source: str) -> list[str]:
+        return [source]
+
+    ctx.step("download", rows, 3)  # E: arg-type
+    ctx.step("download", rows)  # E: call-arg
+    total: int = ctx.step("download", rows, "spring")  # noqa: F841  # E: assignment

@@ -100,3 +100,27 @@ async def enqueue_async(aclient: jobrun.AsyncClient, aconn: psycopg.AsyncConnect
     assert_type(await send_email.aenqueue(aclient, "ada@example.com", "hi"), jobrun.Job)
     assert_type(await encode.options(priority=1).aenqueue(aclient, 7), jobrun.Job)
     assert_type(await fetch.options(conn=aconn).aenqueue(aclient, "u", retries=1), jobrun.Job)
+
+
+def durable_steps(ctx: jobrun.JobContext) -> None:
+    def rows(source: str, limit: int = 10) -> list[str]:
+        return [source] * limit
+
+    assert_type(ctx.step("download", rows, "spring"), list[str])
+    assert_type(ctx.step("download-3", rows, "spring", limit=3), list[str])
+    assert_type(ctx.fencing_token(), int)
+    assert_type(ctx.step_key("download"), str)
+
+    def load(conn: psycopg.Connection[Any]) -> int:
+        return conn.execute("SELECT 1").rowcount
+
+    assert_type(ctx.transaction_step("load", load), int)
+
+
+async def durable_steps_async(ctx: jobrun.JobContext) -> None:
+    async def count(source: str) -> int:
+        return len(source)
+
+    assert_type(await ctx.step_async("count", count, "spring"), int)
+    assert_type(await ctx.fencing_token_async(), int)
+    assert_type(await ctx.transaction_step_async("mark", lambda conn: "done"), str)

@@ -810,14 +810,19 @@ RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, bac
 
 
 PURGE_JOBS: Final = """\
-DELETE FROM jobrun.jobs AS jobs WHERE id IN (
+WITH victims AS (
     SELECT id FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => $1::float8)
     ORDER BY finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)"""
+), steps AS (
+    DELETE FROM jobrun.job_steps AS steps USING victims WHERE steps.job_id = victims.id
+), fences AS (
+    DELETE FROM jobrun.job_fences AS fences USING victims WHERE fences.job_id = victims.id
+)
+DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id"""
 
 
 COUNT_PURGEABLE: Final = """\
@@ -2685,7 +2690,10 @@ class Queries(QueriesBase):
         max_jobs: int,
     ) -> int:
         """Terminal jobs finished longer ago than the age, oldest first, at most
-        max_jobs per call (short locks; the caller loops).
+        max_jobs per call (short locks; the caller loops), with their durable
+        steps and fencing token (migration 0015: no foreign key, so that no
+        update of a job pays for a trigger; only a job's lease holder writes
+        them, and a job being purged has none).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))

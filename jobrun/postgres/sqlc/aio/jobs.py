@@ -1787,7 +1787,10 @@ class AsyncQueries(QueriesBase):
         max_jobs: int,
     ) -> int:
         """Terminal jobs finished longer ago than the age, oldest first, at most
-        max_jobs per call (short locks; the caller loops).
+        max_jobs per call (short locks; the caller loops), with their durable
+        steps and fencing token (migration 0015: no foreign key, so that no
+        update of a job pays for a trigger; only a job's lease holder writes
+        them, and a job being purged has none).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))
