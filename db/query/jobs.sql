@@ -217,7 +217,17 @@ WITH next AS (
     FROM claimed
     WHERE sqlc.arg(write_events)::boolean
 )
-SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
+SELECT claimed.*,
+       -- A job with parents (on_parent_failure set, migration 0014) gets
+       -- their outcomes, read through the edges' primary key; a plain job
+       -- pays this CASE only.
+       CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
+           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                               'state', p.state, 'result', p.result,
+                                               'error', p.last_error) ORDER BY p.id)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
+           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
+FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: ClaimLimitedJobs :many
 -- @deferred
@@ -368,7 +378,17 @@ WITH lim AS MATERIALIZED (
     WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
       AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
-SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
+SELECT claimed.*,
+       -- A job with parents (on_parent_failure set, migration 0014) gets
+       -- their outcomes, read through the edges' primary key; a plain job
+       -- pays this CASE only.
+       CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
+           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                               'state', p.state, 'result', p.result,
+                                               'error', p.last_error) ORDER BY p.id)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
+           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
+FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: LockQueueLimits :exec
 -- The first statement of a limited claim: lock the limits rows of the
@@ -836,10 +856,12 @@ ORDER BY id
 LIMIT sqlc.arg(max_rows);
 
 -- name: CancelQueuedJob :one
--- A queued job cancelled at once (waking a client waiting for it).
+-- A queued or waiting job cancelled at once (waking a client waiting for
+-- it); a waiting job's dependents follow by their policy (the trigger of
+-- migration 0014).
 WITH cancelled AS (
     UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
-    WHERE id = sqlc.arg(id) AND state = 'queued'
+    WHERE id = sqlc.arg(id) AND state IN ('queued', 'waiting')
     RETURNING *
 ), wake AS (
     SELECT pg_notify(sqlc.arg(finish_channel)::text, cancelled.id::text) FROM cancelled
@@ -867,15 +889,21 @@ RETURNING *;
 
 -- name: PurgeJobs :execrows
 -- Terminal jobs finished longer ago than the age, oldest first, at most
--- max_jobs per call (short locks; the caller loops).
-DELETE FROM jobrun.jobs AS jobs WHERE id IN (
-    SELECT id FROM jobrun.jobs AS jobs
+-- max_jobs per call (short locks; the caller loops). A job that had parents
+-- takes its edges with it (migration 0014; a plain job costs no lookup).
+WITH old AS (
+    SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents
+    FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => sqlc.arg(age_seconds)::float8)
     ORDER BY finished_at
     LIMIT sqlc.arg(max_jobs)
     FOR UPDATE SKIP LOCKED
-);
+), edges AS (
+    DELETE FROM jobrun.job_dependencies AS d
+    WHERE d.child_id = ANY(ARRAY(SELECT old.id FROM old WHERE old.had_parents))
+)
+DELETE FROM jobrun.jobs AS jobs WHERE jobs.id IN (SELECT old.id FROM old);
 
 -- name: CountPurgeable :one
 -- What PurgeJobs would delete at the same age: a purge's dry run and its

@@ -62,12 +62,13 @@ from jobrun.postgres.schema import DEFAULT_SCHEMA
 from jobrun.postgres.session import DEFAULT_CHANNEL
 from jobrun.postgres.sqlc import Queries
 from jobrun.postgres.workers import Workers
+from jobrun.postgres.workflows import Workflows
 
 DEFAULT_NOTIFY_CHANNEL = DEFAULT_CHANNEL
 DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
 
 
-class Store(SchedulesMixin, Workers, Exchange):
+class Store(SchedulesMixin, Workers, Exchange, Workflows):
     """Durable job storage on a psycopg pool (see the module docstring)."""
 
     def __init__(

@@ -15,6 +15,7 @@ from jobrun.postgres.sqlc import (
     web,
     why,
     workers,
+    workflows,
 )
 from jobrun.postgres.sqlc._schema import DEFAULT_SCHEMA
 
@@ -32,6 +33,7 @@ class Queries(
     web.Queries,
     why.Queries,
     workers.Queries,
+    workflows.Queries,
 ):
     """Every query of db/query, run in one PostgreSQL schema.
 
