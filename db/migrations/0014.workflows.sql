@@ -37,9 +37,9 @@
 -- that may have dependents of its own: the same trigger cascades.
 --
 -- The wake-up of a released child's queue goes to the channel named by the
--- setting jobrun.notify_channel, else jobrun_jobs (JOBRUN_NOTIFY_CHANNEL's
+-- setting jobrun_notify.channel, else jobrun_jobs (JOBRUN_NOTIFY_CHANNEL's
 -- default); a deployment on another channel sets it for its roles
--- (ALTER ROLE ... SET jobrun.notify_channel = '...'), or its workers find
+-- (ALTER ROLE ... SET jobrun_notify.channel = '...'), or its workers find
 -- the child by polling.
 --
 -- Why an enum value (ALTER TYPE ... ADD VALUE): a waiting job must be out of
@@ -104,7 +104,7 @@ CREATE INDEX job_dependencies_parent_idx ON jobrun.job_dependencies (parent_id);
 -- schema of job_state, whatever its name. UPDATEs of the one schema_version
 -- row rather than SELECTs, which the migration runner would print.
 UPDATE jobrun.schema_version SET at = at
-WHERE set_config('jobrun.migrating_path', current_setting('search_path'), true) IS NOT NULL;
+WHERE set_config('jobrun_migrate.search_path', current_setting('search_path'), true) IS NOT NULL;
 UPDATE jobrun.schema_version SET at = at
 WHERE set_config('search_path',
                  (SELECT format('%I, pg_catalog', n.nspname)
@@ -121,7 +121,7 @@ WHERE set_config('search_path',
 CREATE FUNCTION jobrun.parent_finished(finished_id uuid, finished_state jobrun.job_state)
 RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
-    wake_channel text := COALESCE(NULLIF(current_setting('jobrun.notify_channel', true), ''),
+    wake_channel text := COALESCE(NULLIF(current_setting('jobrun_notify.channel', true), ''),
                                   'jobrun_jobs');
     failed boolean := finished_state <> 'succeeded';
     node text;
@@ -184,7 +184,7 @@ END
 $$;
 
 UPDATE jobrun.schema_version SET at = at
-WHERE set_config('search_path', current_setting('jobrun.migrating_path'), true) IS NOT NULL;
+WHERE set_config('search_path', current_setting('jobrun_migrate.search_path'), true) IS NOT NULL;
 
 -- Fires only for a job some job waits for, on its way into a terminal state.
 CREATE TRIGGER jobs_release_dependents

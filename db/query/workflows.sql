@@ -63,5 +63,5 @@ SELECT jobrun.parent_finished(jobs.id, jobs.state)
 FROM jobrun.jobs AS jobs
 WHERE jobs.id = ANY(sqlc.arg(parent_ids)::uuid[])
   AND jobs.state IN ('succeeded', 'dead', 'cancelled')
-  AND (SELECT set_config('jobrun.notify_channel', sqlc.arg(channel)::text, true)) IS NOT NULL
+  AND (SELECT set_config('jobrun_notify.channel', sqlc.arg(channel)::text, true)) IS NOT NULL
 ORDER BY jobs.id;

@@ -19,6 +19,7 @@ claim, in the claim's own statement, and reaches the handler on its job
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import uuid
@@ -137,16 +138,16 @@ def plan(nodes: Sequence[Node]) -> list[Node]:
 
 
 def _topological(nodes: Sequence[Node], by_name: Mapping[str, Node]) -> list[Node]:
-    """Kahn's order (stable: the order given, where the edges allow); a cycle is named."""
+    """Kahn's order, breadth first from the roots in the order given; a cycle is named."""
     waiting = {node.name: len(node.after) for node in nodes}
     children: dict[str, list[str]] = {node.name: [] for node in nodes}
     for node in nodes:
         for parent in node.after:
             children[parent].append(node.name)
-    ready = [node.name for node in nodes if not node.after]
+    ready = collections.deque(node.name for node in nodes if not node.after)
     order: list[Node] = []
     while ready:
-        name = ready.pop()
+        name = ready.popleft()
         order.append(by_name[name])
         for child in children[name]:
             waiting[child] -= 1

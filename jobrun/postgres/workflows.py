@@ -80,7 +80,10 @@ class Workflows(Admin):
             raise ValidationError("workflow_id", "must be a uuid.UUID")
 
         def run(c: Conn) -> EnqueuedWorkflow:
-            return self._enqueue_graph_on(c, order, name, workflow_id)
+            done = self._enqueue_graph_on(c, order, name, workflow_id)
+            # The jobs in the order they were given (the inserts went parents first).
+            jobs = {node.name: done.jobs[node.name] for node in nodes}
+            return dataclasses.replace(done, jobs=jobs)
 
         if conn is not None:
             return self._in_caller_tx(conn, run)

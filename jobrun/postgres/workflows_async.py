@@ -78,7 +78,10 @@ class AsyncWorkflows(AsyncAdmin):
             raise ValidationError("workflow_id", "must be a uuid.UUID")
 
         async def run(c: AsyncConn) -> EnqueuedWorkflow:
-            return await self._enqueue_graph_on(c, order, name, workflow_id)
+            done = await self._enqueue_graph_on(c, order, name, workflow_id)
+            # The jobs in the order they were given (the inserts went parents first).
+            jobs = {node.name: done.jobs[node.name] for node in nodes}
+            return dataclasses.replace(done, jobs=jobs)
 
         if conn is not None:
             return await self._in_caller_tx(conn, run)

@@ -300,3 +300,37 @@ def test_new_job_is_needed_for_a_workflow_node() -> None:
     with pytest.raises(ValidationError):
         wf.add({"type": "x"})  # type: ignore[arg-type]
     wf.add(NewJob(type="x"))
+
+
+def test_dependencies_work_in_a_schema_of_another_name(empty_dsn: str, pg_server: Any) -> None:
+    """The trigger's functions read the tables of the schema they were migrated into."""
+    from jobrun.postgres.migrate import migrate  # noqa: PLC0415
+    from jobrun.postgres.pool import open_pool  # noqa: PLC0415
+
+    migrate(empty_dsn, schema="acme_jobs")
+    pool = open_pool(empty_dsn, max_size=3)
+    try:
+        store = Store(pool, schema="acme_jobs")
+        client = jobrun.Client(store)
+        parent = client.enqueue("step", queue="qa")
+        child = client.enqueue("child", after=[parent], queue="qb")
+        store.complete(claim_one(store, "qa"), result={"ok": True})
+        got = claim_one(store, "qb")
+        assert got.id == child.id and got.parent_results is not None
+        assert got.parent_results[parent.id].result == {"ok": True}
+    finally:
+        pool.close()
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT count(*) FROM acme_jobs.job_dependencies").fetchone() == (1,)
+
+
+def test_a_released_child_wakes_its_queue_when_the_parent_commits(store: Store, dsn: str) -> None:
+    client = jobrun.Client(store)
+    parent = client.enqueue("step", queue="qa")
+    client.enqueue("child", after=[parent], queue="qb")
+    job = claim_one(store, "qa")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN jobrun_jobs")
+        store.complete(job)
+        woken = [n.payload for n in listener.notifies(timeout=1, stop_after=1)]
+    assert woken == ["qb"]

@@ -78,7 +78,7 @@ SELECT jobrun.parent_finished(jobs.id, jobs.state)
 FROM jobrun.jobs AS jobs
 WHERE jobs.id = ANY($1::uuid[])
   AND jobs.state IN ('succeeded', 'dead', 'cancelled')
-  AND (SELECT set_config('jobrun.notify_channel', $2::text, true)) IS NOT NULL
+  AND (SELECT set_config('jobrun_notify.channel', $2::text, true)) IS NOT NULL
 ORDER BY jobs.id"""
 
 
