@@ -33,14 +33,11 @@ import random
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from jobrun.job import ids, validate
 from jobrun.job.cron import CronSchedule
 from jobrun.job.errors import ValidationError
-
-if TYPE_CHECKING:
-    from jobrun.job.workflow import ParentResults
 
 JSONValue: TypeAlias = Any
 """A value that serialises to JSON (dict, list, str, int, float, bool, None)."""
@@ -360,9 +357,11 @@ class Job:
     """The workflow it was enqueued in (None: alone)."""
     workflow_node: str | None = None
     """Its node's name in that workflow."""
-    parent_results: ParentResults | None = None
-    """Its parents' outcomes, loaded with its claim (None: a job without parents,
-    or a job not read by a claim); see ``JobContext.parent_results``."""
+    parent_results: Mapping[str, Any] | None = None
+    """Its parents' outcomes (a :class:`jobrun.ParentResults`), loaded with its
+    claim (None: a job without parents, or a job not read by a claim); see
+    ``JobContext.parent_results``. (Typed as a Mapping here: the domain's
+    workflow module, which defines it, builds on this one.)"""
 
     @property
     def started(self) -> bool:

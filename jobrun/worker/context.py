@@ -119,7 +119,8 @@ class JobContext:
     def parent_results(self) -> ParentResults:
         """The outcomes of the jobs this one waited for, loaded with its claim
         (empty for a job without parents; see :mod:`jobrun.workflow`)."""
-        return self.job.parent_results or NO_PARENTS
+        parents = self.job.parent_results
+        return parents if isinstance(parents, ParentResults) else NO_PARENTS
 
     @property
     def attempt(self) -> int:

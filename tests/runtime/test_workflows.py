@@ -74,7 +74,7 @@ def test_a_chain_runs_in_order_and_a_failure_cancels_the_rest_naming_the_parent(
 
     client = jobrun.Client(store)
     wf = jobrun.Workflow("signup")
-    first, bad, after_bad = wf.chain(ok.new_job("a"), broken.new_job(), ok.new_job("c"))
+    _first, bad, after_bad = wf.chain(ok.new_job("a"), broken.new_job(), ok.new_job("c"))
     client.enqueue_workflow(wf)
     make_worker()
     end = client.wait(after_bad.id, timeout=20)
