@@ -334,3 +334,15 @@ def test_a_released_child_wakes_its_queue_when_the_parent_commits(store: Store, 
         store.complete(job)
         woken = [n.payload for n in listener.notifies(timeout=1, stop_after=1)]
     assert woken == ["qb"]
+
+
+def test_why_says_a_waiting_job_waits_for_its_parents(store: Store) -> None:
+    from jobrun.job.why import Hold  # noqa: PLC0415
+    from jobrun.postgres.diagnose import Diagnose  # noqa: PLC0415
+
+    client = jobrun.Client(store)
+    a, b = client.enqueue("step"), client.enqueue("step")
+    child = client.enqueue("child", after=[a, b])
+    (reason,) = Diagnose(store).why(child.id).reasons
+    assert reason.hold is Hold.PARENTS
+    assert "2 of its parents have not finished" in reason.text
