@@ -23,8 +23,8 @@ import collections
 import dataclasses
 import enum
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, overload
 
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Job, JSONValue, NewJob, State
@@ -36,6 +36,7 @@ MAX_PARENTS = 100_000
 MAX_NAME_CHARS = 255
 
 R_co = TypeVar("R_co", covariant=True)
+T = TypeVar("T")
 
 
 class OnParentFailure(enum.StrEnum):
@@ -235,10 +236,17 @@ class ParentResults(Mapping[str, ParentResult]):
         """The result of one parent (KeyError when there is none by that key)."""
         return self[key].result
 
-    def of(self, task: _Returns[R_co] | str) -> list[R_co]:
+    @overload
+    def of(self, task: str) -> list[Any]: ...
+    @overload
+    def of(self, task: _Returns[Awaitable[T]]) -> list[T]: ...
+    @overload
+    def of(self, task: _Returns[T]) -> list[T]: ...
+    def of(self, task: _Returns[Any] | str) -> list[Any]:
         """The results of the parents of ``task``'s type (a Task, or a job type), in
         order, those that succeeded: a fan-in's values, typed by the task's return
-        type (as JSON brought them back: a tuple returned is a list here)."""
+        type (an ``async def`` task's too; as JSON brought them back: a tuple
+        returned is a list here)."""
         kind = task if isinstance(task, str) else task.type
         return [p.result for p in self._list if p.ok and p.type == kind]
 

@@ -100,3 +100,15 @@ async def enqueue_async(aclient: jobrun.AsyncClient, aconn: psycopg.AsyncConnect
     assert_type(await send_email.aenqueue(aclient, "ada@example.com", "hi"), jobrun.Job)
     assert_type(await encode.options(priority=1).aenqueue(aclient, 7), jobrun.Job)
     assert_type(await fetch.options(conn=aconn).aenqueue(aclient, "u", retries=1), jobrun.Job)
+
+
+def read_parents(ctx: jobrun.JobContext) -> None:
+    parents = ctx.parent_results()
+    assert_type(parents.of(send_email), list[dict[str, str]])
+    assert_type(parents.of(fetch), list[int])  # an async task's result, not its coroutine
+    assert_type(parents.of(double), list[int])
+    assert_type(parents.of("email.send"), list[Any])
+    assert_type(parents["email.send"], jobrun.ParentResult)
+    flow = jobrun.Workflow("typed")
+    first = flow.add(send_email.new_job("a@b.c", "hi"))
+    assert_type(flow.add(double.new_job(2), after=[first]), jobrun.NodeRef)
