@@ -878,12 +878,13 @@ RETURNING *;
 -- Retry: make the job runnable now. From a terminal state the attempts start
 -- again from zero (and the releases of workers that lacked its handler) and
 -- the cancel flag is cleared; last_error is kept until the next attempt
--- overwrites it.
+-- overwrites it. A job a parent's failure cancelled runs at once: its
+-- parents are not waited for again (pending_parents cleared).
 UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
     releases = CASE WHEN state = 'queued' THEN releases ELSE 0 END,
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
-    notify_finished = false, updated_at = now()
+    notify_finished = false, pending_parents = 0, updated_at = now()
 WHERE id = sqlc.arg(id) AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
 RETURNING *;
 

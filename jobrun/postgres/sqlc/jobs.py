@@ -904,7 +904,7 @@ UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
     releases = CASE WHEN state = 'queued' THEN releases ELSE 0 END,
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
-    notify_finished = false, updated_at = now()
+    notify_finished = false, pending_parents = 0, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
 RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node"""
 
@@ -2819,7 +2819,8 @@ class Queries(QueriesBase):
         """Retry: make the job runnable now. From a terminal state the attempts start
         again from zero (and the releases of workers that lacked its handler) and
         the cancel flag is cleared; last_error is kept until the next attempt
-        overwrites it.
+        overwrites it. A job a parent's failure cancelled runs at once: its
+        parents are not waited for again (pending_parents cleared).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(REQUEUE_JOB), (id,))

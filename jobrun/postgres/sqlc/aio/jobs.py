@@ -1818,7 +1818,8 @@ class AsyncQueries(QueriesBase):
         """Retry: make the job runnable now. From a terminal state the attempts start
         again from zero (and the releases of workers that lacked its handler) and
         the cancel flag is cleared; last_error is kept until the next attempt
-        overwrites it.
+        overwrites it. A job a parent's failure cancelled runs at once: its
+        parents are not waited for again (pending_parents cleared).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(REQUEUE_JOB), (id,))
