@@ -201,13 +201,25 @@ def test_every_terminal_path_of_a_failed_parent_cancels_the_child_naming_it(
 
 
 def test_a_cancelled_child_cancels_its_own_children_in_cascade(store: Store) -> None:
+    """A chain of 1,000 (the cascade is a loop, not nested triggers), and a
+    grandchild with policy 'run' that runs once the cascade reached it."""
     client = jobrun.Client(store)
     root = client.enqueue("step", queue="q")
-    chain = [root]
-    for _ in range(30):
-        chain.append(client.enqueue("step", after=[chain[-1]], queue="q"))
+    wf = jobrun.Workflow("a long chain")
+    first = wf.add(jobrun.NewJob(type="step", queue="q"), after=[root])
+    chain = wf.chain(first, *[jobrun.NewJob(type="step", queue="q") for _ in range(999)])
+    survivor = wf.add(
+        jobrun.NewJob(type="report", queue="r"), after=[chain[2]], on_parent_failure="run"
+    )
+    run = client.enqueue_workflow(wf)
     client.cancel(root.id)
-    assert {state(store, j.id) for j in chain} == {State.CANCELLED}
+    assert {state(store, ref.id) for ref in chain} == {State.CANCELLED}
+    last = store.get(chain[-1].id)
+    assert last.last_error is not None and str(chain[-2].id) in last.last_error
+    assert state(store, survivor.id) is State.QUEUED
+    got = claim_one(store, "r")
+    assert got.parent_results is not None and got.parent_results.failed[0].id == chain[2].id
+    assert len(run) == 1001
 
 
 def test_run_anyway_sees_the_failure_in_its_parents_results(store: Store) -> None:
