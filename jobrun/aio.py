@@ -152,12 +152,22 @@ class AsyncClient:
         raises IdempotencyConflict.
         """
         job = producer.new_job(type, payload, options)
+        return await self.enqueue_job(
+            job, conn=conn, after=after, on_parent_failure=on_parent_failure
+        )
+
+    async def enqueue_job(
+        self,
+        job: NewJob,
+        *,
+        conn: AsyncConnection[Any] | None = None,
+        after: Iterable[uuid.UUID | Job | str] | uuid.UUID | Job | None = None,
+        on_parent_failure: OnParentFailure | str = OnParentFailure.CANCEL,
+    ) -> Job:
+        """Enqueue a NewJob; ``after`` and ``on_parent_failure`` as in :meth:`enqueue`."""
         if after is not None:
             nodes = workflow.single(job, workflow.parent_ids(after), on_parent_failure)
             return workflow.job_of(await self.store.enqueue_graph(nodes, conn=conn))
-        return await self.store.enqueue(job, conn=conn)
-
-    async def enqueue_job(self, job: NewJob, *, conn: AsyncConnection[Any] | None = None) -> Job:
         return await self.store.enqueue(job, conn=conn)
 
     async def enqueue_many(

@@ -168,14 +168,27 @@ class Client(Closing):
         """
         job = producer.new_job(type, payload, options)
         if after is not None:
-            nodes = workflow.single(job, workflow.parent_ids(after), on_parent_failure)
-            with _caller_connection(conn) as caller:
-                return workflow.job_of(self.store.enqueue_graph(nodes, conn=caller))
+            return self.enqueue_job(
+                job, conn=conn, after=after, on_parent_failure=on_parent_failure
+            )
         if conn is None:  # the common call, without the caller-connection wrapper
             return self.store.enqueue(job)
         return self.enqueue_job(job, conn=conn)
 
-    def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
+    def enqueue_job(
+        self,
+        job: NewJob,
+        *,
+        conn: Any = None,
+        after: Iterable[uuid.UUID | Job | str] | uuid.UUID | Job | None = None,
+        on_parent_failure: OnParentFailure | str = OnParentFailure.CANCEL,
+    ) -> Job:
+        """Enqueue a NewJob (a typed task's ``task.new_job(...)``); ``after`` and
+        ``on_parent_failure`` as in :meth:`enqueue`."""
+        if after is not None:
+            nodes = workflow.single(job, workflow.parent_ids(after), on_parent_failure)
+            with _caller_connection(conn) as caller:
+                return workflow.job_of(self.store.enqueue_graph(nodes, conn=caller))
         if conn is None:
             return self.store.enqueue(job)
         with _caller_connection(conn) as caller:

@@ -132,3 +132,22 @@ def test_a_workflow_enqueued_in_the_callers_transaction_exists_only_if_it_commit
         client.enqueue_workflow(wf, conn=own)
         own.commit()
     assert {j.state for j in client.list()} == {State.WAITING, State.QUEUED}
+
+
+def test_a_typed_tasks_job_waits_for_a_job_enqueued_before_it(
+    store: Store, registry: Registry, make_worker: Any
+) -> None:
+    @registry.task("seed")
+    def seed() -> int:
+        return 21
+
+    @registry.task("double")
+    def double(ctx: JobContext) -> int:
+        return 2 * ctx.parent_results().of(seed)[0]
+
+    client = jobrun.Client(store)
+    first = seed.enqueue(client)
+    second = client.enqueue_job(double.new_job(), after=[first])
+    assert second.state is State.WAITING
+    make_worker()
+    assert client.wait(second.id, timeout=20).result == 42
