@@ -7,6 +7,8 @@ a child's handler reads its parents' results, loaded with its claim.
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 from typing import Any
 
 import psycopg
@@ -151,3 +153,33 @@ def test_a_typed_tasks_job_waits_for_a_job_enqueued_before_it(
     assert second.state is State.WAITING
     make_worker()
     assert client.wait(second.id, timeout=20).result == 42
+
+
+def test_the_fan_in_is_woken_by_its_last_parents_commit_not_by_polling(
+    store: Store, registry: Registry, make_worker: Any, notifier: Any
+) -> None:
+    """The worker polls every 30 s; the child starts within a second of its
+    parent's finish because the trigger's wake-up reaches the listener."""
+
+    @registry.task("wake.parent")
+    def parent() -> int:
+        return 1
+
+    @registry.task("wake.child")
+    def child(ctx: JobContext) -> int:
+        return ctx.parent_results().of(parent)[0] + 1
+
+    client = jobrun.Client(store)
+    worker_poll = dt.timedelta(seconds=30)
+    make_worker(dispatcher=notifier, poll_interval=worker_poll)
+    time.sleep(0.5)  # the worker's first claim (of nothing) is behind it
+    wf = jobrun.Workflow("wake")
+    first = wf.add(parent.new_job())
+    second = wf.add(child.new_job(), after=[first])
+    client.enqueue_workflow(wf)
+    done = client.wait(second.id, timeout=10)
+    assert done.result == 2
+    started = store.get(second.id).started_at
+    finished = store.get(first.id).finished_at
+    assert started is not None and finished is not None
+    assert started - finished < dt.timedelta(seconds=1)
