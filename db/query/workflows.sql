@@ -21,8 +21,12 @@ UPDATE jobrun.jobs AS jobs SET has_dependents = true
 FROM locked WHERE jobs.id = locked.id
 RETURNING jobs.id, jobs.state;
 
--- name: InsertWorkflow :exec
-INSERT INTO jobrun.workflows (id, name) VALUES (sqlc.arg(id), sqlc.arg(name));
+-- name: InsertWorkflow :one
+-- No row back: the id is taken (an enqueue retried after its COMMIT reply
+-- was lost, or another workflow's id): the store then compares the jobs.
+INSERT INTO jobrun.workflows (id, name) VALUES (sqlc.arg(id), sqlc.arg(name))
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
 
 -- name: InsertGraphJobs :many
 -- A graph's jobs in one statement, parents before children: the roots

@@ -31,7 +31,7 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 
-from jobrun.job.errors import ValidationError
+from jobrun.job.errors import AlreadyExists, ValidationError
 from jobrun.job.model import State
 from jobrun.job.workflow import EnqueuedWorkflow, Node, node_name, plan
 from jobrun.postgres.admin_async import AsyncAdmin
@@ -104,8 +104,12 @@ class AsyncWorkflows(AsyncAdmin):
                     "after", f"job {missing[0]} does not exist (nothing was enqueued)"
                 )
             finished = [p for p in outside if found[p].value in _TERMINAL]
-        if workflow_id is not None and name is not None:
-            await self.q.insert_workflow(conn, id=workflow_id, name=name)
+        if (
+            workflow_id is not None
+            and name is not None
+            and await self.q.insert_workflow(conn, id=workflow_id, name=name) is None
+        ):
+            return await self._replayed(conn, order, name, workflow_id)
         db_now = await self.q.db_now(conn)
         assert db_now is not None
         ids = {node.name: node.job.id for node in order}
@@ -168,3 +172,18 @@ class AsyncWorkflows(AsyncAdmin):
         for queue, when in wakeups.plan():
             await self._notify(conn, queue, when)
         return EnqueuedWorkflow(id=workflow_id, name=name, jobs=jobs)
+
+    async def _replayed(
+        self, conn: AsyncConn, order: list[Node], name: str, workflow_id: uuid.UUID
+    ) -> EnqueuedWorkflow:
+        """The workflow's id is stored: a replay (every node's job stored, in this
+        workflow) returns the jobs as they stand; anything else is AlreadyExists."""
+        rows = await self.q.get_jobs_by_ids(conn, ids=[n.job.id for n in order])
+        stored = {row.id: job_from_row(row) for row in rows}
+        if len(stored) != len(order) or any(
+            job.workflow_id != workflow_id for job in stored.values()
+        ):
+            raise AlreadyExists("workflow", workflow_id)
+        return EnqueuedWorkflow(
+            id=workflow_id, name=name, jobs={n.name: stored[n.job.id] for n in order}
+        )

@@ -183,3 +183,21 @@ def test_the_fan_in_is_woken_by_its_last_parents_commit_not_by_polling(
     finished = store.get(first.id).finished_at
     assert started is not None and finished is not None
     assert started - finished < dt.timedelta(seconds=1)
+
+
+def test_a_workflow_enqueued_again_is_a_replay_and_another_with_its_id_is_refused(
+    store: Store,
+) -> None:
+    client = jobrun.Client(store)
+    wf = jobrun.Workflow("retried after a lost reply")
+    a = wf.add(jobrun.NewJob(type="a"))
+    wf.add(jobrun.NewJob(type="b"), after=[a])
+    first = client.enqueue_workflow(wf)
+    again = client.enqueue_workflow(wf)
+    assert [j.id for j in again] == [j.id for j in first]
+    assert len(client.list()) == 2
+    other = jobrun.Workflow("another", id=wf.id)
+    other.add(jobrun.NewJob(type="c"))
+    with pytest.raises(jobrun.AlreadyExists):
+        client.enqueue_workflow(other)
+    assert len(client.list()) == 2

@@ -35,7 +35,10 @@ class LockParentsRow:
     state: JobState
 
 
-INSERT_WORKFLOW: Final = "INSERT INTO jobrun.workflows (id, name) VALUES ($1, $2)"
+INSERT_WORKFLOW: Final = """\
+INSERT INTO jobrun.workflows (id, name) VALUES ($1, $2)
+ON CONFLICT (id) DO NOTHING
+RETURNING id"""
 
 
 INSERT_GRAPH_JOBS: Final = """\
@@ -109,9 +112,23 @@ class Queries(QueriesBase):
             cur.execute(self.sql(LOCK_PARENTS), (ids,))
             return [LockParentsRow(id=r[0], state=JobState(r[1])) for r in cur.fetchall()]
 
-    def insert_workflow(self, conn: psycopg.Connection[Any], *, id: uuid.UUID, name: str) -> None:
+    def insert_workflow(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        id: uuid.UUID,
+        name: str,
+    ) -> uuid.UUID | None:
+        """No row back: the id is taken (an enqueue retried after its COMMIT reply
+        was lost, or another workflow's id): the store then compares the jobs.
+        """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(INSERT_WORKFLOW), (id, name))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        value: uuid.UUID = r[0]
+        return value
 
     def insert_graph_jobs(
         self,

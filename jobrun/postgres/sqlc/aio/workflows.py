@@ -62,9 +62,17 @@ class AsyncQueries(QueriesBase):
         *,
         id: uuid.UUID,
         name: str,
-    ) -> None:
+    ) -> uuid.UUID | None:
+        """No row back: the id is taken (an enqueue retried after its COMMIT reply
+        was lost, or another workflow's id): the store then compares the jobs.
+        """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(INSERT_WORKFLOW), (id, name))
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        value: uuid.UUID = r[0]
+        return value
 
     async def insert_graph_jobs(
         self,
