@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Sequence
+from typing import cast
 
 from jobrun.job.errors import AlreadyExists, ValidationError
 from jobrun.job.model import State
@@ -128,13 +129,16 @@ class Workflows(Admin):
             backoffs=[backoff_json(n.job.backoff) for n in order],
             run_ats=[run_at(n.job, db_now) for n in order],
             trace_contexts=[trace_json(n.job, None) for n in order],
-            concurrency_keys=[n.job.concurrency_key for n in order],  # type: ignore[misc]
+            # NULLs in a text[] (sqlc types its elements as str).
+            concurrency_keys=cast(list[str], [n.job.concurrency_key for n in order]),
             states=["waiting" if n.waits else "queued" for n in order],
             pending=[len(n.after) + len(n.parents) for n in order],
             has_dependents=[n.name in parents_of_some for n in order],
-            policies=[n.on_parent_failure.value if n.waits else None for n in order],  # type: ignore[misc]
+            policies=cast(
+                list[str], [n.on_parent_failure.value if n.waits else None for n in order]
+            ),
             workflow_id=workflow_id,
-            nodes=[n.name if named else None for n in order],  # type: ignore[misc]
+            nodes=cast(list[str], [n.name if named else None for n in order]),
             write_event=self.event_mode is EventMode.ALL,
         )
         children: list[uuid.UUID] = []
