@@ -52,10 +52,12 @@ __all__ = ["After", "NodeRef", "Workflow", "parent_ids"]
 class NodeRef:
     """A node of a :class:`Workflow`, to name in another node's ``after``."""
 
-    __slots__ = ("id", "name", "type")
+    __slots__ = ("id", "name", "type", "workflow")
 
-    def __init__(self, name: str, job: NewJob) -> None:
+    def __init__(self, name: str, job: NewJob, workflow: uuid.UUID) -> None:
         self.name = name
+        self.workflow = workflow
+        """The id of the workflow it is a node of."""
         self.id: uuid.UUID = job.id
         """The id its job will have once enqueued."""
         self.type = job.type
@@ -118,6 +120,12 @@ class Workflow:
         outside: list[uuid.UUID] = []
         for parent in _parents(after):
             if isinstance(parent, NodeRef):
+                if parent.workflow != self.id:
+                    raise ValidationError(
+                        "after",
+                        f"{parent.name!r} is a node of another workflow: give its job id "
+                        "(NodeRef.id) once that workflow is enqueued",
+                    )
                 inside.append(parent.name)
             elif isinstance(parent, str):
                 inside.append(parent)
@@ -141,7 +149,7 @@ class Workflow:
             )
         )
         self._names.add(node)
-        return NodeRef(node, job)
+        return NodeRef(node, job, self.id)
 
     def chain(
         self, *steps: NewJob | NodeRef, on_parent_failure: OnParentFailure | str = "cancel"

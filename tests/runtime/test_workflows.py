@@ -201,3 +201,12 @@ def test_a_workflow_enqueued_again_is_a_replay_and_another_with_its_id_is_refuse
     with pytest.raises(jobrun.AlreadyExists):
         client.enqueue_workflow(other)
     assert len(client.list()) == 2
+
+
+def test_a_node_of_another_workflow_is_refused_by_its_ref() -> None:
+    one, two = jobrun.Workflow("one"), jobrun.Workflow("two")
+    ref = one.add(jobrun.NewJob(type="a"))
+    two.add(jobrun.NewJob(type="a"))  # the same default name, "a"
+    with pytest.raises(ValidationError, match="node of another workflow"):
+        two.add(jobrun.NewJob(type="b"), after=[ref])
+    two.add(jobrun.NewJob(type="b"), after=[ref.id])  # by id: a job outside, once enqueued
