@@ -55,6 +55,12 @@ from jobrun.job.model import (
     ScheduleSpec,
     State,
 )
+from jobrun.job.workflow import (
+    EnqueuedWorkflow,
+    OnParentFailure,
+    ParentResult,
+    ParentResults,
+)
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.migrate import migrate, migration_sql
 from jobrun.runtime import Runtime
@@ -73,6 +79,7 @@ from jobrun.worker import (
     WorkerConfig,
     WorkerHooks,
 )
+from jobrun.workflow import NodeRef, Workflow
 
 __all__ = [
     "AlreadyExists",
@@ -85,6 +92,7 @@ __all__ = [
     "DatabaseError",
     "Done",
     "EffectKey",
+    "EnqueuedWorkflow",
     "Event",
     "EventKind",
     "EventMode",
@@ -97,8 +105,12 @@ __all__ = [
     "LeaderLost",
     "LeaseLost",
     "NewJob",
+    "NodeRef",
     "NotFound",
+    "OnParentFailure",
     "OutcomeUnknown",
+    "ParentResult",
+    "ParentResults",
     "PermanentFailure",
     "PoolerError",
     "QueueDepth",
@@ -122,6 +134,7 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "WorkerHooks",
+    "Workflow",
     "__version__",
     "migrate",
     "migration_sql",

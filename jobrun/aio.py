@@ -48,14 +48,17 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Unpack
 
-from jobrun import producer
+from jobrun import producer, workflow
 from jobrun.config import Settings
+from jobrun.job.errors import ValidationError
 from jobrun.job.model import BatchResult, Event, Job, JSONValue, NewJob
+from jobrun.job.workflow import EnqueuedWorkflow, OnParentFailure
 from jobrun.postgres.async_store import AsyncPool, AsyncStore, open_async_pool
 from jobrun.postgres.connect import AsyncConnection, database_url_or_embedded
 from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT
 from jobrun.postgres.wait import DEFAULT_POLL_INTERVAL
 from jobrun.producer import EnqueueOptions, JobOptions, ListFilters
+from jobrun.workflow import Workflow
 
 __all__ = ["AsyncClient", "make_async_store"]
 
@@ -136,18 +139,35 @@ class AsyncClient:
         payload: JSONValue = None,
         *,
         conn: AsyncConnection[Any] | None = None,
+        after: Iterable[uuid.UUID | Job | str] | uuid.UUID | Job | None = None,
+        on_parent_failure: OnParentFailure | str = OnParentFailure.CANCEL,
         **options: Unpack[EnqueueOptions],
     ) -> Job:
         """Enqueue one job; with ``conn``, inside that connection's transaction.
 
-        The options are :meth:`jobrun.Client.enqueue`'s. With an
+        The options (``after`` and ``on_parent_failure`` too) are
+        :meth:`jobrun.Client.enqueue`'s. With an
         ``idempotency_key`` already used in the queue, an identical job
         returns the stored one (its id differs from ``id``), a different one
         raises IdempotencyConflict.
         """
-        return await self.store.enqueue(producer.new_job(type, payload, options), conn=conn)
+        job = producer.new_job(type, payload, options)
+        return await self.enqueue_job(
+            job, conn=conn, after=after, on_parent_failure=on_parent_failure
+        )
 
-    async def enqueue_job(self, job: NewJob, *, conn: AsyncConnection[Any] | None = None) -> Job:
+    async def enqueue_job(
+        self,
+        job: NewJob,
+        *,
+        conn: AsyncConnection[Any] | None = None,
+        after: Iterable[uuid.UUID | Job | str] | uuid.UUID | Job | None = None,
+        on_parent_failure: OnParentFailure | str = OnParentFailure.CANCEL,
+    ) -> Job:
+        """Enqueue a NewJob; ``after`` and ``on_parent_failure`` as in :meth:`enqueue`."""
+        if after is not None:
+            nodes = workflow.single(job, workflow.parent_ids(after), on_parent_failure)
+            return workflow.job_of(await self.store.enqueue_graph(nodes, conn=conn))
         return await self.store.enqueue(job, conn=conn)
 
     async def enqueue_many(
@@ -173,6 +193,16 @@ class AsyncClient:
     ) -> BatchResult:
         """Enqueue many jobs at once (COPY), all or nothing; streams any iterable."""
         return await self.store.enqueue_batch(jobs, conn=conn)
+
+    async def enqueue_workflow(
+        self, flow: Workflow, *, conn: AsyncConnection[Any] | None = None
+    ) -> EnqueuedWorkflow:
+        """:meth:`jobrun.Client.enqueue_workflow`: every job of ``flow`` in one transaction."""
+        if not isinstance(flow, Workflow):
+            raise ValidationError("flow", f"must be a jobrun.Workflow, not {type(flow).__name__}")
+        return await self.store.enqueue_graph(
+            flow.nodes, name=flow.name, workflow_id=flow.id, conn=conn
+        )
 
     # -- inspect and administer ------------------------------------------------------
 

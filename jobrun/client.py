@@ -38,8 +38,9 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any, Unpack
 
-from jobrun import producer
+from jobrun import producer, workflow
 from jobrun.config import Settings
+from jobrun.job.errors import ValidationError
 from jobrun.job.model import (
     KEEP,
     BatchResult,
@@ -56,10 +57,12 @@ from jobrun.job.model import (
     ScheduleSpec,
 )
 from jobrun.job.service import Closing
+from jobrun.job.workflow import EnqueuedWorkflow, OnParentFailure
 from jobrun.postgres.connect import ConnectionPool, caller_connection, database_url_or_embedded
 from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT, open_pool
 from jobrun.postgres.store import Store
 from jobrun.producer import EnqueueOptions, JobOptions, ListFilters
+from jobrun.workflow import Workflow
 
 _uuid = producer.job_id  # the old private name, for callers that borrowed it
 
@@ -134,9 +137,17 @@ class Client(Closing):
         payload: JSONValue = None,
         *,
         conn: Any = None,
+        after: Iterable[uuid.UUID | Job | str] | uuid.UUID | Job | None = None,
+        on_parent_failure: OnParentFailure | str = OnParentFailure.CANCEL,
         **options: Unpack[EnqueueOptions],
     ) -> Job:
         """Enqueue one job; with ``conn``, inside that connection's transaction.
+
+        ``after``: jobs (ids or Jobs, of any queue) it waits for: it is
+        stored ``waiting`` and queued when the last of them finishes; a
+        parent that ends dead or cancelled cancels it, unless
+        ``on_parent_failure="run"`` (see :mod:`jobrun.workflow`). It takes
+        no ``idempotency_key``.
 
         ``options`` (:class:`~jobrun.producer.EnqueueOptions`): ``queue``,
         ``priority``, ``max_attempts``, ``backoff``, ``run_at`` or ``delay``,
@@ -156,11 +167,28 @@ class Client(Closing):
         limits only.
         """
         job = producer.new_job(type, payload, options)
+        if after is not None:
+            return self.enqueue_job(
+                job, conn=conn, after=after, on_parent_failure=on_parent_failure
+            )
         if conn is None:  # the common call, without the caller-connection wrapper
             return self.store.enqueue(job)
         return self.enqueue_job(job, conn=conn)
 
-    def enqueue_job(self, job: NewJob, *, conn: Any = None) -> Job:
+    def enqueue_job(
+        self,
+        job: NewJob,
+        *,
+        conn: Any = None,
+        after: Iterable[uuid.UUID | Job | str] | uuid.UUID | Job | None = None,
+        on_parent_failure: OnParentFailure | str = OnParentFailure.CANCEL,
+    ) -> Job:
+        """Enqueue a NewJob (a typed task's ``task.new_job(...)``); ``after`` and
+        ``on_parent_failure`` as in :meth:`enqueue`."""
+        if after is not None:
+            nodes = workflow.single(job, workflow.parent_ids(after), on_parent_failure)
+            with _caller_connection(conn) as caller:
+                return workflow.job_of(self.store.enqueue_graph(nodes, conn=caller))
         if conn is None:
             return self.store.enqueue(job)
         with _caller_connection(conn) as caller:
@@ -195,6 +223,18 @@ class Client(Closing):
         """Enqueue many jobs at once (COPY), all or nothing; streams any iterable."""
         with _caller_connection(conn) as caller:
             return self.store.enqueue_batch(jobs, conn=caller)
+
+    def enqueue_workflow(self, flow: Workflow, *, conn: Any = None) -> EnqueuedWorkflow:
+        """Enqueue every job of ``flow`` in one transaction (with ``conn``, in
+        the caller's); its jobs by node name. The graph is checked first (a
+        cycle, an unknown node, a missing parent: ValidationError, nothing
+        written). See :mod:`jobrun.workflow`."""
+        if not isinstance(flow, Workflow):
+            raise ValidationError("flow", f"must be a jobrun.Workflow, not {type(flow).__name__}")
+        with _caller_connection(conn) as caller:
+            return self.store.enqueue_graph(
+                flow.nodes, name=flow.name, workflow_id=flow.id, conn=caller
+            )
 
     # -- inspect and administer ------------------------------------------------------
 

@@ -19,7 +19,7 @@ import sys
 import tokenize
 from pathlib import Path
 
-SOURCES = ("transactions", "enqueue", "admin", "wait")
+SOURCES = ("transactions", "enqueue", "admin", "wait", "workflows")
 DIRECTORY = "jobrun/postgres"
 
 NAMES = {
@@ -30,6 +30,7 @@ NAMES = {
     "AsyncTransactions": "Transactions",
     "AsyncEnqueue": "Enqueue",
     "AsyncAdmin": "Admin",
+    "AsyncWorkflows": "Workflows",
     "AsyncIterator": "Iterator",
     "AsyncExitStack": "ExitStack",
     "asynccontextmanager": "contextmanager",
@@ -39,6 +40,7 @@ NAMES = {
     "enqueue_async": "enqueue",
     "admin_async": "admin",
     "wait_async": "wait",
+    "workflows_async": "workflows",
     "asyncio": "time",
     "async_conninfo": "sync_conninfo",
 }

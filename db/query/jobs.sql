@@ -217,7 +217,17 @@ WITH next AS (
     FROM claimed
     WHERE sqlc.arg(write_events)::boolean
 )
-SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
+SELECT claimed.*,
+       -- A job with parents (on_parent_failure set, migration 0016) gets
+       -- their outcomes, read through the edges' primary key; a plain job
+       -- pays this CASE only.
+       CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
+           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                               'state', p.state, 'result', p.result,
+                                               'error', p.last_error) ORDER BY p.id)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
+           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
+FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: ClaimLimitedJobs :many
 -- @deferred
@@ -368,7 +378,17 @@ WITH lim AS MATERIALIZED (
     WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
       AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
-SELECT * FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
+SELECT claimed.*,
+       -- A job with parents (on_parent_failure set, migration 0016) gets
+       -- their outcomes, read through the edges' primary key; a plain job
+       -- pays this CASE only.
+       CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
+           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                               'state', p.state, 'result', p.result,
+                                               'error', p.last_error) ORDER BY p.id)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
+           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
+FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: LockQueueLimits :exec
 -- The first statement of a limited claim: lock the limits rows of the
@@ -836,10 +856,12 @@ ORDER BY id
 LIMIT sqlc.arg(max_rows);
 
 -- name: CancelQueuedJob :one
--- A queued job cancelled at once (waking a client waiting for it).
+-- A queued or waiting job cancelled at once (waking a client waiting for
+-- it); a waiting job's dependents follow by their policy (the trigger of
+-- migration 0016).
 WITH cancelled AS (
     UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
-    WHERE id = sqlc.arg(id) AND state = 'queued'
+    WHERE id = sqlc.arg(id) AND state IN ('queued', 'waiting')
     RETURNING *
 ), wake AS (
     SELECT pg_notify(sqlc.arg(finish_channel)::text, cancelled.id::text) FROM cancelled
@@ -856,12 +878,13 @@ RETURNING *;
 -- Retry: make the job runnable now. From a terminal state the attempts start
 -- again from zero (and the releases of workers that lacked its handler) and
 -- the cancel flag is cleared; last_error is kept until the next attempt
--- overwrites it.
+-- overwrites it. A job a parent's failure cancelled runs at once: its
+-- parents are not waited for again (pending_parents cleared).
 UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
     releases = CASE WHEN state = 'queued' THEN releases ELSE 0 END,
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
-    notify_finished = false, updated_at = now()
+    notify_finished = false, pending_parents = 0, updated_at = now()
 WHERE id = sqlc.arg(id) AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
 RETURNING *;
 
@@ -870,9 +893,11 @@ RETURNING *;
 -- max_jobs per call (short locks; the caller loops), with their durable
 -- steps and fencing token (migration 0015: no foreign key, so that no
 -- update of a job pays for a trigger; only a job's lease holder writes
--- them, and a job being purged has none).
+-- them, and a job being purged has none). A job that had parents takes its
+-- edges with it (migration 0016; a plain job costs no lookup).
 WITH victims AS (
-    SELECT id FROM jobrun.jobs AS jobs
+    SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents
+    FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => sqlc.arg(age_seconds)::float8)
     ORDER BY finished_at
@@ -882,6 +907,9 @@ WITH victims AS (
     DELETE FROM jobrun.job_steps AS steps USING victims WHERE steps.job_id = victims.id
 ), fences AS (
     DELETE FROM jobrun.job_fences AS fences USING victims WHERE fences.job_id = victims.id
+), edges AS (
+    DELETE FROM jobrun.job_dependencies AS d
+    WHERE d.child_id = ANY(ARRAY(SELECT victims.id FROM victims WHERE victims.had_parents))
 )
 DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id;
 

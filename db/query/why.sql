@@ -16,7 +16,8 @@
 -- within their lease TTL, as the type-aware claim reads it).
 WITH j AS (
     SELECT jobs.id, jobs.state, jobs.queue, jobs.type, jobs.priority, jobs.run_at,
-           jobs.concurrency_key, jobs.cancel_requested, jobs.lease_owner, jobs.lease_expires_at
+           jobs.concurrency_key, jobs.cancel_requested, jobs.lease_owner, jobs.lease_expires_at,
+           jobs.pending_parents
     FROM jobrun.jobs AS jobs
     WHERE jobs.id = sqlc.arg(id)::uuid
 ), window_starts AS (
@@ -77,7 +78,8 @@ SELECT j.id, j.state, j.queue, j.type, j.run_at, j.concurrency_key, j.cancel_req
         (SELECT count(*) FROM jobrun.workers AS w
          WHERE j.queue = ANY(w.queues) AND j.type = ANY(w.types)
            AND w.last_seen_at > now() - make_interval(secs => w.lease_ttl_seconds))::int8
-         AS knowing
+         AS knowing,
+        j.pending_parents
 FROM j
 LEFT JOIN jobrun.queue_pauses AS p ON p.queue = j.queue
 LEFT JOIN jobrun.queue_limits AS l ON l.queue = j.queue

@@ -178,7 +178,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     if state.terminal:
         raise CommandError(
-            f"cannot cancel {state} jobs: only queued or leased jobs can be cancelled",
+            f"cannot cancel {state} jobs: only waiting, queued or leased jobs can be cancelled",
             EXIT_INVALID_STATE,
         )
     cancelled = requested = skipped = 0
@@ -221,6 +221,11 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise CommandError(
             "cannot retry leased jobs: they are running (cancel them, or let the reaper "
             "requeue them when their lease expires)",
+            EXIT_INVALID_STATE,
+        )
+    if state == State.WAITING:
+        raise CommandError(
+            "cannot retry waiting jobs: they run when their parents have finished",
             EXIT_INVALID_STATE,
         )
     retried = skipped = 0

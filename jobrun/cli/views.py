@@ -129,13 +129,14 @@ def _natural_width(rows: Sequence[tuple[str, ...]]) -> int:
 
 def state_word(job: Job) -> str:
     """A job's state in one word for the list: a leased job is ``cancelling`` once
-    its cancel was asked, ``waiting`` while not started (claimed ahead of a
-    worker's free threads, its attempt not counted yet), else ``leased``."""
+    its cancel was asked, ``claimed`` while not started (claimed ahead of a
+    worker's free threads, its attempt not counted yet; not ``waiting``, the
+    state of a job waiting for its parents), else ``leased``."""
     if job.state != State.LEASED:
         return str(job.state)
     if job.cancel_requested:
         return "cancelling"
-    return "leased" if job.started else "waiting"
+    return "leased" if job.started else "claimed"
 
 
 def state_text(job: Job) -> str:

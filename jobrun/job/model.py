@@ -46,6 +46,8 @@ JSONValue: TypeAlias = Any
 class State(enum.StrEnum):
     """Where a job is in its life; the values are the Postgres ``job_state`` labels."""
 
+    WAITING = "waiting"
+    """Waiting for its parents to finish (see :mod:`jobrun.job.workflow`): not claimable."""
     QUEUED = "queued"
     LEASED = "leased"
     SUCCEEDED = "succeeded"
@@ -349,6 +351,17 @@ class Job:
     run), by the database clock; None while the job waits for a thread of the
     worker that leased it, its attempt not yet counted (a claim starts only as
     many jobs as its worker can run at once). Every claim sets it afresh."""
+    pending_parents: int = 0
+    """While waiting: how many of its parents have not finished yet."""
+    workflow_id: uuid.UUID | None = None
+    """The workflow it was enqueued in (None: alone)."""
+    workflow_node: str | None = None
+    """Its node's name in that workflow."""
+    parent_results: Mapping[str, Any] | None = None
+    """Its parents' outcomes (a :class:`jobrun.ParentResults`), loaded with its
+    claim (None: a job without parents, or a job not read by a claim); see
+    ``JobContext.parent_results``. (Typed as a Mapping here: the domain's
+    workflow module, which defines it, builds on this one.)"""
 
     @property
     def started(self) -> bool:

@@ -43,6 +43,7 @@ class Hold(enum.StrEnum):
     BEHIND = "behind"
     NO_WORKER = "no_worker"
     UNKNOWN_TYPE = "unknown_type"
+    PARENTS = "parents"
     NOTHING = "nothing"
 
 
@@ -88,6 +89,8 @@ class Snapshot:
     """Live registered workers serving the job's queue (the first few)."""
     knowing: int
     """How many of the live workers serving its queue have a handler for its type."""
+    pending_parents: int = 0
+    """Its parents not finished yet (a job waiting for others: migration 0016)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,6 +127,19 @@ def _reasons(s: Snapshot) -> tuple[Reason, ...]:
             return (running,)
         stopping = "a cancel was requested: its worker stops it at its next heartbeat"
         return (running, Reason(Hold.CANCEL_REQUESTED, stopping))
+    if s.state is State.WAITING:
+        count = (
+            f"{s.pending_parents} of its parents have"
+            if s.pending_parents != 1
+            else ("1 of its parents has")
+        )
+        return (
+            Reason(
+                Hold.PARENTS,
+                f"it waits for other jobs: {count} not finished yet (it is queued when "
+                "the last one finishes; jobrun events shows each release)",
+            ),
+        )
     reasons: list[Reason] = []
     if s.run_at > s.db_now:
         reasons.append(

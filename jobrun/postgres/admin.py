@@ -58,15 +58,16 @@ class Admin(Enqueue):
         return [event_from_row(r) for r in rows]
 
     def cancel(self, job_id: uuid.UUID) -> Job:
-        """Queued: cancelled now. Leased: cancel requested (the next heartbeat
-        drops it and the worker stops the handler). Terminal: unchanged."""
+        """Queued or waiting for parents: cancelled now (its dependents follow
+        by their policy). Leased: cancel requested (the next heartbeat drops it
+        and the worker stops the handler). Terminal: unchanged."""
         check_id(job_id)
 
         def run(c: Conn) -> Job:
             row = self.q.lock_job(c, id=job_id)
             if row is None:
                 raise NotFound("job", job_id)
-            if row.state == models.JobState.QUEUED:
+            if row.state in (models.JobState.QUEUED, models.JobState.WAITING):
                 done = self.q.cancel_queued_job(c, id=job_id, finish_channel=self.finish_channel)
                 assert done is not None
                 self._record(
@@ -84,14 +85,15 @@ class Admin(Enqueue):
 
     def retry(self, job_id: uuid.UUID) -> Job:
         """Make a job runnable now: from dead, cancelled or succeeded with attempts
-        reset; a queued job just moves up to now. A leased job is InvalidState."""
+        reset; a queued job just moves up to now. A leased job, or one waiting for
+        its parents, is InvalidState."""
         check_id(job_id)
 
         def run(c: Conn) -> Job:
             row = self.q.lock_job(c, id=job_id)
             if row is None:
                 raise NotFound("job", job_id)
-            if row.state == models.JobState.LEASED:
+            if row.state in (models.JobState.LEASED, models.JobState.WAITING):
                 raise InvalidState(job_id, str(row.state), "retry")
             done = self.q.requeue_job(c, id=job_id)
             assert done is not None

@@ -56,15 +56,16 @@ class AsyncAdmin(AsyncEnqueue):
         return [event_from_row(r) for r in rows]
 
     async def cancel(self, job_id: uuid.UUID) -> Job:
-        """Queued: cancelled now. Leased: cancel requested (the next heartbeat
-        drops it and the worker stops the handler). Terminal: unchanged."""
+        """Queued or waiting for parents: cancelled now (its dependents follow
+        by their policy). Leased: cancel requested (the next heartbeat drops it
+        and the worker stops the handler). Terminal: unchanged."""
         check_id(job_id)
 
         async def run(c: AsyncConn) -> Job:
             row = await self.q.lock_job(c, id=job_id)
             if row is None:
                 raise NotFound("job", job_id)
-            if row.state == models.JobState.QUEUED:
+            if row.state in (models.JobState.QUEUED, models.JobState.WAITING):
                 done = await self.q.cancel_queued_job(
                     c, id=job_id, finish_channel=self.finish_channel
                 )
@@ -84,14 +85,15 @@ class AsyncAdmin(AsyncEnqueue):
 
     async def retry(self, job_id: uuid.UUID) -> Job:
         """Make a job runnable now: from dead, cancelled or succeeded with attempts
-        reset; a queued job just moves up to now. A leased job is InvalidState."""
+        reset; a queued job just moves up to now. A leased job, or one waiting for
+        its parents, is InvalidState."""
         check_id(job_id)
 
         async def run(c: AsyncConn) -> Job:
             row = await self.q.lock_job(c, id=job_id)
             if row is None:
                 raise NotFound("job", job_id)
-            if row.state == models.JobState.LEASED:
+            if row.state in (models.JobState.LEASED, models.JobState.WAITING):
                 raise InvalidState(job_id, str(row.state), "retry")
             done = await self.q.requeue_job(c, id=job_id)
             assert done is not None

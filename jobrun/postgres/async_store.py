@@ -27,7 +27,6 @@ from psycopg_pool import AsyncConnectionPool
 from jobrun.job import outage
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import BatchResult, Job, NewJob
-from jobrun.postgres.admin_async import AsyncAdmin
 from jobrun.postgres.plans import batch_stream, many_stream
 from jobrun.postgres.pool import (
     DEFAULT_POOL_TIMEOUT,
@@ -42,6 +41,7 @@ from jobrun.postgres.pool import (
 from jobrun.postgres.reconnect import AsyncReconnectingPool
 from jobrun.postgres.session import configure_pooled_async
 from jobrun.postgres.sqlc.aio import AsyncQueries
+from jobrun.postgres.workflows_async import AsyncWorkflows
 
 AsyncPool = AsyncConnectionPool[psycopg.AsyncConnection[Any]]
 
@@ -99,7 +99,7 @@ async def open_async_pool(
 # -- the store ------------------------------------------------------------------------
 
 
-class AsyncStore(AsyncAdmin):
+class AsyncStore(AsyncWorkflows):
     """The client side of the Store on an ``AsyncConnectionPool`` (see the module docstring).
 
     Made as ``AsyncStore(pool, event_mode=..., notify_channel=..., call_timeout=...,

@@ -37,6 +37,7 @@ from jobrun.postgres.convert import (
     utc,
 )
 from jobrun.postgres.leases import Leases
+from jobrun.postgres.limits import ClaimedRow
 from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, lease_of, one_owners_leases
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
@@ -223,7 +224,7 @@ class Completion(Leases):
 
         def both(
             c: psycopg.Connection[Any], committing: list[bool]
-        ) -> tuple[list[q.CompleteJobsRow], list[models.Job]]:
+        ) -> tuple[list[q.CompleteJobsRow], Sequence[ClaimedRow]]:
             with c.pipeline():
                 c.execute("BEGIN")
                 completed = self.q.complete_jobs_deferred(c, **completing)

@@ -39,6 +39,7 @@ from jobrun.job import propagation
 from jobrun.job.errors import DatabaseError, OutcomeUnknown, PoolerError, TransientError
 from jobrun.job.model import Backoff, Event, EventKind, Job, NewJob, Schedule, State
 from jobrun.job.validate import redact
+from jobrun.job.workflow import ParentResults, parent_result
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
 
@@ -131,6 +132,12 @@ class JobRow(Protocol):
     def progress_at(self) -> dt.datetime | None: ...
     @property
     def started_at(self) -> dt.datetime | None: ...
+    @property
+    def pending_parents(self) -> int: ...
+    @property
+    def workflow_id(self) -> uuid.UUID | None: ...
+    @property
+    def workflow_node(self) -> str | None: ...
 
 
 _STATES: dict[models.JobState, State] = {state: State(state.value) for state in models.JobState}
@@ -167,7 +174,21 @@ def job_from_row(row: JobRow) -> Job:
         progress_message=row.progress_message,
         progress_at=utc_or_none(row.progress_at),
         started_at=utc_or_none(row.started_at),
+        pending_parents=row.pending_parents,
+        workflow_id=row.workflow_id,
+        workflow_node=row.workflow_node,
+        # Only a claim's rows carry it (ClaimJobs), and only for a job with parents.
+        parent_results=None
+        if (parents := getattr(row, "parent_results", None)) is None
+        else _parents(parents),
     )
+
+
+def _parents(value: Any) -> ParentResults | None:
+    """The claim's aggregate of a job's parents as the domain's (None: no parents)."""
+    if value is None:
+        return None
+    return ParentResults([parent_result(item) for item in value])
 
 
 class InsertedRow(Protocol):

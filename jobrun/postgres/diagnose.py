@@ -73,6 +73,7 @@ class Diagnose:
                     ahead_cap=AHEAD_CAP,
                     serving=tuple(row.serving),
                     knowing=row.knowing,
+                    pending_parents=row.pending_parents,
                 )
             )
 

@@ -39,9 +39,9 @@ from jobrun.job.ports import Exchanged
 from jobrun.postgres.completion import Completion, _completed_outcome
 from jobrun.postgres.convert import job_from_row, utc
 from jobrun.postgres.events import EventMode
+from jobrun.postgres.limits import ClaimedRow
 from jobrun.postgres.plans import MAX_NOTIFY_QUEUE_USAGE, one_owners_leases
 from jobrun.postgres.sqlc import jobs as q
-from jobrun.postgres.sqlc import models
 
 _KEEP_COMMIT_MODE = (
     "SELECT set_config('jobrun.commit_mode', current_setting('synchronous_commit'), true)"
@@ -93,11 +93,11 @@ class Exchange(Completion):
         ) -> tuple[
             builtins.list[q.CompleteJobsRow],
             builtins.list[q.StartJobsRow],
-            builtins.list[models.Job],
+            Sequence[ClaimedRow],
         ]:
             done: Callable[[], builtins.list[q.CompleteJobsRow]] = list
             started: Callable[[], builtins.list[q.StartJobsRow]] = list
-            claimed: Callable[[], builtins.list[models.Job]] = list
+            claimed: Callable[[], Sequence[ClaimedRow]] = list
             with c.pipeline():
                 c.execute("BEGIN")
                 if completing is not None:

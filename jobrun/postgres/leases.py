@@ -32,7 +32,7 @@ from jobrun.job.errors import LeaseLost, ValidationError
 from jobrun.job.model import EventKind, Job, ReapResult, State
 from jobrun.postgres.convert import job_from_row, utc
 from jobrun.postgres.events import EventMode, EventRow, record
-from jobrun.postgres.limits import Limits
+from jobrun.postgres.limits import ClaimedRow, Limits
 from jobrun.postgres.plans import MAX_HEARTBEAT_IDS, lease_of, one_owners_leases
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
@@ -59,10 +59,10 @@ class Leases(Limits):
         """
         names, args = self._claim_args(owner, queues, limit, ttl, start)
         if not self._any_limited(names):
-            rows = self._on_pool(lambda c: self.q.claim_jobs(c, **args))
+            rows: Sequence[ClaimedRow] = self._on_pool(lambda c: self.q.claim_jobs(c, **args))
         else:
 
-            def locked(c: psycopg.Connection[Any], committing: list[bool]) -> list[models.Job]:
+            def locked(c: psycopg.Connection[Any], committing: list[bool]) -> Sequence[ClaimedRow]:
                 with c.pipeline():
                     c.execute("BEGIN")
                     claimed = self._limited_claim(c, names, args, committing, commit_async=True)

@@ -27,7 +27,10 @@ from jobrun.job.model import KEEP, Keep, QueueLimits, RateLimit
 from jobrun.postgres.admin import Admin
 from jobrun.postgres.convert import utc
 from jobrun.postgres.plans import MAX_NOTIFY_QUEUE_USAGE
-from jobrun.postgres.sqlc import models
+from jobrun.postgres.sqlc import jobs as jq
+
+ClaimedRow = jq.ClaimJobsRow | jq.ClaimLimitedJobsRow
+"""A claim's row: the job, and its parents' outcomes (migration 0016)."""
 
 log = logging.getLogger("jobrun.postgres.store")  # the name users filter on
 
@@ -58,7 +61,7 @@ class Limits(Admin):
         committing: list[bool],
         *,
         commit_async: bool,
-    ) -> Callable[[], builtins.list[models.Job]]:
+    ) -> Callable[[], Sequence[ClaimedRow]]:
         """Send the rest of a limited claim's transaction, in the pipeline its
         caller opened with BEGIN, and COMMIT; the claim's rows come later.
 

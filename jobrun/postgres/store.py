@@ -63,12 +63,13 @@ from jobrun.postgres.session import DEFAULT_CHANNEL
 from jobrun.postgres.sqlc import Queries
 from jobrun.postgres.steps import Steps
 from jobrun.postgres.workers import Workers
+from jobrun.postgres.workflows import Workflows
 
 DEFAULT_NOTIFY_CHANNEL = DEFAULT_CHANNEL
 DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
 
 
-class Store(SchedulesMixin, Workers, Exchange, Steps):
+class Store(SchedulesMixin, Workers, Exchange, Steps, Workflows):
     """Durable job storage on a psycopg pool (see the module docstring)."""
 
     def __init__(

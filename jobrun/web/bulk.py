@@ -43,7 +43,7 @@ BULK_LIMIT = 10_000
 
 BULK_STATES: dict[str, tuple[State, ...]] = {
     "retry": (State.DEAD, State.CANCELLED, State.SUCCEEDED),
-    "cancel": (State.QUEUED, State.LEASED),
+    "cancel": (State.WAITING, State.QUEUED, State.LEASED),
 }
 """The states each bulk action applies to (the filter's state must be one)."""
 

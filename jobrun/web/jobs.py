@@ -93,8 +93,9 @@ def _job_context(dash: Dashboard, request: Request) -> dict[str, Any]:
         "job": job,
         "db_now": detail.db_now,
         "error_summary": error.strip().splitlines()[0] if error.strip() else "",
-        "can_cancel": job.state in (State.QUEUED, State.LEASED) and not job.cancel_requested,
-        "can_retry": job.state is not State.LEASED,
+        "can_cancel": job.state in (State.WAITING, State.QUEUED, State.LEASED)
+        and not job.cancel_requested,
+        "can_retry": job.state not in (State.LEASED, State.WAITING),
         "job_here": f"/jobs/{job.id}",
     }
 

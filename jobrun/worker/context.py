@@ -10,6 +10,7 @@ from typing import TypeAlias
 
 from jobrun.job import validate
 from jobrun.job.model import Job
+from jobrun.job.workflow import NO_PARENTS, ParentResults
 from jobrun.worker.logs import job_fields
 from jobrun.worker.steps import DurableSteps
 
@@ -116,6 +117,12 @@ class JobContext(DurableSteps):
                 logging.getLogger(f"jobrun.job.{self.job.type}"), job_fields(self.job)
             )
         return self._logger
+
+    def parent_results(self) -> ParentResults:
+        """The outcomes of the jobs this one waited for, loaded with its claim
+        (empty for a job without parents; see :mod:`jobrun.workflow`)."""
+        parents = self.job.parent_results
+        return parents if isinstance(parents, ParentResults) else NO_PARENTS
 
     @property
     def attempt(self) -> int:

@@ -452,7 +452,7 @@ def test_get_and_list_tell_a_job_claimed_ahead_from_a_running_one(
         for line in lines
         if str(job.id) in line
     }
-    assert states == {running.id: "leased", waiting.id: "waiting"}
+    assert states == {running.id: "leased", waiting.id: "claimed"}
 
 
 def test_get_unknown_job_is_not_found(jobrun: Callable[..., Result]) -> None:

@@ -200,3 +200,28 @@ def test_the_type_aware_claim_takes_only_known_types_and_orphans(
     types = {r.type for r in rows}
     assert len(rows) == 500
     assert types == {"t", "w"}
+
+
+def test_waiting_jobs_are_outside_the_claim_index_and_its_plan(
+    big: psycopg.Connection[Any],
+) -> None:
+    """50,000 jobs waiting for parents (migration 0016) beside the runnable
+    ones: the claim's plan is the same, and jobs_claim_idx holds only the
+    queued rows, so a blocked job costs nothing to a claim."""
+    big.execute(
+        "INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, state, pending_parents,"
+        " on_parent_failure)"
+        " SELECT gen_random_uuid(), 'default', 't', '{}', %s, 'waiting', 1, 'cancel'"
+        " FROM generate_series(1, 50000)",
+        [json.dumps(DEFAULT_BACKOFF.to_json())],
+    )
+    big.execute("VACUUM ANALYZE jobrun.jobs")
+    for generic in (False, True):
+        plan = explain_claim(big, ["default", "other"], 10, generic=generic)
+        assert plan.seq_scans_on_jobs == 0, plan.summary()
+        assert plan.uses_claim_index, plan.summary()
+    row = big.execute(
+        "SELECT reltuples::int8 FROM pg_class WHERE oid = 'jobrun.jobs_claim_idx'::regclass"
+    ).fetchone()
+    # An estimate (ANALYZE samples): about the 20,000 queued rows, never the 70,000.
+    assert row is not None and row[0] < QUEUED * 1.5

@@ -229,6 +229,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0013.workers",
         "0014.events_without_pkey",
         "0015.steps",
+        "0016.workflows",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -429,6 +430,34 @@ def test_the_churn_migration_rolls_back_to_both_leased_indexes_and_fillfactor_85
             "autovacuum_vacuum_cost_limit=2000",
         ]
     )
+
+
+def test_the_workflows_migration_rewrites_no_jobs_and_rolls_back(empty_dsn: str) -> None:
+    # Migration 0016 adds columns with constant defaults (a catalog change),
+    # new tables and a trigger: the jobs table keeps its file (no rewrite),
+    # and a rollback then a new migrate land where a fresh database does
+    # (the enum value 'waiting' stays: ADD VALUE IF NOT EXISTS).
+    m.migrate(empty_dsn)
+    rollback = (MIGRATIONS / "0016.workflows.rollback.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(rollback)
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0016.workflows'")
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (15,)
+        c.execute(
+            "INSERT INTO jobrun.jobs (id, queue, type, payload, backoff)"
+            " SELECT gen_random_uuid(), 'q', 't', '{}', '{}' FROM generate_series(1, 100)"
+        )
+        before = c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone()
+    assert "job_dependencies" not in _tables(empty_dsn)
+    assert m.migrate(empty_dsn) == ["0016.workflows"]
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone() == before
+        row = c.execute(
+            "SELECT count(*) FILTER (WHERE pending_parents = 0 AND NOT has_dependents"
+            " AND on_parent_failure IS NULL) FROM jobrun.jobs"
+        ).fetchone()
+        assert row == (100,)
+    assert {"job_dependencies", "workflows"} <= _tables(empty_dsn)
 
 
 def test_the_workers_migration_adds_one_table_and_rolls_back_to_none(empty_dsn: str) -> None:

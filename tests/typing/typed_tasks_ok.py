@@ -124,3 +124,15 @@ async def durable_steps_async(ctx: jobrun.JobContext) -> None:
     assert_type(await ctx.step_async("count", count, "spring"), int)
     assert_type(await ctx.fencing_token_async(), int)
     assert_type(await ctx.transaction_step_async("mark", lambda conn: "done"), str)
+
+
+def read_parents(ctx: jobrun.JobContext) -> None:
+    parents = ctx.parent_results()
+    assert_type(parents.of(send_email), list[dict[str, str]])
+    assert_type(parents.of(fetch), list[int])  # an async task's result, not its coroutine
+    assert_type(parents.of(double), list[int])
+    assert_type(parents.of("email.send"), list[Any])
+    assert_type(parents["email.send"], jobrun.ParentResult)
+    flow = jobrun.Workflow("typed")
+    first = flow.add(send_email.new_job("a@b.c", "hi"))
+    assert_type(flow.add(double.new_job(2), after=[first]), jobrun.NodeRef)

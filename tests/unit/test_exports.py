@@ -21,6 +21,7 @@ def test_every_public_attribute_is_exported() -> None:
     modules = {
         "client",
         "producer",
+        "workflow",
         "config",
         "job",
         "postgres",

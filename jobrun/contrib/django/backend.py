@@ -102,6 +102,7 @@ JOB_TYPE = "django.task"
 """The jobrun job type of every Django task; the payload names the function."""
 
 _STATUS: dict[State, Any] = {
+    State.WAITING: TaskResultStatus.READY,
     State.QUEUED: TaskResultStatus.READY,
     State.LEASED: TaskResultStatus.RUNNING,
     State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,

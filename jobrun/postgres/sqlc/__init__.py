@@ -16,6 +16,7 @@ from jobrun.postgres.sqlc import (
     web,
     why,
     workers,
+    workflows,
 )
 from jobrun.postgres.sqlc._schema import DEFAULT_SCHEMA
 
@@ -34,6 +35,7 @@ class Queries(
     web.Queries,
     why.Queries,
     workers.Queries,
+    workflows.Queries,
 ):
     """Every query of db/query, run in one PostgreSQL schema.
 

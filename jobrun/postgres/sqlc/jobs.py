@@ -28,7 +28,7 @@ WITH ins AS (
                      now() + make_interval(secs => $9::float8)),
             NULL, $10::jsonb, $11::text)
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $12::boolean
@@ -68,7 +68,7 @@ WITH ins AS (
             $10::text, $11::jsonb,
             $12::text)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $13::boolean
@@ -105,11 +105,11 @@ JOIN (SELECT unnest($1::uuid[]) AS id,
 WHERE jobs.payload = sent.payload"""
 
 
-GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
+GET_JOB_BY_KEY: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs WHERE queue = $1 AND idempotency_key = $2"
 
 
 GET_JOBS_BY_KEYS: Final = """\
-SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases FROM jobrun.jobs AS jobs
+SELECT jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases, jobs.pending_parents, jobs.has_dependents, jobs.on_parent_failure, jobs.workflow_id, jobs.workflow_node FROM jobrun.jobs AS jobs
 JOIN (SELECT unnest($1::text[]) AS queue,
              unnest($2::text[]) AS idempotency_key) AS k
   ON jobs.queue = k.queue AND jobs.idempotency_key = k.idempotency_key"""
@@ -128,7 +128,7 @@ ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHIN
 RETURNING id"""
 
 
-GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
+GET_JOBS_BY_IDS: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs WHERE id = ANY($1::uuid[])"
 
 
 COPY_JOBS: Final = """\
@@ -202,7 +202,7 @@ WITH next AS (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases, jobs.pending_parents, jobs.has_dependents, jobs.on_parent_failure, jobs.workflow_id, jobs.workflow_node
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
     SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
@@ -210,7 +210,57 @@ WITH next AS (
     FROM claimed
     WHERE $6::boolean
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+SELECT claimed.id, claimed.queue, claimed.type, claimed.payload, claimed.priority, claimed.state, claimed.attempts, claimed.max_attempts, claimed.backoff, claimed.run_at, claimed.lease_owner, claimed.lease_token, claimed.lease_expires_at, claimed.cancel_requested, claimed.idempotency_key, claimed.last_error, claimed.created_at, claimed.updated_at, claimed.finished_at, claimed.finished_token, claimed.result, claimed.notify_finished, claimed.trace_context, claimed.concurrency_key, claimed.snoozes, claimed.progress, claimed.progress_message, claimed.progress_at, claimed.started_at, claimed.releases, claimed.pending_parents, claimed.has_dependents, claimed.on_parent_failure, claimed.workflow_id, claimed.workflow_node,
+       -- A job with parents (on_parent_failure set, migration 0016) gets
+       -- their outcomes, read through the edges' primary key; a plain job
+       -- pays this CASE only.
+       CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
+           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                               'state', p.state, 'result', p.result,
+                                               'error', p.last_error) ORDER BY p.id)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
+           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
+FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class ClaimJobsRow:
+    id: uuid.UUID
+    queue: str
+    type: str
+    payload: Any
+    priority: int
+    state: JobState
+    attempts: int
+    max_attempts: int
+    backoff: Any
+    run_at: datetime.datetime
+    lease_owner: str | None
+    lease_token: uuid.UUID | None
+    lease_expires_at: datetime.datetime | None
+    cancel_requested: bool
+    idempotency_key: str | None
+    last_error: str | None
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    finished_at: datetime.datetime | None
+    finished_token: uuid.UUID | None
+    result: Any
+    notify_finished: bool
+    trace_context: Any
+    concurrency_key: str | None
+    snoozes: int
+    progress: float | None
+    progress_message: str | None
+    progress_at: datetime.datetime | None
+    started_at: datetime.datetime | None
+    releases: int
+    pending_parents: int
+    has_dependents: bool
+    on_parent_failure: str | None
+    workflow_id: uuid.UUID | None
+    workflow_node: str | None
+    parent_results: Any
 
 
 CLAIM_LIMITED_JOBS: Final = """\
@@ -322,7 +372,7 @@ WITH lim AS MATERIALIZED (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases
+    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases, jobs.pending_parents, jobs.has_dependents, jobs.on_parent_failure, jobs.workflow_id, jobs.workflow_node
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
     SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
@@ -339,7 +389,57 @@ WITH lim AS MATERIALIZED (
     WHERE s.queue = lim.name AND lim.locked AND lim.rate_limit IS NOT NULL
       AND s.at <= statement_timestamp() - make_interval(secs => lim.rate_period_seconds)
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+SELECT claimed.id, claimed.queue, claimed.type, claimed.payload, claimed.priority, claimed.state, claimed.attempts, claimed.max_attempts, claimed.backoff, claimed.run_at, claimed.lease_owner, claimed.lease_token, claimed.lease_expires_at, claimed.cancel_requested, claimed.idempotency_key, claimed.last_error, claimed.created_at, claimed.updated_at, claimed.finished_at, claimed.finished_token, claimed.result, claimed.notify_finished, claimed.trace_context, claimed.concurrency_key, claimed.snoozes, claimed.progress, claimed.progress_message, claimed.progress_at, claimed.started_at, claimed.releases, claimed.pending_parents, claimed.has_dependents, claimed.on_parent_failure, claimed.workflow_id, claimed.workflow_node,
+       -- A job with parents (on_parent_failure set, migration 0016) gets
+       -- their outcomes, read through the edges' primary key; a plain job
+       -- pays this CASE only.
+       CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
+           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                               'state', p.state, 'result', p.result,
+                                               'error', p.last_error) ORDER BY p.id)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
+           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
+FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class ClaimLimitedJobsRow:
+    id: uuid.UUID
+    queue: str
+    type: str
+    payload: Any
+    priority: int
+    state: JobState
+    attempts: int
+    max_attempts: int
+    backoff: Any
+    run_at: datetime.datetime
+    lease_owner: str | None
+    lease_token: uuid.UUID | None
+    lease_expires_at: datetime.datetime | None
+    cancel_requested: bool
+    idempotency_key: str | None
+    last_error: str | None
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    finished_at: datetime.datetime | None
+    finished_token: uuid.UUID | None
+    result: Any
+    notify_finished: bool
+    trace_context: Any
+    concurrency_key: str | None
+    snoozes: int
+    progress: float | None
+    progress_message: str | None
+    progress_at: datetime.datetime | None
+    started_at: datetime.datetime | None
+    releases: int
+    pending_parents: int
+    has_dependents: bool
+    on_parent_failure: str | None
+    workflow_id: uuid.UUID | None
+    workflow_node: str | None
+    parent_results: Any
 
 
 LOCK_QUEUE_LIMITS: Final = """\
@@ -526,7 +626,7 @@ class StartJobsRow:
     started_at: datetime.datetime
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
+LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
 
 
 COMPLETE_BEGIN: Final = """\
@@ -663,7 +763,7 @@ WITH failed AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT failed.id,
@@ -677,7 +777,7 @@ WITH failed AS (
     SELECT pg_notify($8::text, failed.id::text) FROM failed
     WHERE failed.state <> 'queued' AND failed.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM failed WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 COMPLETE_JOBS: Final = """\
@@ -729,7 +829,7 @@ class CompleteJobsRow:
 
 
 SELECT_EXPIRED_LEASES: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs
 WHERE state = 'leased' AND lease_expires_at < $1::timestamptz
 ORDER BY id
 LIMIT $2
@@ -768,11 +868,11 @@ class ReapJobParams:
     finish_channel: str
 
 
-GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs WHERE id = $1"
+GET_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs WHERE id = $1"
 
 
 LIST_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs
 WHERE ($1::text IS NULL OR queue = $1::text)
   AND ($2::jobrun.job_state IS NULL OR state = $2::jobrun.job_state)
   AND ($3::text IS NULL OR type = $3::text)
@@ -784,19 +884,19 @@ LIMIT $5"""
 CANCEL_QUEUED_JOB: Final = """\
 WITH cancelled AS (
     UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
-    WHERE id = $1 AND state = 'queued'
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
+    WHERE id = $1 AND state IN ('queued', 'waiting')
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
 ), wake AS (
     SELECT pg_notify($2::text, cancelled.id::text) FROM cancelled
     WHERE cancelled.notify_finished
 )
-SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context, cancelled.concurrency_key, cancelled.snoozes, cancelled.progress, cancelled.progress_message, cancelled.progress_at, cancelled.started_at, cancelled.releases FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancelled.priority, cancelled.state, cancelled.attempts, cancelled.max_attempts, cancelled.backoff, cancelled.run_at, cancelled.lease_owner, cancelled.lease_token, cancelled.lease_expires_at, cancelled.cancel_requested, cancelled.idempotency_key, cancelled.last_error, cancelled.created_at, cancelled.updated_at, cancelled.finished_at, cancelled.finished_token, cancelled.result, cancelled.notify_finished, cancelled.trace_context, cancelled.concurrency_key, cancelled.snoozes, cancelled.progress, cancelled.progress_message, cancelled.progress_at, cancelled.started_at, cancelled.releases, cancelled.pending_parents, cancelled.has_dependents, cancelled.on_parent_failure, cancelled.workflow_id, cancelled.workflow_node FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 REQUEST_CANCEL: Final = """\
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
 WHERE id = $1 AND state = 'leased'
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node"""
 
 
 REQUEUE_JOB: Final = """\
@@ -804,14 +904,15 @@ UPDATE jobrun.jobs AS jobs
 SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN attempts ELSE 0 END,
     releases = CASE WHEN state = 'queued' THEN releases ELSE 0 END,
     cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
-    notify_finished = false, updated_at = now()
+    notify_finished = false, pending_parents = 0, updated_at = now()
 WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node"""
 
 
 PURGE_JOBS: Final = """\
 WITH victims AS (
-    SELECT id FROM jobrun.jobs AS jobs
+    SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents
+    FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => $1::float8)
     ORDER BY finished_at
@@ -821,6 +922,9 @@ WITH victims AS (
     DELETE FROM jobrun.job_steps AS steps USING victims WHERE steps.job_id = victims.id
 ), fences AS (
     DELETE FROM jobrun.job_fences AS fences USING victims WHERE fences.job_id = victims.id
+), edges AS (
+    DELETE FROM jobrun.job_dependencies AS d
+    WHERE d.child_id = ANY(ARRAY(SELECT victims.id FROM victims WHERE victims.had_parents))
 )
 DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id"""
 
@@ -941,7 +1045,7 @@ SCHEMA_VERSION: Final = "SELECT version FROM jobrun.schema_version"
 WATCH_JOB: Final = """\
 UPDATE jobrun.jobs AS jobs SET notify_finished = true
 WHERE id = $1
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases"""
+RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node"""
 
 
 RELEASE_JOB: Final = """\
@@ -963,7 +1067,7 @@ WITH released AS (
         updated_at = now()
     WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
-    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT released.id,
@@ -980,7 +1084,7 @@ WITH released AS (
     SELECT pg_notify($8::text, released.id::text) FROM released
     WHERE released.state <> 'queued' AND released.notify_finished
 )
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM released WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 UNCLAIM_JOBS: Final = """\
@@ -1239,6 +1343,11 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def get_jobs_by_keys(
@@ -1282,6 +1391,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]
@@ -1364,6 +1478,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]
@@ -1404,7 +1523,7 @@ class Queries(QueriesBase):
         start: int,
         ttl_seconds: float,
         write_events: bool,
-    ) -> list[Job]:
+    ) -> list[ClaimJobsRow]:
         """One statement claims up to max_jobs: queued -> leased, a fresh lease
         token (the fence) per claim, the progress of an earlier attempt cleared,
         and the "claimed" events when write_events. The first start of them (in
@@ -1444,7 +1563,7 @@ class Queries(QueriesBase):
                 (queues, owner, max_jobs, start, ttl_seconds, write_events),
             )
             return [
-                Job(
+                ClaimJobsRow(
                     id=r[0],
                     queue=r[1],
                     type=r[2],
@@ -1475,6 +1594,12 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
+                    parent_results=r[35],
                 )
                 for r in cur.fetchall()
             ]
@@ -1489,7 +1614,7 @@ class Queries(QueriesBase):
         start: int,
         ttl_seconds: float,
         write_events: bool,
-    ) -> Callable[[], list[Job]]:
+    ) -> Callable[[], list[ClaimJobsRow]]:
         """One statement claims up to max_jobs: queued -> leased, a fresh lease
         token (the fence) per claim, the progress of an earlier attempt cleared,
         and the "claimed" events when write_events. The first start of them (in
@@ -1536,10 +1661,10 @@ class Queries(QueriesBase):
             cur.close()
             raise
 
-        def rows() -> list[Job]:
+        def rows() -> list[ClaimJobsRow]:
             with cur:
                 return [
-                    Job(
+                    ClaimJobsRow(
                         id=r[0],
                         queue=r[1],
                         type=r[2],
@@ -1570,6 +1695,12 @@ class Queries(QueriesBase):
                         progress_at=r[27],
                         started_at=r[28],
                         releases=r[29],
+                        pending_parents=r[30],
+                        has_dependents=r[31],
+                        on_parent_failure=r[32],
+                        workflow_id=r[33],
+                        workflow_node=r[34],
+                        parent_results=r[35],
                     )
                     for r in cur.fetchall()
                 ]
@@ -1587,7 +1718,7 @@ class Queries(QueriesBase):
         start: int,
         ttl_seconds: float,
         write_events: bool,
-    ) -> list[Job]:
+    ) -> list[ClaimLimitedJobsRow]:
         """ClaimJobs (its start included) for a claim that includes limited queues,
         as the second statement of a transaction whose first was LockQueueLimits.
         The limited queues' rows are locked and named in jobrun.claim_locks: this
@@ -1617,7 +1748,7 @@ class Queries(QueriesBase):
                 (queues, commit_async, max_jobs, owner, start, ttl_seconds, write_events),
             )
             return [
-                Job(
+                ClaimLimitedJobsRow(
                     id=r[0],
                     queue=r[1],
                     type=r[2],
@@ -1648,6 +1779,12 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
+                    parent_results=r[35],
                 )
                 for r in cur.fetchall()
             ]
@@ -1663,7 +1800,7 @@ class Queries(QueriesBase):
         start: int,
         ttl_seconds: float,
         write_events: bool,
-    ) -> Callable[[], list[Job]]:
+    ) -> Callable[[], list[ClaimLimitedJobsRow]]:
         """ClaimJobs (its start included) for a claim that includes limited queues,
         as the second statement of a transaction whose first was LockQueueLimits.
         The limited queues' rows are locked and named in jobrun.claim_locks: this
@@ -1700,10 +1837,10 @@ class Queries(QueriesBase):
             cur.close()
             raise
 
-        def rows() -> list[Job]:
+        def rows() -> list[ClaimLimitedJobsRow]:
             with cur:
                 return [
-                    Job(
+                    ClaimLimitedJobsRow(
                         id=r[0],
                         queue=r[1],
                         type=r[2],
@@ -1734,6 +1871,12 @@ class Queries(QueriesBase):
                         progress_at=r[27],
                         started_at=r[28],
                         releases=r[29],
+                        pending_parents=r[30],
+                        has_dependents=r[31],
+                        on_parent_failure=r[32],
+                        workflow_id=r[33],
+                        workflow_node=r[34],
+                        parent_results=r[35],
                     )
                     for r in cur.fetchall()
                 ]
@@ -2075,6 +2218,11 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def complete_begin(
@@ -2271,6 +2419,11 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def complete_jobs(
@@ -2427,6 +2580,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]
@@ -2502,6 +2660,11 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def list_jobs(
@@ -2549,6 +2712,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]
@@ -2560,7 +2728,10 @@ class Queries(QueriesBase):
         id: uuid.UUID,
         finish_channel: str,
     ) -> Job | None:
-        """A queued job cancelled at once (waking a client waiting for it)."""
+        """A queued or waiting job cancelled at once (waking a client waiting for
+        it); a waiting job's dependents follow by their policy (the trigger of
+        migration 0016).
+        """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(CANCEL_QUEUED_JOB), (id, finish_channel))
             r = cur.fetchone()
@@ -2597,6 +2768,11 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def request_cancel(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
@@ -2636,13 +2812,19 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def requeue_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
         """Retry: make the job runnable now. From a terminal state the attempts start
         again from zero (and the releases of workers that lacked its handler) and
         the cancel flag is cleared; last_error is kept until the next attempt
-        overwrites it.
+        overwrites it. A job a parent's failure cancelled runs at once: its
+        parents are not waited for again (pending_parents cleared).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(REQUEUE_JOB), (id,))
@@ -2680,6 +2862,11 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def purge_jobs(
@@ -2693,7 +2880,8 @@ class Queries(QueriesBase):
         max_jobs per call (short locks; the caller loops), with their durable
         steps and fencing token (migration 0015: no foreign key, so that no
         update of a job pays for a trigger; only a job's lease holder writes
-        them, and a job being purged has none).
+        them, and a job being purged has none). A job that had parents takes its
+        edges with it (migration 0016; a plain job costs no lookup).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))
@@ -2863,6 +3051,11 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def release_job(
@@ -2925,6 +3118,11 @@ class Queries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     def unclaim_jobs(

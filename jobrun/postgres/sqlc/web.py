@@ -46,7 +46,7 @@ class WebScanJobsRow:
 
 
 WEB_QUEUED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'queued'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -56,7 +56,7 @@ LIMIT $5"""
 
 
 WEB_LEASED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -66,7 +66,7 @@ LIMIT $5"""
 
 
 WEB_DEAD_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'dead'
   AND jobs.id BETWEEN $1::uuid AND $2::uuid
   AND ($3::text IS NULL OR jobs.queue = $3::text)
@@ -76,7 +76,7 @@ LIMIT $5"""
 
 
 WEB_KEYED_JOBS_PAGE: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs
 WHERE jobs.idempotency_key = $1::text
   AND jobs.id BETWEEN $2::uuid AND $3::uuid
   AND ($4::jobrun.job_state IS NULL
@@ -161,7 +161,7 @@ class WebWaitingByQueueRow:
 
 
 WEB_RUNNING_JOBS: Final = """\
-SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases FROM jobrun.jobs AS jobs
+SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs
 WHERE jobs.state = 'leased'
 ORDER BY jobs.lease_owner, jobs.started_at IS NULL, jobs.id
 LIMIT $1"""
@@ -320,6 +320,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]
@@ -369,6 +374,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]
@@ -418,6 +428,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]
@@ -475,6 +490,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]
@@ -561,6 +581,11 @@ class Queries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in cur.fetchall()
             ]

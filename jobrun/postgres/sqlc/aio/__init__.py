@@ -17,6 +17,7 @@ from jobrun.postgres.sqlc.aio import (
     web,
     why,
     workers,
+    workflows,
 )
 
 __all__ = ["DEFAULT_SCHEMA", "AsyncQueries"]
@@ -34,6 +35,7 @@ class AsyncQueries(
     web.AsyncQueries,
     why.AsyncQueries,
     workers.AsyncQueries,
+    workflows.AsyncQueries,
 ):
     """Every query of db/query for asyncio, run in one PostgreSQL schema.
 

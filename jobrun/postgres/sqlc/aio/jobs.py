@@ -65,6 +65,8 @@ from jobrun.postgres.sqlc.jobs import (
     START_JOBS,
     UNCLAIM_JOBS,
     WATCH_JOB,
+    ClaimJobsRow,
+    ClaimLimitedJobsRow,
     CompleteBeginManyRow,
     CompleteBeginRow,
     CompleteJobsRow,
@@ -304,6 +306,11 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def get_jobs_by_keys(
@@ -347,6 +354,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]
@@ -434,6 +446,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]
@@ -478,7 +495,7 @@ class AsyncQueries(QueriesBase):
         start: int,
         ttl_seconds: float,
         write_events: bool,
-    ) -> list[Job]:
+    ) -> list[ClaimJobsRow]:
         """One statement claims up to max_jobs: queued -> leased, a fresh lease
         token (the fence) per claim, the progress of an earlier attempt cleared,
         and the "claimed" events when write_events. The first start of them (in
@@ -518,7 +535,7 @@ class AsyncQueries(QueriesBase):
                 (queues, owner, max_jobs, start, ttl_seconds, write_events),
             )
             return [
-                Job(
+                ClaimJobsRow(
                     id=r[0],
                     queue=r[1],
                     type=r[2],
@@ -549,6 +566,12 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
+                    parent_results=r[35],
                 )
                 for r in await cur.fetchall()
             ]
@@ -563,7 +586,7 @@ class AsyncQueries(QueriesBase):
         start: int,
         ttl_seconds: float,
         write_events: bool,
-    ) -> Callable[[], Awaitable[list[Job]]]:
+    ) -> Callable[[], Awaitable[list[ClaimJobsRow]]]:
         """One statement claims up to max_jobs: queued -> leased, a fresh lease
         token (the fence) per claim, the progress of an earlier attempt cleared,
         and the "claimed" events when write_events. The first start of them (in
@@ -610,10 +633,10 @@ class AsyncQueries(QueriesBase):
             await cur.close()
             raise
 
-        async def rows() -> list[Job]:
+        async def rows() -> list[ClaimJobsRow]:
             async with cur:
                 return [
-                    Job(
+                    ClaimJobsRow(
                         id=r[0],
                         queue=r[1],
                         type=r[2],
@@ -644,6 +667,12 @@ class AsyncQueries(QueriesBase):
                         progress_at=r[27],
                         started_at=r[28],
                         releases=r[29],
+                        pending_parents=r[30],
+                        has_dependents=r[31],
+                        on_parent_failure=r[32],
+                        workflow_id=r[33],
+                        workflow_node=r[34],
+                        parent_results=r[35],
                     )
                     for r in await cur.fetchall()
                 ]
@@ -661,7 +690,7 @@ class AsyncQueries(QueriesBase):
         start: int,
         ttl_seconds: float,
         write_events: bool,
-    ) -> list[Job]:
+    ) -> list[ClaimLimitedJobsRow]:
         """ClaimJobs (its start included) for a claim that includes limited queues,
         as the second statement of a transaction whose first was LockQueueLimits.
         The limited queues' rows are locked and named in jobrun.claim_locks: this
@@ -691,7 +720,7 @@ class AsyncQueries(QueriesBase):
                 (queues, commit_async, max_jobs, owner, start, ttl_seconds, write_events),
             )
             return [
-                Job(
+                ClaimLimitedJobsRow(
                     id=r[0],
                     queue=r[1],
                     type=r[2],
@@ -722,6 +751,12 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
+                    parent_results=r[35],
                 )
                 for r in await cur.fetchall()
             ]
@@ -737,7 +772,7 @@ class AsyncQueries(QueriesBase):
         start: int,
         ttl_seconds: float,
         write_events: bool,
-    ) -> Callable[[], Awaitable[list[Job]]]:
+    ) -> Callable[[], Awaitable[list[ClaimLimitedJobsRow]]]:
         """ClaimJobs (its start included) for a claim that includes limited queues,
         as the second statement of a transaction whose first was LockQueueLimits.
         The limited queues' rows are locked and named in jobrun.claim_locks: this
@@ -774,10 +809,10 @@ class AsyncQueries(QueriesBase):
             await cur.close()
             raise
 
-        async def rows() -> list[Job]:
+        async def rows() -> list[ClaimLimitedJobsRow]:
             async with cur:
                 return [
-                    Job(
+                    ClaimLimitedJobsRow(
                         id=r[0],
                         queue=r[1],
                         type=r[2],
@@ -808,6 +843,12 @@ class AsyncQueries(QueriesBase):
                         progress_at=r[27],
                         started_at=r[28],
                         releases=r[29],
+                        pending_parents=r[30],
+                        has_dependents=r[31],
+                        on_parent_failure=r[32],
+                        workflow_id=r[33],
+                        workflow_node=r[34],
+                        parent_results=r[35],
                     )
                     for r in await cur.fetchall()
                 ]
@@ -1165,6 +1206,11 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def complete_begin(
@@ -1361,6 +1407,11 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def complete_jobs(
@@ -1519,6 +1570,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]
@@ -1594,6 +1650,11 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def list_jobs(
@@ -1641,6 +1702,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]
@@ -1652,7 +1718,10 @@ class AsyncQueries(QueriesBase):
         id: uuid.UUID,
         finish_channel: str,
     ) -> Job | None:
-        """A queued job cancelled at once (waking a client waiting for it)."""
+        """A queued or waiting job cancelled at once (waking a client waiting for
+        it); a waiting job's dependents follow by their policy (the trigger of
+        migration 0016).
+        """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(CANCEL_QUEUED_JOB), (id, finish_channel))
             r = await cur.fetchone()
@@ -1689,6 +1758,11 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def request_cancel(
@@ -1733,13 +1807,19 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def requeue_job(self, conn: psycopg.AsyncConnection[Any], *, id: uuid.UUID) -> Job | None:
         """Retry: make the job runnable now. From a terminal state the attempts start
         again from zero (and the releases of workers that lacked its handler) and
         the cancel flag is cleared; last_error is kept until the next attempt
-        overwrites it.
+        overwrites it. A job a parent's failure cancelled runs at once: its
+        parents are not waited for again (pending_parents cleared).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(REQUEUE_JOB), (id,))
@@ -1777,6 +1857,11 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def purge_jobs(
@@ -1790,7 +1875,8 @@ class AsyncQueries(QueriesBase):
         max_jobs per call (short locks; the caller loops), with their durable
         steps and fencing token (migration 0015: no foreign key, so that no
         update of a job pays for a trigger; only a job's lease holder writes
-        them, and a job being purged has none).
+        them, and a job being purged has none). A job that had parents takes its
+        edges with it (migration 0016; a plain job costs no lookup).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))
@@ -1963,6 +2049,11 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def release_job(
@@ -2025,6 +2116,11 @@ class AsyncQueries(QueriesBase):
             progress_at=r[27],
             started_at=r[28],
             releases=r[29],
+            pending_parents=r[30],
+            has_dependents=r[31],
+            on_parent_failure=r[32],
+            workflow_id=r[33],
+            workflow_node=r[34],
         )
 
     async def unclaim_jobs(

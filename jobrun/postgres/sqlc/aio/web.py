@@ -146,6 +146,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]
@@ -198,6 +203,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]
@@ -250,6 +260,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]
@@ -307,6 +322,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]
@@ -402,6 +422,11 @@ class AsyncQueries(QueriesBase):
                     progress_at=r[27],
                     started_at=r[28],
                     releases=r[29],
+                    pending_parents=r[30],
+                    has_dependents=r[31],
+                    on_parent_failure=r[32],
+                    workflow_id=r[33],
+                    workflow_node=r[34],
                 )
                 for r in await cur.fetchall()
             ]

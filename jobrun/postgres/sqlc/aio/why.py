@@ -77,4 +77,5 @@ class AsyncQueries(QueriesBase):
             ahead=r[21],
             serving=r[22],
             knowing=r[23],
+            pending_parents=r[24],
         )

@@ -1,0 +1,295 @@
+"""Dependencies and workflows: the graph, its checks, and what a child reads of its parents.
+
+A job may wait for other jobs, its *parents*: it is stored ``waiting`` (not
+claimable, in no claim index) with a count of the parents not finished, and
+the database queues it in the transaction of the last of them finishing
+(migration ``0016.workflows``). What a parent's failure (``dead`` or
+``cancelled``) does is the child's :class:`OnParentFailure`.
+
+A *workflow* is a graph of new jobs enqueued together, in one transaction,
+under one id. :func:`plan` checks it before anything is written: node names
+unique, every edge to a node of the graph or to a job id, no edge from a
+node to itself, no cycle (named in the error), and returns the nodes parents
+first, the order in which they are inserted.
+
+What a child reads of its parents (:class:`ParentResults`) is loaded with its
+claim, in the claim's own statement, and reaches the handler on its job
+(``Job.parent_results``; ``JobContext.parent_results()``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import uuid
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, overload
+
+from jobrun.job.errors import ValidationError
+from jobrun.job.model import Job, JSONValue, NewJob, State
+
+MAX_NODES = 100_000
+"""Nodes of one workflow (one transaction)."""
+MAX_PARENTS = 100_000
+"""Parents of one job (a fan-in of a large fan-out)."""
+MAX_NAME_CHARS = 255
+
+R_co = TypeVar("R_co", covariant=True)
+T = TypeVar("T")
+
+
+class OnParentFailure(enum.StrEnum):
+    """What a parent ending ``dead`` or ``cancelled`` does to a job waiting for it."""
+
+    CANCEL = "cancel"
+    """The child ends ``cancelled``, its ``last_error`` naming the parent (the
+    default); its own children follow the same way, by their own policy."""
+    RUN = "run"
+    """The parent counts as finished: the child runs when the others have, and
+    sees the failure in :meth:`ParentResults.failed`."""
+
+
+def on_parent_failure(value: object) -> OnParentFailure:
+    """``value`` as a policy (its enum or its text), or ValidationError."""
+    if isinstance(value, OnParentFailure):
+        return value
+    try:
+        return OnParentFailure(str(value)) if isinstance(value, str) else OnParentFailure("")
+    except ValueError:
+        raise ValidationError(
+            "on_parent_failure", f"must be 'cancel' or 'run', not {value!r}"
+        ) from None
+
+
+def node_name(value: object, field: str = "name") -> str:
+    """A node's name: a non-empty str of at most 255 characters."""
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS:
+        raise ValidationError(field, f"must be a str of 1 to {MAX_NAME_CHARS} characters")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL characters")
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """One job of a workflow: the job, its name, and what it waits for.
+
+    ``after`` names nodes of the same workflow; ``parents`` are ids of jobs
+    already stored (of any queue or workflow).
+    """
+
+    name: str
+    job: NewJob
+    after: tuple[str, ...] = ()
+    parents: tuple[uuid.UUID, ...] = ()
+    on_parent_failure: OnParentFailure = OnParentFailure.CANCEL
+
+    @property
+    def waits(self) -> bool:
+        """Whether it has parents at all (a root has none)."""
+        return bool(self.after or self.parents)
+
+
+def plan(nodes: Sequence[Node]) -> list[Node]:
+    """The nodes, checked, parents before children (see the module docstring).
+
+    Every problem is a ValidationError naming the node; nothing is written
+    by anyone before this returns.
+    """
+    if not nodes:
+        raise ValidationError("workflow", "has no jobs")
+    if len(nodes) > MAX_NODES:
+        raise ValidationError("workflow", f"at most {MAX_NODES} jobs in one workflow")
+    by_name: dict[str, Node] = {}
+    ids: set[uuid.UUID] = set()
+    for node in nodes:
+        if node.name in by_name:
+            raise ValidationError("workflow", f"two nodes are named {node.name!r}")
+        by_name[node.name] = node
+        if node.job.id in ids:
+            raise ValidationError("workflow", f"node {node.name!r}: its job id is another node's")
+        ids.add(node.job.id)
+        if node.job.idempotency_key is not None:
+            raise ValidationError(
+                "idempotency_key",
+                f"node {node.name!r}: a workflow's jobs take no idempotency key "
+                "(the workflow's ids make a retried enqueue a replay)",
+            )
+    for node in nodes:
+        if len(node.after) + len(node.parents) > MAX_PARENTS:
+            raise ValidationError("after", f"node {node.name!r}: at most {MAX_PARENTS} parents")
+        for parent in node.after:
+            if parent == node.name:
+                raise ValidationError("after", f"node {node.name!r} cannot wait for itself")
+            if parent not in by_name:
+                raise ValidationError(
+                    "after", f"node {node.name!r} waits for {parent!r}, which is no node"
+                )
+        for parent_id in node.parents:
+            if parent_id == node.job.id:
+                raise ValidationError("after", f"node {node.name!r} cannot wait for itself")
+            if parent_id in ids:
+                raise ValidationError(
+                    "after", f"node {node.name!r}: give a node of the workflow by its name"
+                )
+        if len(set(node.after)) != len(node.after) or len(set(node.parents)) != len(node.parents):
+            raise ValidationError("after", f"node {node.name!r} names a parent twice")
+    return _topological(nodes, by_name)
+
+
+def _topological(nodes: Sequence[Node], by_name: Mapping[str, Node]) -> list[Node]:
+    """Kahn's order, breadth first from the roots in the order given; a cycle is named."""
+    waiting = {node.name: len(node.after) for node in nodes}
+    children: dict[str, list[str]] = {node.name: [] for node in nodes}
+    for node in nodes:
+        for parent in node.after:
+            children[parent].append(node.name)
+    ready = collections.deque(node.name for node in nodes if not node.after)
+    order: list[Node] = []
+    while ready:
+        name = ready.popleft()
+        order.append(by_name[name])
+        for child in children[name]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                ready.append(child)
+    if len(order) < len(nodes):
+        raise ValidationError("workflow", f"has a cycle: {' -> '.join(_a_cycle(by_name, waiting))}")
+    return order
+
+
+def _a_cycle(by_name: Mapping[str, Node], waiting: Mapping[str, int]) -> list[str]:
+    """One cycle among the nodes Kahn's order could not place, for the error."""
+    left = {name for name, count in waiting.items() if count > 0}
+    name = min(left)
+    seen: dict[str, int] = {}
+    path: list[str] = []
+    while name not in seen:
+        seen[name] = len(path)
+        path.append(name)
+        name = next(p for p in sorted(by_name[name].after) if p in left)
+    cycle = path[seen[name] :]
+    return [*reversed(cycle), cycle[-1]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ParentResult:
+    """A parent's outcome as its child's claim read it."""
+
+    id: uuid.UUID
+    type: str
+    node: str | None
+    """Its node's name in its workflow (None: a job enqueued alone)."""
+    state: State
+    result: JSONValue = None
+    """What its handler returned (None unless it succeeded)."""
+    error: str | None = None
+    """Its last error (a failure's text), if any."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether it succeeded (a child runs after a failure only with policy 'run')."""
+        return self.state is State.SUCCEEDED
+
+
+class _Returns(Protocol[R_co]):
+    """A typed task (``jobrun.Task[P, R]``): its job type, and what it returns."""
+
+    @property
+    def type(self) -> str: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R_co: ...
+
+
+class ParentResults(Mapping[str, ParentResult]):
+    """A child's parents, by node name (or, for a parent outside any workflow,
+    its id's text); ``results[uuid]`` finds one by id too.
+
+    In the order of their ids (the order they were enqueued in).
+    """
+
+    __slots__ = ("_by_key", "_list")
+
+    def __init__(self, parents: Sequence[ParentResult]) -> None:
+        self._list = tuple(parents)
+        self._by_key = {(p.node if p.node is not None else str(p.id)): p for p in self._list}
+
+    def __getitem__(self, key: str | uuid.UUID) -> ParentResult:
+        if isinstance(key, uuid.UUID):
+            for parent in self._list:
+                if parent.id == key:
+                    return parent
+            raise KeyError(key)
+        return self._by_key[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_key)
+
+    def __len__(self) -> int:
+        return len(self._list)
+
+    def __repr__(self) -> str:
+        return f"ParentResults({list(self._list)!r})"
+
+    def result(self, key: str | uuid.UUID) -> JSONValue:
+        """The result of one parent (KeyError when there is none by that key)."""
+        return self[key].result
+
+    @overload
+    def of(self, task: str) -> list[Any]: ...
+    @overload
+    def of(self, task: _Returns[Awaitable[T]]) -> list[T]: ...
+    @overload
+    def of(self, task: _Returns[T]) -> list[T]: ...
+    def of(self, task: _Returns[Any] | str) -> list[Any]:
+        """The results of the parents of ``task``'s type (a Task, or a job type), in
+        order, those that succeeded: a fan-in's values, typed by the task's return
+        type (an ``async def`` task's too; as JSON brought them back: a tuple
+        returned is a list here)."""
+        kind = task if isinstance(task, str) else task.type
+        return [p.result for p in self._list if p.ok and p.type == kind]
+
+    @property
+    def failed(self) -> list[ParentResult]:
+        """The parents that ended dead or cancelled (empty unless policy 'run')."""
+        return [p for p in self._list if not p.ok]
+
+    @property
+    def all(self) -> tuple[ParentResult, ...]:
+        return self._list
+
+
+NO_PARENTS = ParentResults(())
+"""What a job without parents reads."""
+
+
+def parent_result(item: Mapping[str, Any]) -> ParentResult:
+    """One parent from its stored form (an element of the claim's aggregate)."""
+    return ParentResult(
+        id=uuid.UUID(item["id"]),
+        node=item.get("node"),
+        state=State(item["state"]),
+        result=item.get("result"),
+        error=item.get("error"),
+        type=item["type"],
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueuedWorkflow:
+    """A graph as it was enqueued: its id (None for a job enqueued alone with
+    parents) and its jobs by node name, in the order they were inserted."""
+
+    id: uuid.UUID | None
+    name: str | None
+    jobs: Mapping[str, Job]
+
+    def __getitem__(self, node: str) -> Job:
+        return self.jobs[node]
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self.jobs.values())
+
+    def __len__(self) -> int:
+        return len(self.jobs)
