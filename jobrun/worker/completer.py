@@ -89,8 +89,9 @@ class Completer(WorkerLoop):
                     )
                 except queue.Empty:
                     break
-                if item is None:
+                if item is None:  # stopping: take what is queued already, and flush now
                     closing = True
+                    deadline = 0.0
                     continue
                 if isinstance(item, FlushNow):
                     break  # the claimer waits on the slots this batch holds
