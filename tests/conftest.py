@@ -205,7 +205,17 @@ def pytest_configure(config: pytest.Config) -> None:
                 setattr(cls, name, _record(qualified, fn))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """With pytest-xdist, gather the queries each worker's tests called."""
+    _called.update(getattr(node, "workeroutput", {}).get("jobrun_called_queries", ()))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller does the check
+        workeroutput["jobrun_called_queries"] = sorted(_called)
+        return
     whole_suite = not session.config.args or session.config.args == ["tests"]
     selective = session.config.getoption("keyword") or session.config.getoption("markexpr")
     if exitstatus != 0 or not whole_suite or selective:
