@@ -68,9 +68,15 @@ $(PEERS_STAMP): bench/peers/requirements.txt
 bench-peers: $(STAMP) $(PEERS_STAMP) ## jobrun side by side with PgQueuer and procrastinate (+ raw limits), in bench/results/
 	$(PY) -m bench.peers --peers-python $(PEERS_VENV)/bin/python $(PEERS_ARGS)
 
+# Two pytest-xdist workers, each with a PostgreSQL of its own, a test file
+# at a time (a file's module-scoped fixtures are set up once): much of the
+# suite waits on timers and subprocesses, so two halves overlap well even on
+# two cores. PYTEST_WORKERS=0 runs in one process (a debugger, a bisection).
+PYTEST_WORKERS ?= 2
+
 .PHONY: test
 test: $(STAMP) ## the whole test suite against a real PostgreSQL it starts itself
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 .PHONY: test-faults
 test-faults: $(STAMP) ## the fault-injection suite (real processes, kills, proxy, restarts)

@@ -15,7 +15,7 @@ import pytest
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
-from tests.support.database import TestServer, test_server
+from tests.support.database import TestServer, runtime_role_mode, test_server
 
 _HEAVY = (Path(__file__).resolve().parent / "faults", Path(__file__).resolve().parent / "scale")
 
@@ -37,6 +37,51 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         if target == heavy or heavy in target.parents:
             return None
     return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``JOBRUN_TEST_RUNTIME_ROLE=1``, run only the tests that talk as the application.
+
+    The runtime-role run exists to prove jobrun works without DDL rights; a
+    test that never connects as that role (no database at all, or only the
+    superuser's ``conn``/``admin_dsn``) runs exactly as in the full run and
+    proves nothing new, so it is deselected (and counted as such).
+    """
+    if not runtime_role_mode():
+        return
+    keep, dropped = [], []
+    for item in items:
+        (keep if _connects_as_the_application(item) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def _connects_as_the_application(item: pytest.Item) -> bool:
+    """Whether the test may hold the runtime role's DSN: a rule, not a list.
+
+    It does when ``dsn`` (the application's DSN, and with it ``pool``,
+    ``store``...) is among its fixtures, or when the test itself or one of
+    the suite's other fixtures (those of tests/ but this file) asks for
+    ``pg_server`` (it may call ``app_dsn``) or for ``request`` (it may look
+    ``dsn`` up by name, ``request.getfixturevalue``). The fixtures of this
+    file that take ``pg_server`` hand out the superuser's DSN only; pytest's
+    and plugins' own fixtures never reach ``pg_server``.
+    """
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:  # not a test function: keep it rather than guess
+        return True
+    reaching = {"pg_server", "request"}
+    if "dsn" in info.names_closure or reaching & set(info.argnames):
+        return True
+    suite = __name__.rpartition(".")[0] + "."
+    return any(
+        reaching & set(fixturedef.argnames)
+        and fixturedef.func.__module__.startswith(suite)
+        and fixturedef.func.__module__ != __name__
+        for fixturedefs in info.name2fixturedefs.values()
+        for fixturedef in fixturedefs
+    )
 
 
 @pytest.fixture(scope="session")
@@ -160,7 +205,17 @@ def pytest_configure(config: pytest.Config) -> None:
                 setattr(cls, name, _record(qualified, fn))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """With pytest-xdist, gather the queries each worker's tests called."""
+    _called.update(getattr(node, "workeroutput", {}).get("jobrun_called_queries", ()))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller does the check
+        workeroutput["jobrun_called_queries"] = sorted(_called)
+        return
     whole_suite = not session.config.args or session.config.args == ["tests"]
     selective = session.config.getoption("keyword") or session.config.getoption("markexpr")
     if exitstatus != 0 or not whole_suite or selective:

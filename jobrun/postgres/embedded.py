@@ -74,19 +74,21 @@ def _run_as() -> pwd.struct_passwd | None:
     try:
         return pwd.getpwnam(UNPRIVILEGED_USER)
     except KeyError:
-        subprocess.run(
-            [
-                "useradd",
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                UNPRIVILEGED_USER,
-            ],
-            check=True,
-            capture_output=True,
-        )
-        return pwd.getpwnam(UNPRIVILEGED_USER)
+        pass
+    # Two processes starting a cluster at once (test workers, say) may both
+    # get here: the loser's useradd fails (the name exists, or /etc/passwd is
+    # locked by the winner), and the winner's user is the one to run as.
+    command = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+    deadline = time.monotonic() + 5
+    while True:
+        done = subprocess.run([*command, UNPRIVILEGED_USER], check=False, capture_output=True)
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(UNPRIVILEGED_USER)
+        if time.monotonic() > deadline:
+            raise subprocess.CalledProcessError(
+                done.returncode, done.args, done.stdout, done.stderr
+            )
+        time.sleep(0.1)
 
 
 def _reachable_by(path: Path, user: pwd.struct_passwd) -> bool:

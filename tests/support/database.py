@@ -40,7 +40,12 @@ from jobrun.postgres.embedded import LocalCluster, embedded_bindir, free_port
 from jobrun.postgres.migrate import migrate
 from jobrun.postgres.schema import DEFAULT_SCHEMA
 
-TEMPLATE_DB = "jobrun_template"
+# pytest-xdist workers on one server (JOBRUN_TEST_DATABASE_URL) each migrate a
+# template of their own; the runtime role is the server's, so they share its
+# password (the run's id), or one worker's ALTER ROLE would lock the other out.
+TEMPLATE_DB = "jobrun_template" + (
+    f"_{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else ""
+)
 RUNTIME_ROLE = "jobrun_runtime"
 RUNTIME_ROLE_ENV = "JOBRUN_TEST_RUNTIME_ROLE"
 
@@ -91,7 +96,8 @@ class TestServer:
         self.version = version
         self.cluster = cluster
         self.runtime_role = runtime_role_mode() if runtime_role is None else runtime_role
-        self._runtime_password = f"rt-{secrets.token_hex(12)}"
+        run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or secrets.token_hex(12)
+        self._runtime_password = f"rt-{run_id}"
         self._names = itertools.count()
 
     def dsn(self, dbname: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import secrets
 import traceback
 import urllib.parse
@@ -21,8 +22,12 @@ from jobrun.job.redaction import RedactingFormatter, redact
 from jobrun.postgres import dsn
 from jobrun.postgres.pool import conninfo_with, describe
 
-CANARY = f"canary{secrets.token_hex(6)}"
-"""The distinctive part of every password here: no encoding changes it."""
+CANARY = f"canary{(os.environ.get('PYTEST_XDIST_TESTRUNUID') or secrets.token_hex(6))[:12]}"
+"""The distinctive part of every password here: no encoding changes it.
+
+Random per run, the same in every pytest-xdist worker of a run (it is in
+the test ids, which the workers must agree on).
+"""
 
 
 def _kv_quote(value: str) -> str:
