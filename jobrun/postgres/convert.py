@@ -178,9 +178,7 @@ def job_from_row(row: JobRow) -> Job:
         workflow_id=row.workflow_id,
         workflow_node=row.workflow_node,
         # Only a claim's rows carry it (ClaimJobs), and only for a job with parents.
-        parent_results=None
-        if (parents := getattr(row, "parent_results", None)) is None
-        else _parents(parents),
+        parent_results=_parents(getattr(row, "parent_results", None)),
     )
 
 
