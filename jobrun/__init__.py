@@ -55,6 +55,7 @@ from jobrun.job.model import (
     ScheduleSpec,
     State,
 )
+from jobrun.job.signals import SignalSent, SignalTimeout
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.migrate import migrate, migration_sql
 from jobrun.runtime import Runtime
@@ -112,6 +113,8 @@ __all__ = [
     "SchedulerService",
     "SchemaMismatch",
     "Settings",
+    "SignalSent",
+    "SignalTimeout",
     "Snooze",
     "State",
     "StoreCall",

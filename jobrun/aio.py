@@ -51,6 +51,7 @@ from typing import Any, Unpack
 from jobrun import producer
 from jobrun.config import Settings
 from jobrun.job.model import BatchResult, Event, Job, JSONValue, NewJob
+from jobrun.job.signals import SignalSent
 from jobrun.postgres.async_store import AsyncPool, AsyncStore, open_async_pool
 from jobrun.postgres.connect import AsyncConnection, database_url_or_embedded
 from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT
@@ -206,6 +207,17 @@ class AsyncClient:
 
     async def retry(self, job_id: uuid.UUID | str) -> Job:
         return await self.store.retry(_uuid(job_id))
+
+    async def signal(
+        self,
+        job_id: uuid.UUID | str,
+        name: str,
+        payload: JSONValue = None,
+        *,
+        key: str | None = None,
+    ) -> SignalSent:
+        """:meth:`jobrun.Client.signal`, awaited."""
+        return await self.store.signal(_uuid(job_id), name, payload, key=key)
 
     async def events(self, job_id: uuid.UUID | str) -> builtins.list[Event]:
         return await self.store.events(_uuid(job_id))

@@ -868,9 +868,10 @@ RETURNING *;
 -- name: PurgeJobs :execrows
 -- Terminal jobs finished longer ago than the age, oldest first, at most
 -- max_jobs per call (short locks; the caller loops), with their durable
--- steps and fencing token (migration 0015: no foreign key, so that no
--- update of a job pays for a trigger; only a job's lease holder writes
--- them, and a job being purged has none).
+-- steps and fencing token (migration 0015), its waits and signals
+-- (migration 0016): no foreign key, so that no update of a job pays for a
+-- trigger; only a job's lease holder writes steps and waits (a job being
+-- purged has none), and a signal is refused to a finished job.
 WITH victims AS (
     SELECT id FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
@@ -882,6 +883,10 @@ WITH victims AS (
     DELETE FROM jobrun.job_steps AS steps USING victims WHERE steps.job_id = victims.id
 ), fences AS (
     DELETE FROM jobrun.job_fences AS fences USING victims WHERE fences.job_id = victims.id
+), waits AS (
+    DELETE FROM jobrun.job_waits AS waits USING victims WHERE waits.job_id = victims.id
+), signals AS (
+    DELETE FROM jobrun.job_signals AS signals USING victims WHERE signals.job_id = victims.id
 )
 DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id;
 

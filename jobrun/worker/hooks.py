@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobrun.worker.hooks")
 
 OutcomeKind: TypeAlias = Literal[
-    "succeeded", "failed", "dead", "cancelled", "lease_lost", "released", "snoozed"
+    "succeeded", "failed", "dead", "cancelled", "lease_lost", "released", "snoozed", "waiting"
 ]
 OUTCOME_KINDS: tuple[OutcomeKind, ...] = (
     "succeeded",
@@ -71,6 +71,7 @@ OUTCOME_KINDS: tuple[OutcomeKind, ...] = (
     "lease_lost",
     "released",
     "snoozed",
+    "waiting",
 )
 
 StoreOperation: TypeAlias = Literal["claim", "complete", "complete_tx", "fail", "heartbeat"]
