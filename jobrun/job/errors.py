@@ -17,6 +17,9 @@ carries its context as attributes rather than only in the message::
     │                          this code: run ``jobrun migrate`` (or upgrade jobrun)
     ├── WaitTimeout            the job had not finished when a wait for it ran out (also a
     │                          ``TimeoutError``)
+    ├── SignalTimeout          a durable signal wait's timeout passed before the signal came
+    │                          (``ctx.wait_for_signal``, :mod:`jobrun.job.signals`; also a
+    │                          ``TimeoutError``)
     └── DatabaseError          the database could not do it
         ├── TransientError     connection lost, server shutting down, read-only, pool timeout:
         │   │                  retry later, nothing was decided
