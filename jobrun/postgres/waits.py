@@ -10,7 +10,8 @@ nothing written, when the claim no longer holds the job):
   moved after) and the database's now, for the caller to park the job;
 - :meth:`Waits.park`: one transaction: ``LockLease`` (the job row, FOR NO
   KEY UPDATE), then ``ParkJob`` (queued at the wait's deadline, or now when a
-  signal it waits for is there already, with a wake-up of its queue). The
+  signal it waits for is there already), with a wake-up of its queue that
+  carries the delay until then (as a delayed enqueue's does). The
   row lock first is what makes a signal never missed: a signal's transaction
   (``client.signal``) locks the same row before it stores the signal, so
   whichever comes second sees what the first committed (ParkJob, as its own
@@ -28,6 +29,7 @@ from jobrun.job.steps import step_name
 from jobrun.postgres.convert import job_from_row, utc
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.plans import lease_of
+from jobrun.postgres.sqlc import models
 from jobrun.postgres.steps import Steps
 from jobrun.postgres.transactions import Conn
 
@@ -98,8 +100,11 @@ class Waits(Steps):
             )
             if row is None:  # pragma: no cover - the row is locked for this claim
                 raise LeaseLost(job.id)
-            if row.ready:
-                self._notify(c, row.queue)
+            if row.state == models.JobState.QUEUED:
+                # Due now (a signal is there already), or at the deadline: the
+                # wake-up carries the delay, as a delayed enqueue's does, so
+                # that a short sleep resumes when it ends, not at a poll.
+                self._notify(c, row.queue, None if row.ready else row.run_at)
             return job_from_row(row)
 
         return self._with_tx(run)

@@ -27,8 +27,8 @@ def park(outcomes: Outcomes, job: Job, parked: Parked, started: float) -> None:
     job queued again until the wait is over, its lease and attempt given back;
     cancelled instead when a cancel was requested (cancel wins)."""
     duration = time.monotonic() - started
-    what = "sleep" if parked.signal is None else f"signal {parked.signal!r}"
-    reason = f"waiting for {what} (step {parked.step!r}) until {text.iso(parked.until)}"
+    what = "sleeping" if parked.signal is None else f"waiting for signal {parked.signal!r}"
+    reason = f"{what} (step {parked.step!r}) until {text.iso(parked.until)}"
     store: WaitStore = outcomes.store
     done = outcomes.record(
         job, lambda: store.park(job, parked.step), "durable wait", duration=duration
