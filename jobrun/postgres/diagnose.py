@@ -73,6 +73,8 @@ class Diagnose:
                     ahead_cap=AHEAD_CAP,
                     serving=tuple(row.serving),
                     knowing=row.knowing,
+                    waiting_step=row.waiting_step,
+                    waiting_signal=row.waiting_signal,
                 )
             )
 

@@ -80,11 +80,19 @@ SELECT j.id, j.state, j.queue, j.type, j.run_at, j.concurrency_key, j.cancel_req
         (SELECT count(*) FROM jobrun.workers AS w
          WHERE j.queue = ANY(w.queues) AND j.type = ANY(w.types)
            AND w.last_seen_at > now() - make_interval(secs => w.lease_ttl_seconds))::int8
-         AS knowing
+         AS knowing,
+        waiting.step AS waiting_step,
+        waiting.signal AS waiting_signal
 FROM j
 LEFT JOIN jobrun.queue_pauses AS p ON p.queue = j.queue
 LEFT JOIN jobrun.queue_limits AS l ON l.queue = j.queue
-LEFT JOIN frees ON true"""
+LEFT JOIN frees ON true
+LEFT JOIN LATERAL (
+    SELECT w.step, w.signal FROM jobrun.job_waits AS w
+    WHERE w.job_id = j.id AND j.state = 'queued'
+    ORDER BY w.created_at DESC
+    LIMIT 1
+) AS waiting ON true"""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -113,6 +121,8 @@ class WhyJobRow:
     ahead: int
     serving: list[str]
     knowing: int
+    waiting_step: str
+    waiting_signal: str | None
 
 
 class Queries(QueriesBase):
@@ -141,7 +151,9 @@ class Queries(QueriesBase):
         through; how many runnable jobs of its queue come before it in claim
         order (counted up to ahead_cap); the live workers of the registry serving
         its queue (the first few) and how many of them know its type (live: seen
-        within their lease TTL, as the type-aware claim reads it).
+        within their lease TTL, as the type-aware claim reads it); the durable
+        wait a queued job is parked in, if any (migration 0016: its step and the
+        signal it waits for, NULL for a sleep; the latest begun).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(WHY_JOB), (holders, ahead_cap, id))
@@ -173,4 +185,6 @@ class Queries(QueriesBase):
             ahead=r[21],
             serving=r[22],
             knowing=r[23],
+            waiting_step=r[24],
+            waiting_signal=r[25],
         )
