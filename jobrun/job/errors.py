@@ -36,7 +36,8 @@ carries its context as attributes rather than only in the message::
 ``ValidationError`` is also a ``ValueError`` so that callers who treat bad
 arguments generically still catch it. What a handler raises to steer its job
 (``PermanentFailure``, ``Snooze``: :mod:`jobrun.worker.registry`) is no error
-of jobrun's and stands outside the tree. tests/unit/test_error_tree.py
+of jobrun's and stands outside the tree, as does ``Parked``
+(:mod:`jobrun.job.signals`, a BaseException a durable wait leaves its handler by). tests/unit/test_error_tree.py
 compares this drawing with the classes, so a class moved or added without
 its line fails there.
 """
