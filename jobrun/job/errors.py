@@ -37,9 +37,9 @@ carries its context as attributes rather than only in the message::
 arguments generically still catch it. What a handler raises to steer its job
 (``PermanentFailure``, ``Snooze``: :mod:`jobrun.worker.registry`) is no error
 of jobrun's and stands outside the tree, as does ``Parked``
-(:mod:`jobrun.job.signals`, a BaseException a durable wait leaves its handler by). tests/unit/test_error_tree.py
-compares this drawing with the classes, so a class moved or added without
-its line fails there.
+(:mod:`jobrun.job.signals`, a BaseException a durable wait leaves its
+handler by). tests/unit/test_error_tree.py compares this drawing with the
+classes, so a class moved or added without its line fails there.
 """
 
 from __future__ import annotations
