@@ -121,18 +121,24 @@ class DurableWaits(DurableSteps):
                         "ctx", "a signal wait runs in a worker (this context has no store)"
                     )
                 record = {"signal": None, "key": None, "payload": None, "timed_out": False}
-                self._done()[step] = StepRecord(record, self.job.attempts)
+                self._remember(step, record)
                 return None
             turn = self._fenced(lambda: store.await_step(self.job, step, signal, seconds))
             if turn.record is None:
                 assert turn.until is not None
                 parked = self._parked = Parked(step, signal, turn.until)
                 raise parked
-            self._done()[step] = StepRecord(turn.record, self.job.attempts)
+            self._remember(step, turn.record)
             return self._outcome(step, signal, turn.record)
         except BaseException:
             self._give_back(step)
             raise
+
+    def _remember(self, step: str, record: dict[str, Any]) -> None:
+        """The wait's outcome, as a replay in this attempt will find it."""
+        done = self._done()
+        with self._lock():
+            done[step] = StepRecord(record, self.job.attempts)
 
     def _outcome(self, step: str, signal: str | None, record: object) -> Any:
         """A wait's recorded outcome: the payload, None for a sleep, or SignalTimeout."""
