@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -337,3 +338,32 @@ def test_a_wait_step_name_is_a_step_name_once_per_attempt(store: Store, registry
     job = enqueue(store, "names")
     report = run_jobs(store, registry, advance=dt.timedelta(seconds=1))
     assert report.succeeded == 1, store.get(job.id).last_error
+
+
+def test_signals_racing_their_jobs_waits_are_never_missed(
+    store: Store,
+    registry: Registry,
+    make_store: Callable[..., Store],
+    make_worker: Callable[..., Worker],
+) -> None:
+    # Signals sent at every moment of their jobs' first run (before the wait,
+    # while it looks, while it parks, once parked): a missed one would leave
+    # its job parked for the hour of its timeout.
+    def handler(ctx: JobContext, job: Job) -> Any:
+        return ctx.wait_for_signal("go", timeout=HOUR)
+
+    registry.register("race", handler)
+    jobs = [enqueue(store, "race", payload={"n": n}) for n in range(24)]
+    sender = make_store()
+
+    def send() -> None:
+        for n, job in enumerate(jobs):
+            time.sleep(0.004 * (n % 5))
+            sender.signal(job.id, "go", n)
+
+    thread = threading.Thread(target=send)
+    make_worker(concurrency=8)
+    thread.start()
+    thread.join(30)
+    wait_for(lambda: all(store.get(j.id).state is State.SUCCEEDED for j in jobs))
+    assert [store.get(j.id).result for j in jobs] == list(range(24))
