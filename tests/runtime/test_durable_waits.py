@@ -367,3 +367,21 @@ def test_signals_racing_their_jobs_waits_are_never_missed(
     thread.join(30)
     wait_for(lambda: all(store.get(j.id).state is State.SUCCEEDED for j in jobs))
     assert [store.get(j.id).result for j in jobs] == list(range(24))
+
+
+def test_an_async_signal_wait_times_out_with_the_same_typed_error(
+    store: Store, registry: Registry
+) -> None:
+    async def handler(ctx: JobContext, job: Job) -> str:
+        try:
+            await ctx.wait_for_signal_async("confirmed", timeout=HOUR)
+        except SignalTimeout as exc:
+            return f"expired: {exc.signal}"
+        return "confirmed"
+
+    registry.register("async-expiry", handler)
+    job = enqueue(store, "async-expiry")
+    run_jobs(store, registry)
+    assert store.get(job.id).state is State.QUEUED  # parked for the hour
+    run_jobs(store, registry, advance=HOUR + dt.timedelta(minutes=1))
+    assert store.get(job.id).result == "expired: confirmed"
