@@ -54,6 +54,8 @@ JOBRUN_TABLES = (
     "workers",
     "job_steps",
     "job_fences",
+    "job_waits",
+    "job_signals",
 )
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""
 
