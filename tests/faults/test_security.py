@@ -39,25 +39,9 @@ from jobrun.runtime import Runtime
 from tests.faults.harness import QUICK_RETRY, ROOT, TTL, Workers, scalar, states, terminate_role
 from tests.faults.harness import wait_until as wait
 from tests.faults.oracle import Oracle
+from tests.support.tables import JOBRUN_TABLES
 
 ROLE = "jobrun_fault_rt"
-JOBRUN_TABLES = (
-    "jobs",
-    "job_events",
-    "processed_effects",
-    "schedules",
-    "queue_pauses",
-    "schema_version",
-    "queue_limits",
-    "queue_starts",
-    "leader",
-    "workers",
-    "job_steps",
-    "job_fences",
-    "job_waits",
-    "job_signals",
-)
-"""jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""
 
 
 def test_the_runtime_roles_grants_cover_every_table_jobrun_has(
