@@ -55,6 +55,7 @@ from jobrun.job.model import (
     ScheduleSpec,
     State,
 )
+from jobrun.job.signals import SignalSent, SignalTimeout
 from jobrun.job.workflow import (
     EnqueuedWorkflow,
     OnParentFailure,
@@ -124,6 +125,8 @@ __all__ = [
     "SchedulerService",
     "SchemaMismatch",
     "Settings",
+    "SignalSent",
+    "SignalTimeout",
     "Snooze",
     "State",
     "StoreCall",

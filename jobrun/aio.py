@@ -52,6 +52,7 @@ from jobrun import producer, workflow
 from jobrun.config import Settings
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import BatchResult, Event, Job, JSONValue, NewJob
+from jobrun.job.signals import SignalSent
 from jobrun.job.workflow import EnqueuedWorkflow, OnParentFailure
 from jobrun.postgres.async_store import AsyncPool, AsyncStore, open_async_pool
 from jobrun.postgres.connect import AsyncConnection, database_url_or_embedded
@@ -236,6 +237,17 @@ class AsyncClient:
 
     async def retry(self, job_id: uuid.UUID | str) -> Job:
         return await self.store.retry(_uuid(job_id))
+
+    async def signal(
+        self,
+        job_id: uuid.UUID | str,
+        name: str,
+        payload: JSONValue = None,
+        *,
+        key: str | None = None,
+    ) -> SignalSent:
+        """:meth:`jobrun.Client.signal`, awaited."""
+        return await self.store.signal(_uuid(job_id), name, payload, key=key)
 
     async def events(self, job_id: uuid.UUID | str) -> builtins.list[Event]:
         return await self.store.events(_uuid(job_id))

@@ -57,6 +57,7 @@ from jobrun.job.model import (
     ScheduleSpec,
 )
 from jobrun.job.service import Closing
+from jobrun.job.signals import SignalSent
 from jobrun.job.workflow import EnqueuedWorkflow, OnParentFailure
 from jobrun.postgres.connect import ConnectionPool, caller_connection, database_url_or_embedded
 from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT, open_pool
@@ -263,6 +264,28 @@ class Client(Closing):
 
     def retry(self, job_id: uuid.UUID | str) -> Job:
         return self.store.retry(_uuid(job_id))
+
+    def signal(
+        self,
+        job_id: uuid.UUID | str,
+        name: str,
+        payload: JSONValue = None,
+        *,
+        key: str | None = None,
+    ) -> SignalSent:
+        """Send signal ``name`` to a job, with ``payload`` (any JSON value).
+
+        The job's ``ctx.wait_for_signal(name, ...)`` returns the payload,
+        whether it began waiting before or after the send; a job parked in
+        that wait runs again at once. ``key`` makes a send idempotent: the
+        same (job, name, key) again writes nothing (``sent`` is False), so the
+        signal is delivered once; without a key every send is a signal of its
+        own (waits of one name take them oldest first, one each). NotFound
+        when there is no such job, InvalidState when it has finished;
+        ValidationError for a bad name (a non-empty str of at most 200
+        characters), key (the same) or payload, before anything is written.
+        """
+        return self.store.signal(_uuid(job_id), name, payload, key=key)
 
     def events(self, job_id: uuid.UUID | str) -> builtins.list[Event]:
         return self.store.events(_uuid(job_id))

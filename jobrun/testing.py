@@ -19,7 +19,9 @@ enqueues to ``queue="emails"`` needs no knowledge of how its workers are
 deployed. ``types=`` runs only jobs of those types (the others stay queued,
 untouched). A job due later (a delayed enqueue, a snooze, a retry's backoff)
 is left queued, unless ``advance=`` says how far ahead to look: the jobs due
-within that much of the *database's* clock are brought forward to now (the
+within that much of the *database's* clock are brought forward to now (a job
+parked in a durable wait with its wait's deadline: a sleep is then over, a
+signal wait times out; the
 process's clock is never faked; see :mod:`jobrun.postgres.testing`), and
 again once those ran, so a handler that snoozes once runs twice. The jobs of paused
 queues stay queued (a worker would not claim them either).

@@ -891,10 +891,12 @@ RETURNING *;
 -- name: PurgeJobs :execrows
 -- Terminal jobs finished longer ago than the age, oldest first, at most
 -- max_jobs per call (short locks; the caller loops), with their durable
--- steps and fencing token (migration 0015: no foreign key, so that no
--- update of a job pays for a trigger; only a job's lease holder writes
--- them, and a job being purged has none). A job that had parents takes its
--- edges with it (migration 0016; a plain job costs no lookup).
+-- steps and fencing token (migration 0015), its waits and signals
+-- (migration 0017): no foreign key, so that no update of a job pays for a
+-- trigger; only a job's lease holder writes steps and waits (a job being
+-- purged has none), and a signal is refused to a finished job. A job that
+-- had parents takes its edges with it (migration 0016; a plain job costs no
+-- lookup).
 WITH victims AS (
     SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents
     FROM jobrun.jobs AS jobs
@@ -910,6 +912,10 @@ WITH victims AS (
 ), edges AS (
     DELETE FROM jobrun.job_dependencies AS d
     WHERE d.child_id = ANY(ARRAY(SELECT victims.id FROM victims WHERE victims.had_parents))
+), waits AS (
+    DELETE FROM jobrun.job_waits AS waits USING victims WHERE waits.job_id = victims.id
+), signals AS (
+    DELETE FROM jobrun.job_signals AS signals USING victims WHERE signals.job_id = victims.id
 )
 DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id;
 

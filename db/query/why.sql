@@ -13,7 +13,9 @@
 -- through; how many runnable jobs of its queue come before it in claim
 -- order (counted up to ahead_cap); the live workers of the registry serving
 -- its queue (the first few) and how many of them know its type (live: seen
--- within their lease TTL, as the type-aware claim reads it).
+-- within their lease TTL, as the type-aware claim reads it); the durable
+-- wait a queued job is parked in, if any (migration 0017: its step and the
+-- signal it waits for, NULL for a sleep; the latest begun).
 WITH j AS (
     SELECT jobs.id, jobs.state, jobs.queue, jobs.type, jobs.priority, jobs.run_at,
            jobs.concurrency_key, jobs.cancel_requested, jobs.lease_owner, jobs.lease_expires_at,
@@ -79,8 +81,16 @@ SELECT j.id, j.state, j.queue, j.type, j.run_at, j.concurrency_key, j.cancel_req
          WHERE j.queue = ANY(w.queues) AND j.type = ANY(w.types)
            AND w.last_seen_at > now() - make_interval(secs => w.lease_ttl_seconds))::int8
          AS knowing,
-        j.pending_parents
+        j.pending_parents,
+        waiting.step AS waiting_step,
+        waiting.signal AS waiting_signal
 FROM j
 LEFT JOIN jobrun.queue_pauses AS p ON p.queue = j.queue
 LEFT JOIN jobrun.queue_limits AS l ON l.queue = j.queue
-LEFT JOIN frees ON true;
+LEFT JOIN frees ON true
+LEFT JOIN LATERAL (
+    SELECT w.step, w.signal FROM jobrun.job_waits AS w
+    WHERE w.job_id = j.id AND j.state = 'queued'
+    ORDER BY w.created_at DESC
+    LIMIT 1
+) AS waiting ON true;

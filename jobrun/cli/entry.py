@@ -25,6 +25,7 @@ from . import (
     processes,
     queues,
     schedules,
+    signals,
     why,
     workers,
 )
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.register(commands)  # enqueue, get, list, events, depth
     why.register(commands)
     actions.register(commands)  # cancel, retry
+    signals.register(commands)
     queues.register(commands)
     workers.register(commands)
     actions.register_purge(commands)

@@ -66,6 +66,7 @@ WRITERS = frozenset(
         ("enqueue",),
         ("cancel",),
         ("retry",),
+        ("signal",),
         ("dashboard",),
         ("demo",),
         ("queues", "resume"),

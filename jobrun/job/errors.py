@@ -17,6 +17,9 @@ carries its context as attributes rather than only in the message::
     │                          this code: run ``jobrun migrate`` (or upgrade jobrun)
     ├── WaitTimeout            the job had not finished when a wait for it ran out (also a
     │                          ``TimeoutError``)
+    ├── SignalTimeout          a durable signal wait's timeout passed before the signal came
+    │                          (``ctx.wait_for_signal``, :mod:`jobrun.job.signals`; also a
+    │                          ``TimeoutError``)
     └── DatabaseError          the database could not do it
         ├── TransientError     connection lost, server shutting down, read-only, pool timeout:
         │   │                  retry later, nothing was decided
@@ -33,9 +36,10 @@ carries its context as attributes rather than only in the message::
 ``ValidationError`` is also a ``ValueError`` so that callers who treat bad
 arguments generically still catch it. What a handler raises to steer its job
 (``PermanentFailure``, ``Snooze``: :mod:`jobrun.worker.registry`) is no error
-of jobrun's and stands outside the tree. tests/unit/test_error_tree.py
-compares this drawing with the classes, so a class moved or added without
-its line fails there.
+of jobrun's and stands outside the tree, as does ``Parked``
+(:mod:`jobrun.job.signals`, a BaseException a durable wait leaves its
+handler by). tests/unit/test_error_tree.py compares this drawing with the
+classes, so a class moved or added without its line fails there.
 """
 
 from __future__ import annotations

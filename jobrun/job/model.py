@@ -440,6 +440,19 @@ class EventKind(enum.StrEnum):
     SNOOZED = "snoozed"
     """The handler asked to run again later (``detail.delay_seconds``); its
     attempt was given back and ``snoozes`` counted instead."""
+    PARKED = "parked"
+    """The handler is in a durable wait (``detail.step``, ``detail.signal``
+    (None for a sleep), ``detail.until``): the job was queued again until
+    then, its lease and its attempt given back (see docs/signals.md)."""
+    WAIT_ENDED = "wait_ended"
+    """A durable wait is over without a signal: a sleep done, or a signal wait
+    whose timeout passed (``detail.timed_out``)."""
+    SIGNAL_SENT = "signal_sent"
+    """A signal was stored for the job (``detail.name``, ``detail.key``);
+    ``detail.woke``: the job was parked waiting for it and was made due now."""
+    SIGNAL_DELIVERED = "signal_delivered"
+    """A signal was delivered to the job's wait (``detail.step``, ``detail.signal``,
+    ``detail.key``)."""
 
     @property
     def terminal(self) -> bool:

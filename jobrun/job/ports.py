@@ -30,6 +30,7 @@ from jobrun.job.model import (
     Schedule,
     State,
 )
+from jobrun.job.signals import WaitStore
 from jobrun.job.steps import StepStore
 from jobrun.job.workers import WorkerInfo
 
@@ -59,7 +60,7 @@ class Schedules(Protocol):
     def materialize(self, schedule: Schedule, now: dt.datetime) -> Job | None: ...
 
 
-class Store(Schedules, StepStore, Protocol):
+class Store(Schedules, StepStore, WaitStore, Protocol):
     """Durable job storage. Every mutating method is exactly one transaction."""
 
     def now(self) -> dt.datetime: ...

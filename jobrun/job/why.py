@@ -91,6 +91,10 @@ class Snapshot:
     """How many of the live workers serving its queue have a handler for its type."""
     pending_parents: int = 0
     """Its parents not finished yet (a job waiting for others: migration 0016)."""
+    waiting_step: str | None = None
+    """The durable wait the queued job is parked in (its step), if any."""
+    waiting_signal: str | None = None
+    """The signal that wait waits for (None: a sleep)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,14 +146,17 @@ def _reasons(s: Snapshot) -> tuple[Reason, ...]:
         )
     reasons: list[Reason] = []
     if s.run_at > s.db_now:
-        reasons.append(
-            Reason(
-                Hold.SCHEDULED,
-                f"it is not due yet: due at {_at(s.run_at)} "
-                f"({_span(s.run_at - s.db_now)} from now)",
-                until=s.run_at,
+        due = f"due at {_at(s.run_at)} ({_span(s.run_at - s.db_now)} from now)"
+        if s.waiting_step is None:
+            text = f"it is not due yet: {due}"
+        elif s.waiting_signal is None:
+            text = f"it sleeps (durable sleep {s.waiting_step!r}): {due}"
+        else:
+            text = (
+                f"it waits for signal {s.waiting_signal!r} (step {s.waiting_step!r}): {due} "
+                "when it times out, at once when the signal is sent"
             )
-        )
+        reasons.append(Reason(Hold.SCHEDULED, text, until=s.run_at))
     if s.paused_at is not None:
         reasons.append(
             Reason(Hold.PAUSED, f"its queue {s.queue!r} is paused (since {_at(s.paused_at)})")

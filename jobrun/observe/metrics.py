@@ -137,7 +137,8 @@ class Metrics(WorkerHooks):
             "jobrun_jobs_finished",
             "Attempts whose outcome was recorded, by queue, type and outcome: succeeded, "
             "failed (to be retried), dead, cancelled, lease_lost, released (unknown type), "
-            "snoozed (queued again by the handler, attempt given back).",
+            "snoozed (queued again by the handler, attempt given back), waiting (parked in a "
+            "durable wait until it is over).",
             ["queue", "type", "outcome"],
             registry=None,
         )

@@ -74,6 +74,8 @@ class Diagnose:
                     serving=tuple(row.serving),
                     knowing=row.knowing,
                     pending_parents=row.pending_parents,
+                    waiting_step=row.waiting_step,
+                    waiting_signal=row.waiting_signal,
                 )
             )
 

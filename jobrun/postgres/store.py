@@ -6,7 +6,8 @@ and its retry loop), :mod:`~jobrun.postgres.enqueue`,
 :mod:`~jobrun.postgres.admin` (get, list, events, cancel, retry, watch,
 wait), :mod:`~jobrun.postgres.limits`, :mod:`~jobrun.postgres.leases`
 (claim to reap), :mod:`~jobrun.postgres.completion`, :mod:`~jobrun.postgres.schedules`
-and :mod:`~jobrun.postgres.steps`; what is left here is what only the sync
+and :mod:`~jobrun.postgres.steps` (with :mod:`~jobrun.postgres.waits`); what is
+left here is what only the sync
 store does: the producer span around an enqueue, the leader's fence, fork
 safety, the housekeeping reads and writes.
 
@@ -61,7 +62,7 @@ from jobrun.postgres.schedules import SchedulesMixin
 from jobrun.postgres.schema import DEFAULT_SCHEMA
 from jobrun.postgres.session import DEFAULT_CHANNEL
 from jobrun.postgres.sqlc import Queries
-from jobrun.postgres.steps import Steps
+from jobrun.postgres.waits import Waits
 from jobrun.postgres.workers import Workers
 from jobrun.postgres.workflows import Workflows
 
@@ -69,7 +70,7 @@ DEFAULT_NOTIFY_CHANNEL = DEFAULT_CHANNEL
 DEFAULT_COMMIT_TIMEOUT = dt.timedelta(seconds=30)
 
 
-class Store(SchedulesMixin, Workers, Exchange, Steps, Workflows):
+class Store(SchedulesMixin, Workers, Exchange, Waits, Workflows):
     """Durable job storage on a psycopg pool (see the module docstring)."""
 
     def __init__(

@@ -12,7 +12,7 @@ from jobrun.job import validate
 from jobrun.job.model import Job
 from jobrun.job.workflow import NO_PARENTS, ParentResults
 from jobrun.worker.logs import job_fields
-from jobrun.worker.steps import DurableSteps
+from jobrun.worker.waits import DurableWaits
 
 ProgressSink: TypeAlias = Callable[[float, str | None], bool]
 """Writes a job's progress (a checked fraction and message) for the worker;
@@ -27,7 +27,7 @@ _CANCEL_EVENTS = threading.Lock()
 """Guards making a context's ``cancelled`` Event against its cancellation (both rare)."""
 
 
-class JobContext(DurableSteps):
+class JobContext(DurableWaits):
     """The handler's view of its attempt.
 
     ``cancelled`` is set when the job must stop: its cancel was requested,
@@ -37,7 +37,8 @@ class JobContext(DurableSteps):
     succeeded. ``deadline`` is a ``time.monotonic()`` value (None: no timeout).
 
     :meth:`progress` reports how far the attempt got (see there). Durable
-    steps, idempotency keys and the fencing token: :mod:`jobrun.worker.steps`.
+    steps, idempotency keys and the fencing token: :mod:`jobrun.worker.steps`;
+    durable sleeps and signal waits: :mod:`jobrun.worker.waits`.
 
     In an ``async def`` handler the context is the same object, and its
     cancellation reaches the handler the asyncio way: when ``cancelled`` is

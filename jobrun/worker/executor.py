@@ -38,11 +38,13 @@ from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Job
 from jobrun.job.ports import CommitCallable as Commit
+from jobrun.job.signals import Parked
 from jobrun.worker import text
 from jobrun.worker.context import JobContext
 from jobrun.worker.event_loop import EventLoop, cancel_soon
 from jobrun.worker.leases import Finished, Running
 from jobrun.worker.outcomes import let_go
+from jobrun.worker.parking import park
 from jobrun.worker.parts import Parts
 from jobrun.worker.progress import OffloadedProgress, progress_sink
 from jobrun.worker.registry import Done, PermanentFailure, Registration, Snooze
@@ -215,7 +217,7 @@ class Executor:
                 ctx.flush_progress()  # a value kept by the throttle, before the outcome
                 if hooks is not None and hooks.returned:
                     hooks.job_returned(job, sys.exc_info()[1])
-        except Exception as exc:
+        except (Exception, Parked) as exc:  # Parked: a durable wait, not an error
             error = exc
         try:
             self.settle(running, registration, started, value, error)
@@ -246,7 +248,7 @@ class Executor:
                 value = await task
             except asyncio.CancelledError as exc:  # its context's cancel, or its own
                 error = exc
-            except Exception as exc:
+            except (Exception, Parked) as exc:
                 error = exc
             ctx.flush_progress()  # a value kept by the throttle, before the outcome
             written = running.progress.pending() if running.progress is not None else None
@@ -254,7 +256,7 @@ class Executor:
                 with contextlib.suppress(Exception):
                     await asyncio.wrap_future(written)
             try:
-                if error is None and value is None and not ctx.is_cancelled:
+                if error is None and value is None and not ctx.is_cancelled and not ctx._parked:
                     # The common case needs no write of its own: it joins the batch here.
                     self.settle(running, registration, started, value, error)
                 else:
@@ -314,6 +316,10 @@ class Executor:
         """Record what the handler did: raised ``error`` or returned ``value``
         (for plain and async handlers alike; see :mod:`jobrun.worker.registry`)."""
         job, ctx = running.job, running.ctx
+        parked = ctx._parked  # a durable wait left the handler (even if it caught Parked)
+        if parked is not None:
+            park(self._outcomes, job, parked, started)
+            return
         if error is not None:
             if isinstance(error, Snooze):
                 self._outcomes.snooze(job, registration, error, started)

@@ -19,7 +19,9 @@ When each method runs, and on which thread:
     once the job's outcome is recorded in the database (or known to be
     lost): succeeded, failed (to be retried), dead, cancelled, lease_lost,
     released (an unknown job type given back), snoozed (the handler raised
-    or returned ``jobrun.Snooze``: queued again, its attempt given back). On
+    or returned ``jobrun.Snooze``: queued again, its attempt given back),
+    waiting (parked in a durable wait, ``ctx.sleep`` or
+    ``ctx.wait_for_signal``: queued again until it is over). On
     the handler thread for a failure or a snooze, on the completer thread
     for a batch of successes;
 For an ``async def`` handler, ``job_started`` and ``job_returned`` run on the
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobrun.worker.hooks")
 
 OutcomeKind: TypeAlias = Literal[
-    "succeeded", "failed", "dead", "cancelled", "lease_lost", "released", "snoozed"
+    "succeeded", "failed", "dead", "cancelled", "lease_lost", "released", "snoozed", "parked"
 ]
 OUTCOME_KINDS: tuple[OutcomeKind, ...] = (
     "succeeded",
@@ -71,6 +73,7 @@ OUTCOME_KINDS: tuple[OutcomeKind, ...] = (
     "lease_lost",
     "released",
     "snoozed",
+    "parked",
 )
 
 StoreOperation: TypeAlias = Literal["claim", "complete", "complete_tx", "fail", "heartbeat"]
@@ -92,7 +95,7 @@ class JobOutcome:
     no handler ran: an unknown type, a lease lost before the handler
     returned). ``error`` is the exception the handler (or its commit
     callable) raised, ``error_text`` what was stored as ``last_error``.
-    ``next_run_at`` is when a failed, released or snoozed job runs again
+    ``next_run_at`` is when a failed, released, snoozed or waiting job runs again
     (database clock). ``result`` is a succeeded job's stored result. A
     snooze is no error: its ``error`` is None and ``error_text`` the reason
     written to its event.

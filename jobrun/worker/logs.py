@@ -6,8 +6,9 @@ handler logs through ``ctx.logger``) carries the job's fields as ``extra``::
     job_id  job_type  attempt  max_attempts  queue
 
 and an outcome line adds ``outcome`` (succeeded, failed, dead, cancelled,
-lease_lost, released, snoozed), ``duration_ms`` (the handler's run time),
-``next_run_at`` (a failed, released or snoozed job's next run, ISO 8601 UTC)
+lease_lost, released, snoozed, waiting), ``duration_ms`` (the handler's run
+time), ``next_run_at`` (a failed, released, snoozed or waiting job's next run,
+ISO 8601 UTC)
 and ``error``. A record that is not about a job has none of them.
 
 Two formats, both through the redactor (a handler's error or log line may

@@ -74,6 +74,7 @@ class Outcomes:
             "adopted": 0,
             "released": 0,
             "snoozed": 0,
+            "parked": 0,  # in a durable wait (jobrun.worker.waits)
         }
         self.success_level = logs.success_level(config.success_log_level)
         self._unknown_types: set[str] = set()  # warned about once each

@@ -230,6 +230,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0014.events_without_pkey",
         "0015.steps",
         "0016.workflows",
+        "0017.signals",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -494,6 +495,24 @@ def test_the_steps_migration_adds_two_tables_and_rolls_back_to_none(empty_dsn: s
         assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (14,)
     assert not {"job_steps", "job_fences"} & _tables(empty_dsn)
     assert m.migrate(empty_dsn) == ["0015.steps"]
+
+
+def test_the_signals_migration_adds_two_tables_and_rolls_back_to_none(empty_dsn: str) -> None:
+    # Migration 0017 creates job_waits and job_signals and touches no other
+    # table (no foreign key to jobs): no lock on jobs, as long at a million
+    # jobs as on none.
+    m.migrate(empty_dsn)
+    assert {"job_waits", "job_signals"} <= _tables(empty_dsn)
+    text = (MIGRATIONS / "0017.signals.sql").read_text()
+    statements = [line for line in text.splitlines() if line and not line.startswith("--")]
+    assert not any("jobrun.jobs" in line for line in statements)
+    rollback = (MIGRATIONS / "0017.signals.rollback.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(rollback)
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0017.signals'")
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (16,)
+    assert not {"job_waits", "job_signals"} & _tables(empty_dsn)
+    assert m.migrate(empty_dsn) == ["0017.signals"]
 
 
 def test_the_least_privilege_table_list_names_every_table_of_the_schema(empty_dsn: str) -> None:

@@ -198,3 +198,13 @@ def test_the_diagnosis_reads_jobs_through_indexes_only(
     sql = WHY_JOB.replace("$1", "5").replace("$2", "10000").replace("$3", f"'{job.id}'::uuid")
     plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN {sql}"))
     assert "Seq Scan on jobs" not in plan, plan
+
+
+def test_a_job_parked_in_a_durable_wait_names_the_wait(store: Store) -> None:
+    store.enqueue(new_job())
+    (job,) = store.claim("w", ["default"], 1, TTL)
+    store.await_step(job, "confirm", "email.confirmed", 3600.0)
+    store.park(job, "confirm")
+    (reason,) = [r for r in Diagnose(store).why(job.id).reasons if r.hold is Hold.SCHEDULED]
+    assert "it waits for signal 'email.confirmed' (step 'confirm')" in reason.text
+    assert "at once when the signal is sent" in reason.text

@@ -23,5 +23,7 @@ JOBRUN_TABLES = (
     "job_fences",
     "workflows",
     "job_dependencies",
+    "job_waits",
+    "job_signals",
 )
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""

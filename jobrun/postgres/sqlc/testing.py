@@ -29,6 +29,11 @@ WITH due AS (
     FROM due
     WHERE jobs.id = due.id
     RETURNING jobs.id, jobs.queue, jobs.type, jobs.attempts, due.run_at AS was
+), waits AS (
+    UPDATE jobrun.job_waits AS waits SET until = now()
+    FROM moved
+    WHERE waits.job_id = moved.id AND waits.until > now()
+      AND waits.until <= now() + make_interval(secs => $1::float8)
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
     SELECT moved.id, 'retried', moved.attempts,
@@ -82,7 +87,9 @@ class Queries(QueriesBase):
         run_jobs(advance=...): the queued jobs of the chosen queues and types
         (NULL: all of them) whose run_at is still ahead of the database clock
         but within horizon_seconds of it are made due now, as if that much time
-        had passed: a delayed enqueue, a snooze, a retry's backoff. The clock is
+        had passed: a delayed enqueue, a snooze, a retry's backoff, a durable
+        wait (the deadlines of a moved job's waits within the horizon come to now
+        as well, so a sleep is over and a signal wait times out). The clock is
         the database's (now()), never the process's. Each job moved gets a
         "retried" event (as an operator's retry of a queued job writes), with
         {"via": "run_jobs", "from": "queued", "run_at": <the run_at it

@@ -82,11 +82,19 @@ SELECT j.id, j.state, j.queue, j.type, j.run_at, j.concurrency_key, j.cancel_req
          WHERE j.queue = ANY(w.queues) AND j.type = ANY(w.types)
            AND w.last_seen_at > now() - make_interval(secs => w.lease_ttl_seconds))::int8
          AS knowing,
-        j.pending_parents
+        j.pending_parents,
+        waiting.step AS waiting_step,
+        waiting.signal AS waiting_signal
 FROM j
 LEFT JOIN jobrun.queue_pauses AS p ON p.queue = j.queue
 LEFT JOIN jobrun.queue_limits AS l ON l.queue = j.queue
-LEFT JOIN frees ON true"""
+LEFT JOIN frees ON true
+LEFT JOIN LATERAL (
+    SELECT w.step, w.signal FROM jobrun.job_waits AS w
+    WHERE w.job_id = j.id AND j.state = 'queued'
+    ORDER BY w.created_at DESC
+    LIMIT 1
+) AS waiting ON true"""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -116,6 +124,8 @@ class WhyJobRow:
     serving: list[str]
     knowing: int
     pending_parents: int
+    waiting_step: str
+    waiting_signal: str | None
 
 
 class Queries(QueriesBase):
@@ -144,7 +154,9 @@ class Queries(QueriesBase):
         through; how many runnable jobs of its queue come before it in claim
         order (counted up to ahead_cap); the live workers of the registry serving
         its queue (the first few) and how many of them know its type (live: seen
-        within their lease TTL, as the type-aware claim reads it).
+        within their lease TTL, as the type-aware claim reads it); the durable
+        wait a queued job is parked in, if any (migration 0017: its step and the
+        signal it waits for, NULL for a sleep; the latest begun).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(WHY_JOB), (holders, ahead_cap, id))
@@ -177,4 +189,6 @@ class Queries(QueriesBase):
             serving=r[22],
             knowing=r[23],
             pending_parents=r[24],
+            waiting_step=r[25],
+            waiting_signal=r[26],
         )

@@ -1873,10 +1873,12 @@ class AsyncQueries(QueriesBase):
     ) -> int:
         """Terminal jobs finished longer ago than the age, oldest first, at most
         max_jobs per call (short locks; the caller loops), with their durable
-        steps and fencing token (migration 0015: no foreign key, so that no
-        update of a job pays for a trigger; only a job's lease holder writes
-        them, and a job being purged has none). A job that had parents takes its
-        edges with it (migration 0016; a plain job costs no lookup).
+        steps and fencing token (migration 0015), its waits and signals
+        (migration 0017): no foreign key, so that no update of a job pays for a
+        trigger; only a job's lease holder writes steps and waits (a job being
+        purged has none), and a signal is refused to a finished job. A job that
+        had parents takes its edges with it (migration 0016; a plain job costs no
+        lookup).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))

@@ -38,7 +38,9 @@ class AsyncQueries(QueriesBase):
         run_jobs(advance=...): the queued jobs of the chosen queues and types
         (NULL: all of them) whose run_at is still ahead of the database clock
         but within horizon_seconds of it are made due now, as if that much time
-        had passed: a delayed enqueue, a snooze, a retry's backoff. The clock is
+        had passed: a delayed enqueue, a snooze, a retry's backoff, a durable
+        wait (the deadlines of a moved job's waits within the horizon come to now
+        as well, so a sleep is over and a signal wait times out). The clock is
         the database's (now()), never the process's. Each job moved gets a
         "retried" event (as an operator's retry of a queued job writes), with
         {"via": "run_jobs", "from": "queued", "run_at": <the run_at it

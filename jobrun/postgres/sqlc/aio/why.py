@@ -45,7 +45,9 @@ class AsyncQueries(QueriesBase):
         through; how many runnable jobs of its queue come before it in claim
         order (counted up to ahead_cap); the live workers of the registry serving
         its queue (the first few) and how many of them know its type (live: seen
-        within their lease TTL, as the type-aware claim reads it).
+        within their lease TTL, as the type-aware claim reads it); the durable
+        wait a queued job is parked in, if any (migration 0017: its step and the
+        signal it waits for, NULL for a sleep; the latest begun).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(WHY_JOB), (holders, ahead_cap, id))
@@ -78,4 +80,6 @@ class AsyncQueries(QueriesBase):
             serving=r[22],
             knowing=r[23],
             pending_parents=r[24],
+            waiting_step=r[25],
+            waiting_signal=r[26],
         )
