@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import enum
 import uuid
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
@@ -293,3 +294,52 @@ class EnqueuedWorkflow:
 
     def __len__(self) -> int:
         return len(self.jobs)
+
+
+class WorkflowState(enum.StrEnum):
+    """A workflow's state, derived from its jobs' (a workflow has no state column)."""
+
+    RUNNING = "running"
+    """Some job of it has not finished (waiting, queued or leased)."""
+    SUCCEEDED = "succeeded"
+    """Every job succeeded."""
+    FAILED = "failed"
+    """Every job finished, at least one ``dead``."""
+    CANCELLED = "cancelled"
+    """Every job finished, none ``dead``, at least one ``cancelled``."""
+
+    @classmethod
+    def of(cls, counts: Mapping[State, int]) -> WorkflowState:
+        """The state of a workflow whose jobs are ``counts`` (jobs by state).
+
+        One rule for the CLI, the dashboard and the metrics: a workflow is
+        running while any job can still run, and once none can, the worst
+        outcome names it (dead before cancelled before succeeded)."""
+        if any(n > 0 for state, n in counts.items() if not state.terminal):
+            return cls.RUNNING
+        if counts.get(State.DEAD, 0) > 0:
+            return cls.FAILED
+        if counts.get(State.CANCELLED, 0) > 0:
+            return cls.CANCELLED
+        return cls.SUCCEEDED
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowSummary:
+    """One workflow at a glance: what ``jobrun workflows list`` and the
+    dashboard's list show. ``finished_at`` is its last job's finish, None
+    while it runs; its time to completion is ``finished_at - created_at``."""
+
+    id: uuid.UUID
+    name: str
+    created_at: datetime.datetime
+    finished_at: datetime.datetime | None
+    jobs: Mapping[State, int]
+
+    @property
+    def state(self) -> WorkflowState:
+        return WorkflowState.of(self.jobs)
+
+    @property
+    def total(self) -> int:
+        return sum(self.jobs.values())
