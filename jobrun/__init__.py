@@ -61,6 +61,12 @@ from jobrun.job.workflow import (
     OnParentFailure,
     ParentResult,
     ParentResults,
+    WorkflowCancelled,
+    WorkflowGraph,
+    WorkflowNode,
+    WorkflowRetried,
+    WorkflowState,
+    WorkflowSummary,
 )
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.migrate import migrate, migration_sql
@@ -138,6 +144,12 @@ __all__ = [
     "WorkerConfig",
     "WorkerHooks",
     "Workflow",
+    "WorkflowCancelled",
+    "WorkflowGraph",
+    "WorkflowNode",
+    "WorkflowRetried",
+    "WorkflowState",
+    "WorkflowSummary",
     "__version__",
     "migrate",
     "migration_sql",

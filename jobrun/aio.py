@@ -53,12 +53,19 @@ from jobrun.config import Settings
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import BatchResult, Event, Job, JSONValue, NewJob
 from jobrun.job.signals import SignalSent
-from jobrun.job.workflow import EnqueuedWorkflow, OnParentFailure
+from jobrun.job.workflow import (
+    EnqueuedWorkflow,
+    OnParentFailure,
+    WorkflowCancelled,
+    WorkflowGraph,
+    WorkflowRetried,
+    WorkflowSummary,
+)
 from jobrun.postgres.async_store import AsyncPool, AsyncStore, open_async_pool
 from jobrun.postgres.connect import AsyncConnection, database_url_or_embedded
 from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT
 from jobrun.postgres.wait import DEFAULT_POLL_INTERVAL
-from jobrun.producer import EnqueueOptions, JobOptions, ListFilters
+from jobrun.producer import EnqueueOptions, JobOptions, ListFilters, WorkflowFilters
 from jobrun.workflow import Workflow
 
 __all__ = ["AsyncClient", "make_async_store"]
@@ -251,6 +258,24 @@ class AsyncClient:
 
     async def events(self, job_id: uuid.UUID | str) -> builtins.list[Event]:
         return await self.store.events(_uuid(job_id))
+
+    # -- operating workflows -----------------------------------------------------------
+
+    async def workflows(self, **filters: Unpack[WorkflowFilters]) -> builtins.list[WorkflowSummary]:
+        """:meth:`jobrun.Client.workflows`: newest first, a page at a time."""
+        return await self.store.workflows(**producer.workflow_filters(filters))
+
+    async def workflow(self, workflow_id: uuid.UUID | str) -> WorkflowGraph:
+        """:meth:`jobrun.Client.workflow`: its summary, jobs and edges."""
+        return await self.store.workflow(producer.workflow_id(workflow_id))
+
+    async def cancel_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowCancelled:
+        """:meth:`jobrun.Client.cancel_workflow`, awaited."""
+        return await self.store.cancel_workflow(producer.workflow_id(workflow_id))
+
+    async def retry_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowRetried:
+        """:meth:`jobrun.Client.retry_workflow`, awaited."""
+        return await self.store.retry_workflow(producer.workflow_id(workflow_id))
 
     async def now(self) -> dt.datetime:
         return await self.store.now()

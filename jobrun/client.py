@@ -58,11 +58,18 @@ from jobrun.job.model import (
 )
 from jobrun.job.service import Closing
 from jobrun.job.signals import SignalSent
-from jobrun.job.workflow import EnqueuedWorkflow, OnParentFailure
+from jobrun.job.workflow import (
+    EnqueuedWorkflow,
+    OnParentFailure,
+    WorkflowCancelled,
+    WorkflowGraph,
+    WorkflowRetried,
+    WorkflowSummary,
+)
 from jobrun.postgres.connect import ConnectionPool, caller_connection, database_url_or_embedded
 from jobrun.postgres.pool import DEFAULT_POOL_TIMEOUT, open_pool
 from jobrun.postgres.store import Store
-from jobrun.producer import EnqueueOptions, JobOptions, ListFilters
+from jobrun.producer import EnqueueOptions, JobOptions, ListFilters, WorkflowFilters
 from jobrun.workflow import Workflow
 
 _uuid = producer.job_id  # the old private name, for callers that borrowed it
@@ -289,6 +296,40 @@ class Client(Closing):
 
     def events(self, job_id: uuid.UUID | str) -> builtins.list[Event]:
         return self.store.events(_uuid(job_id))
+
+    # -- operating workflows -----------------------------------------------------------
+
+    def workflows(self, **filters: Unpack[WorkflowFilters]) -> builtins.list[WorkflowSummary]:
+        """Workflows newest first, each with its jobs counted by state.
+
+        ``state`` (running, succeeded, failed, cancelled: see
+        :class:`~jobrun.WorkflowState`) and ``name`` filter; ``limit`` (100)
+        caps a page, and the page's last id as ``before`` gives the next one.
+        """
+        return self.store.workflows(**producer.workflow_filters(filters))
+
+    def workflow(self, workflow_id: uuid.UUID | str) -> WorkflowGraph:
+        """One workflow: its summary, its jobs parents first, and its edges (NotFound if none)."""
+        return self.store.workflow(producer.workflow_id(workflow_id))
+
+    def cancel_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowCancelled:
+        """Cancel every job of a workflow not finished yet, in one transaction.
+
+        Waiting and queued jobs are cancelled at once; running ones get a
+        cancel request (their workers stop them), as :meth:`cancel` does to
+        one job. Returns the counts; NotFound when there is no such workflow.
+        """
+        return self.store.cancel_workflow(producer.workflow_id(workflow_id))
+
+    def retry_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowRetried:
+        """Run a workflow's dead and cancelled jobs again, in one transaction.
+
+        A job that succeeded is never run again, nor a durable step that
+        succeeded (a retried job skips its steps done). A retried job whose
+        parents succeeded is queued now; one whose parent is retried too waits
+        for it. Returns the counts; NotFound when there is no such workflow.
+        """
+        return self.store.retry_workflow(producer.workflow_id(workflow_id))
 
     def depth(self) -> builtins.list[QueueDepth]:
         return self.store.depth()

@@ -26,11 +26,14 @@ __all__ = [
     "EnqueueOptions",
     "JobOptions",
     "ListFilters",
+    "WorkflowFilters",
     "job_id",
     "list_filters",
     "new_job",
     "store_options",
     "template",
+    "workflow_filters",
+    "workflow_id",
 ]
 
 
@@ -63,9 +66,20 @@ class ListFilters(TypedDict, total=False):
     limit: int
 
 
+class WorkflowFilters(TypedDict, total=False):
+    """``workflows``'s filters: state (running, succeeded, failed, cancelled),
+    name, the last id of the page before, a limit."""
+
+    state: str | None
+    name: str | None
+    before: uuid.UUID | str | None
+    limit: int
+
+
 _JOB_OPTIONS = frozenset(JobOptions.__annotations__)
 _ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__annotations__) | _JOB_OPTIONS
 _LIST_FILTERS = frozenset(ListFilters.__annotations__)
+_WORKFLOW_FILTERS = frozenset(WorkflowFilters.__annotations__)
 
 
 def _known(call: str, given: dict[str, Any], known: frozenset[str]) -> None:
@@ -106,6 +120,28 @@ def job_id(value: uuid.UUID | str) -> uuid.UUID:
         return uuid.UUID(str(value))
     except ValueError:
         raise ValidationError("job_id", f"{value!r} is not a job id (a UUID)") from None
+
+
+def workflow_id(value: uuid.UUID | str) -> uuid.UUID:
+    """A workflow id given as a UUID or its text; anything else is a ValidationError."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise ValidationError("workflow_id", f"{value!r} is not a workflow id (a UUID)") from None
+
+
+def workflow_filters(filters: WorkflowFilters) -> dict[str, Any]:
+    """``workflows``'s keyword arguments for the store (``before`` as a UUID, limit 100)."""
+    _known("workflows", dict(filters), _WORKFLOW_FILTERS)
+    before = filters.get("before")
+    return {
+        "state": filters.get("state"),
+        "name": filters.get("name"),
+        "before": None if before is None else workflow_id(before),
+        "limit": filters.get("limit", 100),
+    }
 
 
 def list_filters(filters: ListFilters) -> dict[str, Any]:

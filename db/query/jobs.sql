@@ -896,9 +896,13 @@ RETURNING *;
 -- trigger; only a job's lease holder writes steps and waits (a job being
 -- purged has none), and a signal is refused to a finished job. A job that
 -- had parents takes its edges with it (migration 0016; a plain job costs no
--- lookup).
+-- lookup). A workflow whose last jobs go goes with them (its row in
+-- workflows), found through jobs_workflow_idx (migration 0018): the jobs of
+-- its own still there are read with this statement's snapshot, so two
+-- purges at once, each deleting half of one workflow's last jobs, may both
+-- leave its row (the scheduler's purge runs on its leader alone).
 WITH victims AS (
-    SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents
+    SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents, jobs.workflow_id
     FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => sqlc.arg(age_seconds)::float8)
@@ -916,6 +920,12 @@ WITH victims AS (
     DELETE FROM jobrun.job_waits AS waits USING victims WHERE waits.job_id = victims.id
 ), signals AS (
     DELETE FROM jobrun.job_signals AS signals USING victims WHERE signals.job_id = victims.id
+), flows AS (
+    DELETE FROM jobrun.workflows AS w
+    WHERE w.id IN (SELECT DISTINCT victims.workflow_id FROM victims
+                   WHERE victims.workflow_id IS NOT NULL)
+      AND NOT EXISTS (SELECT 1 FROM jobrun.jobs AS left_ WHERE left_.workflow_id = w.id
+                      AND left_.id <> ALL(ARRAY(SELECT victims.id FROM victims)))
 )
 DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id;
 

@@ -69,3 +69,133 @@ WHERE jobs.id = ANY(sqlc.arg(parent_ids)::uuid[])
   AND jobs.state IN ('succeeded', 'dead', 'cancelled')
   AND (SELECT set_config('jobrun_notify.channel', sqlc.arg(channel)::text, true)) IS NOT NULL
 ORDER BY jobs.id;
+
+-- Operating workflows (issue 29, item 7): list, get, cancel, retry. A
+-- workflow's state is not stored: it is derived from its jobs' states by
+-- jobrun.job.workflow.WorkflowState.of, which ListWorkflows' state filter
+-- repeats in SQL (running while a job is not finished; then failed if one is
+-- dead, cancelled if one is cancelled, else succeeded). Its jobs are read
+-- through jobs_workflow_idx (migration 0018).
+
+-- name: ListWorkflows :many
+-- Newest first (created_at, then id: a workflow's id is a UUIDv4, not
+-- time-ordered), through workflows_created_idx; before is the last id of
+-- the page before (keyset). Each workflow's jobs are counted by state
+-- through jobs_workflow_idx; finished_at is its last job's finish once none
+-- can run any more.
+SELECT w.id, w.name, w.created_at, c.finished_at,
+       c.waiting, c.queued, c.leased, c.succeeded, c.dead, c.cancelled
+FROM jobrun.workflows AS w
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE j.state = 'waiting')::int8 AS waiting,
+           count(*) FILTER (WHERE j.state = 'queued')::int8 AS queued,
+           count(*) FILTER (WHERE j.state = 'leased')::int8 AS leased,
+           count(*) FILTER (WHERE j.state = 'succeeded')::int8 AS succeeded,
+           count(*) FILTER (WHERE j.state = 'dead')::int8 AS dead,
+           count(*) FILTER (WHERE j.state = 'cancelled')::int8 AS cancelled,
+           (CASE WHEN bool_and(j.state IN ('succeeded', 'dead', 'cancelled'))
+                 THEN max(j.finished_at) END)::timestamptz AS finished_at
+    FROM jobrun.jobs AS j
+    WHERE j.workflow_id = w.id
+) AS c
+WHERE (sqlc.narg(name)::text IS NULL OR w.name = sqlc.narg(name)::text)
+  AND (sqlc.narg(before)::uuid IS NULL
+       OR (w.created_at, w.id) < (SELECT b.created_at, b.id FROM jobrun.workflows AS b
+                                  WHERE b.id = sqlc.narg(before)::uuid))
+  AND (sqlc.narg(state)::text IS NULL OR sqlc.narg(state)::text =
+       CASE WHEN c.waiting + c.queued + c.leased > 0 THEN 'running'
+            WHEN c.dead > 0 THEN 'failed'
+            WHEN c.cancelled > 0 THEN 'cancelled'
+            ELSE 'succeeded' END)
+ORDER BY w.created_at DESC, w.id DESC
+LIMIT sqlc.arg(max_rows);
+
+-- name: GetWorkflow :one
+SELECT w.id, w.name, w.created_at FROM jobrun.workflows AS w WHERE w.id = sqlc.arg(id);
+
+-- name: LockWorkflow :one
+-- The first statement of a workflow's cancel or retry: two of them on one
+-- workflow run one after the other. No row back: there is no such workflow.
+SELECT w.id, w.name, w.created_at FROM jobrun.workflows AS w WHERE w.id = sqlc.arg(id)
+FOR UPDATE;
+
+-- name: WorkflowNodes :many
+SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
+       jobs.last_error, jobs.finished_at
+FROM jobrun.jobs AS jobs
+WHERE jobs.workflow_id = sqlc.arg(id)
+ORDER BY jobs.id;
+
+-- name: WorkflowEdges :many
+-- Every edge whose child is a job of the workflow (the parent may be a job
+-- outside it), read through the edges' primary key.
+SELECT d.child_id, d.parent_id, d.done
+FROM jobrun.jobs AS jobs
+JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
+WHERE jobs.workflow_id = sqlc.arg(id);
+
+-- name: LockWorkflowJobs :many
+-- The jobs of a workflow and their parents outside it, locked in id order
+-- (as LockJob locks one job): a job of it or a parent finishing meanwhile
+-- waits for this transaction, and its trigger then sees the edges as this
+-- transaction leaves them. outside marks a parent that is not of the
+-- workflow.
+SELECT jobs.id, jobs.state, jobs.queue, jobs.attempts, jobs.cancel_requested,
+       (jobs.workflow_id IS DISTINCT FROM sqlc.arg(id)::uuid)::boolean AS outside
+FROM jobrun.jobs AS jobs
+WHERE jobs.id IN (SELECT m.id FROM jobrun.jobs AS m WHERE m.workflow_id = sqlc.arg(id)::uuid
+                  UNION
+                  SELECT d.parent_id FROM jobrun.jobs AS m
+                  JOIN jobrun.job_dependencies AS d ON d.child_id = m.id
+                  WHERE m.workflow_id = sqlc.arg(id)::uuid)
+ORDER BY jobs.id
+FOR UPDATE OF jobs;
+
+-- name: CancelJobs :many
+-- Waiting or queued jobs (locked) cancelled at once, waking the clients
+-- waiting for them, as CancelQueuedJob does one. The trigger of migration
+-- 0016 runs for each at the end of this statement, when all of them are
+-- cancelled already: a workflow's own children are no longer waiting, and
+-- only jobs outside it waiting for one of them follow their policy.
+WITH cancelled AS (
+    UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE jobs.id = ANY(sqlc.arg(ids)::uuid[]) AND jobs.state IN ('queued', 'waiting')
+    RETURNING jobs.id, jobs.attempts, jobs.notify_finished
+), wake AS (
+    SELECT pg_notify(sqlc.arg(finish_channel)::text, cancelled.id::text) FROM cancelled
+    WHERE cancelled.notify_finished
+)
+SELECT cancelled.id, cancelled.attempts FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: RequestCancels :many
+-- Running jobs (locked) asked to stop, as RequestCancel asks one.
+UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
+WHERE jobs.id = ANY(sqlc.arg(ids)::uuid[]) AND jobs.state = 'leased' AND NOT jobs.cancel_requested
+RETURNING jobs.id, jobs.attempts;
+
+-- name: ReopenEdges :exec
+-- A retry's edges put back: each child counts its retried parent again.
+UPDATE jobrun.job_dependencies AS d SET done = false
+FROM (SELECT unnest(sqlc.arg(child_ids)::uuid[]) AS child_id,
+             unnest(sqlc.arg(parent_ids)::uuid[]) AS parent_id) AS e
+WHERE d.child_id = e.child_id AND d.parent_id = e.parent_id;
+
+-- name: AddPendingParents :exec
+-- Jobs still waiting that wait for a retried parent again.
+UPDATE jobrun.jobs AS jobs SET pending_parents = jobs.pending_parents + e.more, updated_at = now()
+FROM (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(more)::int4[]) AS more) AS e
+WHERE jobs.id = e.id AND jobs.state = 'waiting';
+
+-- name: RequeueJobs :many
+-- A workflow's retry: its dead and cancelled jobs (locked) run again, as
+-- RequeueJob runs one (attempts, releases, the cancel flag, the finish and
+-- the result cleared; last_error kept until the next attempt), each queued
+-- now, or waiting for the parents it counts again (pending).
+UPDATE jobrun.jobs AS jobs
+SET state = (CASE WHEN e.pending > 0 THEN 'waiting' ELSE 'queued' END)::jobrun.job_state,
+    pending_parents = e.pending, run_at = now(), attempts = 0, releases = 0,
+    cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
+    notify_finished = false, updated_at = now()
+FROM (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(pending)::int4[]) AS pending) AS e
+WHERE jobs.id = e.id AND jobs.state IN ('dead', 'cancelled')
+RETURNING jobs.id, jobs.state, jobs.queue, jobs.attempts;

@@ -343,3 +343,173 @@ class WorkflowSummary:
     @property
     def total(self) -> int:
         return sum(self.jobs.values())
+
+
+def workflow_state(value: object) -> WorkflowState:
+    """``value`` as a workflow's state (its enum or its text), or ValidationError."""
+    if isinstance(value, WorkflowState):
+        return value
+    if isinstance(value, str):
+        try:
+            return WorkflowState(value)
+        except ValueError:
+            pass
+    known = ", ".join(s.value for s in WorkflowState)
+    raise ValidationError("state", f"must be one of {known}, not {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowNode:
+    """One job of a workflow as ``jobrun workflows get`` shows it."""
+
+    id: uuid.UUID
+    node: str
+    type: str
+    queue: str
+    state: State
+    attempts: int
+    last_error: str | None
+    finished_at: datetime.datetime | None
+    parents: tuple[uuid.UUID, ...] = ()
+    """Its parents inside the workflow, by job id (the edges' other end)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowGraph:
+    """A workflow with its jobs and the edges between them.
+
+    ``nodes`` are parents before children (Kahn's order, ties broken by job
+    id: the order they were enqueued in), so a reader can print them top
+    down; ``edges`` are (parent id, child id) pairs inside the workflow (a
+    parent outside it, a job enqueued on its own, is not drawn). A job
+    purged already is not there: a graph read after a partial purge has
+    fewer nodes than the workflow had.
+    """
+
+    summary: WorkflowSummary
+    nodes: tuple[WorkflowNode, ...]
+    edges: tuple[tuple[uuid.UUID, uuid.UUID], ...]
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.summary.id
+
+    @property
+    def state(self) -> WorkflowState:
+        return self.summary.state
+
+    def __getitem__(self, node: str) -> WorkflowNode:
+        for n in self.nodes:
+            if n.node == node:
+                return n
+        raise KeyError(node)
+
+
+def graph(
+    summary: WorkflowSummary,
+    nodes: Sequence[WorkflowNode],
+    edges: Sequence[tuple[uuid.UUID, uuid.UUID]],
+) -> WorkflowGraph:
+    """A :class:`WorkflowGraph` from its rows: parents set on each node, nodes parents first."""
+    by_id = {n.id: n for n in sorted(nodes, key=lambda n: n.id)}
+    inside = sorted((p, c) for p, c in edges if p in by_id and c in by_id)
+    parents: dict[uuid.UUID, list[uuid.UUID]] = {i: [] for i in by_id}
+    children: dict[uuid.UUID, list[uuid.UUID]] = {i: [] for i in by_id}
+    for parent, child in inside:
+        parents[child].append(parent)
+        children[parent].append(child)
+    waiting = {i: len(ps) for i, ps in parents.items()}
+    ready = collections.deque(i for i in by_id if waiting[i] == 0)
+    order: list[uuid.UUID] = []
+    while ready:
+        current = ready.popleft()
+        order.append(current)
+        for child in children[current]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                ready.append(child)
+    order.extend(i for i in by_id if waiting[i] > 0)  # never: a stored graph has no cycle
+    return WorkflowGraph(
+        summary=summary,
+        nodes=tuple(dataclasses.replace(by_id[i], parents=tuple(parents[i])) for i in order),
+        edges=tuple(inside),
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowCancelled:
+    """What cancelling a workflow did, in counts of its jobs."""
+
+    id: uuid.UUID
+    cancelled: int
+    """Waiting or queued: cancelled now."""
+    cancel_requested: int
+    """Running: cancel requested, their workers stop them (as ``cancel`` of a running job)."""
+    finished: int
+    """Already finished (or already asked to stop): left as they were."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowRetried:
+    """What retrying a workflow did, in counts of its jobs."""
+
+    id: uuid.UUID
+    queued: int
+    """Dead or cancelled jobs retried and queued now (their parents all done)."""
+    waiting: int
+    """Dead or cancelled jobs retried that wait for a parent retried too (or still running)."""
+    kept: int
+    """Jobs not retried: succeeded, or not finished."""
+
+    @property
+    def retried(self) -> int:
+        return self.queued + self.waiting
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPlan:
+    """The writes of a workflow's retry, decided from its locked rows and edges.
+
+    ``retried`` are the jobs to run again (dead or cancelled) with the count
+    of parents each waits for again; ``reopened`` the edges (child, parent)
+    whose parent is retried, counted once more; ``rewait`` the jobs still
+    waiting that count a retried parent again, with how many.
+    """
+
+    retried: Mapping[uuid.UUID, int]
+    reopened: tuple[tuple[uuid.UUID, uuid.UUID], ...]
+    rewait: Mapping[uuid.UUID, int]
+
+
+def retry_plan(
+    states: Mapping[uuid.UUID, State],
+    edges: Sequence[tuple[uuid.UUID, uuid.UUID, bool]],
+) -> RetryPlan:
+    """Which jobs of a workflow a retry runs again, and how their edges are put back.
+
+    ``states`` are the workflow's jobs as locked; ``edges`` every
+    (child, parent, done) whose child is one of them. A job ``dead`` or
+    ``cancelled`` is retried; a succeeded one never is (nor a job not
+    finished). An edge from a retried parent is reopened (not done) for a
+    child retried too or still waiting: that child counts the parent again,
+    and the trigger releases it when the parent's new run ends. A retried
+    job waits for every edge not done after that (a retried parent, or a
+    parent still running); with none it is queued at once. An edge to a
+    parent that succeeded, or to one outside the workflow that ended, stays
+    done: it is not waited for again.
+    """
+    retried = {i for i, s in states.items() if s in (State.DEAD, State.CANCELLED)}
+    reopened: list[tuple[uuid.UUID, uuid.UUID]] = []
+    pending = dict.fromkeys(retried, 0)
+    rewait: dict[uuid.UUID, int] = {}
+    for child, parent, done in sorted(edges):
+        reopen = done and parent in retried
+        if child in retried:
+            if reopen:
+                reopened.append((child, parent))
+            if reopen or not done:
+                pending[child] += 1
+        elif reopen and states.get(child) is State.WAITING:
+            reopened.append((child, parent))
+            rewait[child] = rewait.get(child, 0) + 1
+    return RetryPlan(retried=pending, reopened=tuple(reopened), rewait=rewait)

@@ -23,18 +23,42 @@ connection), in this order:
 
 The checks of the graph (names, edges, cycles) are the domain's
 (:func:`jobrun.job.workflow.plan`), all before the first statement.
+
+Operating a workflow (``workflows``, ``workflow``, ``cancel_workflow``,
+``retry_workflow``): reads are single statements on the pool, through the
+jobs' index on ``workflow_id`` (migration 0018); a cancel or a retry is one
+transaction that locks the workflow's row, then its jobs and their parents
+outside it in id order (``LockWorkflowJobs``), so that a job of it
+finishing meanwhile waits, and its trigger (``jobrun.parent_finished``)
+then sees the states and edges as the cancel or retry left them.
 """
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import uuid
 from collections.abc import Sequence
 from typing import cast
 
-from jobrun.job.errors import AlreadyExists, ValidationError
-from jobrun.job.model import State
-from jobrun.job.workflow import EnqueuedWorkflow, Node, node_name, plan
+from jobrun.job import validate
+from jobrun.job.errors import AlreadyExists, NotFound, ValidationError
+from jobrun.job.model import EventKind, State
+from jobrun.job.workflow import (
+    EnqueuedWorkflow,
+    Node,
+    WorkflowCancelled,
+    WorkflowGraph,
+    WorkflowNode,
+    WorkflowRetried,
+    WorkflowState,
+    WorkflowSummary,
+    graph,
+    node_name,
+    plan,
+    retry_plan,
+    workflow_state,
+)
 from jobrun.postgres.admin_async import AsyncAdmin
 from jobrun.postgres.convert import (
     backoff_json,
@@ -44,11 +68,37 @@ from jobrun.postgres.convert import (
     run_at,
     trace_json,
 )
-from jobrun.postgres.events import EventMode
-from jobrun.postgres.plans import BatchWakeups
+from jobrun.postgres.events import EventMode, EventRow
+from jobrun.postgres.plans import MAX_LIST_LIMIT, BatchWakeups
+from jobrun.postgres.sqlc.workflows import ListWorkflowsRow
 from jobrun.postgres.transactions_async import AsyncConn
 
 _TERMINAL = ("succeeded", "dead", "cancelled")
+
+
+def check_workflow_id(value: object) -> uuid.UUID:
+    """A workflow id as the store takes it (a uuid.UUID), or ValidationError."""
+    if not isinstance(value, uuid.UUID):
+        raise ValidationError("workflow_id", f"must be a uuid.UUID, not {type(value).__name__}")
+    return value
+
+
+def _summary(row: ListWorkflowsRow) -> WorkflowSummary:
+    counts = {
+        State.WAITING: row.waiting,
+        State.QUEUED: row.queued,
+        State.LEASED: row.leased,
+        State.SUCCEEDED: row.succeeded,
+        State.DEAD: row.dead,
+        State.CANCELLED: row.cancelled,
+    }
+    return WorkflowSummary(
+        id=row.id,
+        name=row.name,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        jobs=counts,
+    )
 
 
 class AsyncWorkflows(AsyncAdmin):
@@ -191,3 +241,182 @@ class AsyncWorkflows(AsyncAdmin):
         return EnqueuedWorkflow(
             id=workflow_id, name=name, jobs={n.name: stored[n.job.id] for n in order}
         )
+
+    # -- operating a workflow -------------------------------------------------------
+
+    async def workflows(
+        self,
+        *,
+        state: WorkflowState | str | None = None,
+        name: str | None = None,
+        before: uuid.UUID | None = None,
+        limit: int = 100,
+    ) -> builtins.list[WorkflowSummary]:
+        """Workflows newest first, with their jobs counted by state; ``state``
+        (running, succeeded, failed, cancelled) and ``name`` (exact) filter;
+        ``before`` is the last id of the page before. NotFound when ``before``
+        names no workflow (purged meanwhile: start again without it)."""
+        wanted = None if state is None else workflow_state(state)
+        if name is not None:
+            name = node_name(name, "name")
+        if before is not None:
+            check_workflow_id(before)
+        validate.batch_limit(limit, MAX_LIST_LIMIT)
+
+        async def read(c: AsyncConn) -> builtins.list[ListWorkflowsRow]:
+            rows = await self.q.list_workflows(
+                c,
+                name=name,
+                before=before,
+                state=None if wanted is None else wanted.value,
+                max_rows=limit,
+            )
+            if not rows and before is not None and await self.q.get_workflow(c, id=before) is None:
+                raise NotFound("workflow", before)
+            return rows
+
+        return [_summary(r) for r in await self._on_pool_read(read)]
+
+    async def workflow(self, workflow_id: uuid.UUID) -> WorkflowGraph:
+        """One workflow: its summary, its jobs (parents first) and its edges.
+
+        Read in one transaction (one snapshot: the counts, the jobs and the
+        edges agree). NotFound when there is no such workflow."""
+        check_workflow_id(workflow_id)
+
+        async def read(c: AsyncConn) -> WorkflowGraph:
+            head = await self.q.get_workflow(c, id=workflow_id)
+            if head is None:
+                raise NotFound("workflow", workflow_id)
+            rows = await self.q.workflow_nodes(c, id=workflow_id)
+            edges = await self.q.workflow_edges(c, id=workflow_id)
+            nodes = [
+                WorkflowNode(
+                    id=r.id,
+                    node=r.workflow_node or str(r.id),
+                    type=r.type,
+                    queue=r.queue,
+                    state=State(r.state.value),
+                    attempts=r.attempts,
+                    last_error=r.last_error,
+                    finished_at=r.finished_at,
+                )
+                for r in rows
+            ]
+            counts = dict.fromkeys(State, 0)
+            for n in nodes:
+                counts[n.state] += 1
+            finished = [n.finished_at for n in nodes if n.finished_at is not None]
+            done = bool(nodes) and all(n.state.terminal for n in nodes)
+            summary = WorkflowSummary(
+                id=head.id,
+                name=head.name,
+                created_at=head.created_at,
+                finished_at=max(finished) if done and finished else None,
+                jobs=counts,
+            )
+            return graph(summary, nodes, [(e.parent_id, e.child_id) for e in edges])
+
+        return await self._with_tx(read)
+
+    async def cancel_workflow(self, workflow_id: uuid.UUID) -> WorkflowCancelled:
+        """Cancel every job of a workflow that has not finished, in one transaction.
+
+        Waiting and queued jobs end ``cancelled`` now (with their events, and
+        the wake-up of a client waiting for one); a running job gets a cancel
+        request, as :meth:`cancel` gives one, and its worker stops it. Jobs
+        outside the workflow waiting for one of its jobs follow their own
+        policy. NotFound when there is no such workflow."""
+        check_workflow_id(workflow_id)
+
+        async def run(c: AsyncConn) -> WorkflowCancelled:
+            if await self.q.lock_workflow(c, id=workflow_id) is None:
+                raise NotFound("workflow", workflow_id)
+            own = [r for r in await self.q.lock_workflow_jobs(c, id=workflow_id) if not r.outside]
+            stop = [r.id for r in own if r.state.value in ("waiting", "queued")]
+            running = [r.id for r in own if r.state.value == "leased" and not r.cancel_requested]
+            detail = {"via": "cancel", "workflow": str(workflow_id)}
+            events: list[EventRow] = []
+            cancelled = requested = 0
+            if stop:
+                for row in await self.q.cancel_jobs(
+                    c, ids=stop, finish_channel=self.finish_channel
+                ):
+                    events.append(EventRow(row.id, EventKind.CANCELLED, row.attempts, detail))
+                    cancelled += 1
+            if running:
+                for asked in await self.q.request_cancels(c, ids=running):
+                    events.append(
+                        EventRow(asked.id, EventKind.CANCEL_REQUESTED, asked.attempts, detail)
+                    )
+                    requested += 1
+            await self._record(c, events)
+            return WorkflowCancelled(
+                id=workflow_id,
+                cancelled=cancelled,
+                cancel_requested=requested,
+                finished=len(own) - cancelled - requested,
+            )
+
+        return await self._with_tx(run)
+
+    async def retry_workflow(self, workflow_id: uuid.UUID) -> WorkflowRetried:
+        """Run a workflow's dead and cancelled jobs again, in one transaction.
+
+        Never a job that succeeded, nor a step that succeeded: a retried job
+        keeps its durable steps (they are its id's) and skips those done. The
+        edges from a retried job are put back (:func:`jobrun.job.workflow.retry_plan`):
+        a retried job whose parents all succeeded is queued now; one whose
+        parent is retried too (or still running) waits for it, and the
+        trigger releases it when that parent ends. Each retried job gets its
+        ``retried`` event, as :meth:`retry` writes it, and its queue a
+        wake-up. A job still running is left to run. NotFound when there is
+        no such workflow."""
+        check_workflow_id(workflow_id)
+
+        async def run(c: AsyncConn) -> WorkflowRetried:
+            if await self.q.lock_workflow(c, id=workflow_id) is None:
+                raise NotFound("workflow", workflow_id)
+            locked = await self.q.lock_workflow_jobs(c, id=workflow_id)
+            own = {r.id: State(r.state.value) for r in locked if not r.outside}
+            edges = [
+                (e.child_id, e.parent_id, e.done)
+                for e in await self.q.workflow_edges(c, id=workflow_id)
+            ]
+            todo = retry_plan(own, edges)
+            if not todo.retried:
+                return WorkflowRetried(id=workflow_id, queued=0, waiting=0, kept=len(own))
+            if todo.reopened:
+                await self.q.reopen_edges(
+                    c,
+                    child_ids=[child for child, _ in todo.reopened],
+                    parent_ids=[parent for _, parent in todo.reopened],
+                )
+            if todo.rewait:
+                await self.q.add_pending_parents(
+                    c, ids=list(todo.rewait), more=list(todo.rewait.values())
+                )
+            ids = sorted(todo.retried)
+            rows = await self.q.requeue_jobs(c, ids=ids, pending=[todo.retried[i] for i in ids])
+            events = [
+                EventRow(
+                    r.id,
+                    EventKind.RETRIED,
+                    r.attempts,
+                    {"from": str(own[r.id]), "workflow": str(workflow_id)},
+                )
+                for r in rows
+            ]
+            await self._record(c, events)
+            queued = sorted({r.queue for r in rows if r.state.value == "queued"})
+            for queue in queued:
+                await self._notify(c, queue)
+            waiting = sum(1 for r in rows if r.state.value == "waiting")
+            return WorkflowRetried(
+                id=workflow_id,
+                queued=len(rows) - waiting,
+                waiting=waiting,
+                kept=len(own) - len(rows),
+            )
+
+        return await self._with_tx(run)

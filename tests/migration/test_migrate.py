@@ -231,6 +231,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0015.steps",
         "0016.workflows",
         "0017.signals",
+        "0018.workflow_index",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -513,6 +514,26 @@ def test_the_signals_migration_adds_two_tables_and_rolls_back_to_none(empty_dsn:
         assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (16,)
     assert not {"job_waits", "job_signals"} & _tables(empty_dsn)
     assert m.migrate(empty_dsn) == ["0017.signals"]
+
+
+def test_the_workflow_index_migration_adds_two_indexes_and_rolls_back(empty_dsn: str) -> None:
+    # Migration 0018 adds a partial index on jobs (workflow_id IS NOT NULL)
+    # and one on workflows (created_at, id): no rewrite of jobs, and a
+    # rollback then a new migrate land where a fresh database does.
+    m.migrate(empty_dsn)
+    rollback = (MIGRATIONS / "0018.workflow_index.rollback.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        before = c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone()
+        c.execute(rollback)
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0018.workflow_index'")
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (17,)
+        assert c.execute("SELECT to_regclass('jobrun.jobs_workflow_idx')").fetchone() == (None,)
+    assert m.migrate(empty_dsn) == ["0018.workflow_index"]
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone() == before
+        row = c.execute("SELECT pg_get_indexdef('jobrun.jobs_workflow_idx'::regclass)").fetchone()
+        assert row is not None and "WHERE (workflow_id IS NOT NULL)" in row[0]
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (18,)
 
 
 def test_the_least_privilege_table_list_names_every_table_of_the_schema(empty_dsn: str) -> None:

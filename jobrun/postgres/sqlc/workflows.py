@@ -14,7 +14,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from jobrun.postgres.sqlc._schema import QueriesBase
-from jobrun.postgres.sqlc.models import JobState
+from jobrun.postgres.sqlc.models import JobDependency, JobState, Workflow
 
 LOCK_PARENTS: Final = """\
 
@@ -83,6 +83,170 @@ WHERE jobs.id = ANY($1::uuid[])
   AND jobs.state IN ('succeeded', 'dead', 'cancelled')
   AND (SELECT set_config('jobrun_notify.channel', $2::text, true)) IS NOT NULL
 ORDER BY jobs.id"""
+
+
+LIST_WORKFLOWS: Final = """\
+
+SELECT w.id, w.name, w.created_at, c.finished_at,
+       c.waiting, c.queued, c.leased, c.succeeded, c.dead, c.cancelled
+FROM jobrun.workflows AS w
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE j.state = 'waiting')::int8 AS waiting,
+           count(*) FILTER (WHERE j.state = 'queued')::int8 AS queued,
+           count(*) FILTER (WHERE j.state = 'leased')::int8 AS leased,
+           count(*) FILTER (WHERE j.state = 'succeeded')::int8 AS succeeded,
+           count(*) FILTER (WHERE j.state = 'dead')::int8 AS dead,
+           count(*) FILTER (WHERE j.state = 'cancelled')::int8 AS cancelled,
+           (CASE WHEN bool_and(j.state IN ('succeeded', 'dead', 'cancelled'))
+                 THEN max(j.finished_at) END)::timestamptz AS finished_at
+    FROM jobrun.jobs AS j
+    WHERE j.workflow_id = w.id
+) AS c
+WHERE ($1::text IS NULL OR w.name = $1::text)
+  AND ($2::uuid IS NULL
+       OR (w.created_at, w.id) < (SELECT b.created_at, b.id FROM jobrun.workflows AS b
+                                  WHERE b.id = $2::uuid))
+  AND ($3::text IS NULL OR $3::text =
+       CASE WHEN c.waiting + c.queued + c.leased > 0 THEN 'running'
+            WHEN c.dead > 0 THEN 'failed'
+            WHEN c.cancelled > 0 THEN 'cancelled'
+            ELSE 'succeeded' END)
+ORDER BY w.created_at DESC, w.id DESC
+LIMIT $4"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class ListWorkflowsRow:
+    id: uuid.UUID
+    name: str
+    created_at: datetime.datetime
+    finished_at: datetime.datetime
+    waiting: int
+    queued: int
+    leased: int
+    succeeded: int
+    dead: int
+    cancelled: int
+
+
+GET_WORKFLOW: Final = "SELECT w.id, w.name, w.created_at FROM jobrun.workflows AS w WHERE w.id = $1"
+
+
+LOCK_WORKFLOW: Final = """\
+SELECT w.id, w.name, w.created_at FROM jobrun.workflows AS w WHERE w.id = $1
+FOR UPDATE"""
+
+
+WORKFLOW_NODES: Final = """\
+SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
+       jobs.last_error, jobs.finished_at
+FROM jobrun.jobs AS jobs
+WHERE jobs.workflow_id = $1
+ORDER BY jobs.id"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class WorkflowNodesRow:
+    id: uuid.UUID
+    workflow_node: str | None
+    type: str
+    queue: str
+    state: JobState
+    attempts: int
+    last_error: str | None
+    finished_at: datetime.datetime | None
+
+
+WORKFLOW_EDGES: Final = """\
+SELECT d.child_id, d.parent_id, d.done
+FROM jobrun.jobs AS jobs
+JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
+WHERE jobs.workflow_id = $1"""
+
+
+LOCK_WORKFLOW_JOBS: Final = """\
+SELECT jobs.id, jobs.state, jobs.queue, jobs.attempts, jobs.cancel_requested,
+       (jobs.workflow_id IS DISTINCT FROM $1::uuid)::boolean AS outside
+FROM jobrun.jobs AS jobs
+WHERE jobs.id IN (SELECT m.id FROM jobrun.jobs AS m WHERE m.workflow_id = $1::uuid
+                  UNION
+                  SELECT d.parent_id FROM jobrun.jobs AS m
+                  JOIN jobrun.job_dependencies AS d ON d.child_id = m.id
+                  WHERE m.workflow_id = $1::uuid)
+ORDER BY jobs.id
+FOR UPDATE OF jobs"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class LockWorkflowJobsRow:
+    id: uuid.UUID
+    state: JobState
+    queue: str
+    attempts: int
+    cancel_requested: bool
+    outside: bool
+
+
+CANCEL_JOBS: Final = """\
+WITH cancelled AS (
+    UPDATE jobrun.jobs AS jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE jobs.id = ANY($1::uuid[]) AND jobs.state IN ('queued', 'waiting')
+    RETURNING jobs.id, jobs.attempts, jobs.notify_finished
+), wake AS (
+    SELECT pg_notify($2::text, cancelled.id::text) FROM cancelled
+    WHERE cancelled.notify_finished
+)
+SELECT cancelled.id, cancelled.attempts FROM cancelled WHERE (SELECT count(*) FROM wake) >= 0"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class CancelJobsRow:
+    id: uuid.UUID
+    attempts: int
+
+
+REQUEST_CANCELS: Final = """\
+UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
+WHERE jobs.id = ANY($1::uuid[]) AND jobs.state = 'leased' AND NOT jobs.cancel_requested
+RETURNING jobs.id, jobs.attempts"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class RequestCancelsRow:
+    id: uuid.UUID
+    attempts: int
+
+
+REOPEN_EDGES: Final = """\
+UPDATE jobrun.job_dependencies AS d SET done = false
+FROM (SELECT unnest($1::uuid[]) AS child_id,
+             unnest($2::uuid[]) AS parent_id) AS e
+WHERE d.child_id = e.child_id AND d.parent_id = e.parent_id"""
+
+
+ADD_PENDING_PARENTS: Final = """\
+UPDATE jobrun.jobs AS jobs SET pending_parents = jobs.pending_parents + e.more, updated_at = now()
+FROM (SELECT unnest($1::uuid[]) AS id, unnest($2::int4[]) AS more) AS e
+WHERE jobs.id = e.id AND jobs.state = 'waiting'"""
+
+
+REQUEUE_JOBS: Final = """\
+UPDATE jobrun.jobs AS jobs
+SET state = (CASE WHEN e.pending > 0 THEN 'waiting' ELSE 'queued' END)::jobrun.job_state,
+    pending_parents = e.pending, run_at = now(), attempts = 0, releases = 0,
+    cancel_requested = false, finished_at = NULL, finished_token = NULL, result = NULL,
+    notify_finished = false, updated_at = now()
+FROM (SELECT unnest($1::uuid[]) AS id, unnest($2::int4[]) AS pending) AS e
+WHERE jobs.id = e.id AND jobs.state IN ('dead', 'cancelled')
+RETURNING jobs.id, jobs.state, jobs.queue, jobs.attempts"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class RequeueJobsRow:
+    id: uuid.UUID
+    state: JobState
+    queue: str
+    attempts: int
 
 
 class Queries(QueriesBase):
@@ -210,3 +374,191 @@ class Queries(QueriesBase):
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(SETTLE_FINISHED_PARENTS), (parent_ids, channel))
+
+    def list_workflows(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        name: str | None,
+        before: uuid.UUID | None,
+        state: str | None,
+        max_rows: int,
+    ) -> list[ListWorkflowsRow]:
+        """Operating workflows (issue 29, item 7): list, get, cancel, retry. A
+        workflow's state is not stored: it is derived from its jobs' states by
+        jobrun.job.workflow.WorkflowState.of, which ListWorkflows' state filter
+        repeats in SQL (running while a job is not finished; then failed if one is
+        dead, cancelled if one is cancelled, else succeeded). Its jobs are read
+        through jobs_workflow_idx (migration 0018).
+        Newest first (created_at, then id: a workflow's id is a UUIDv4, not
+        time-ordered), through workflows_created_idx; before is the last id of
+        the page before (keyset). Each workflow's jobs are counted by state
+        through jobs_workflow_idx; finished_at is its last job's finish once none
+        can run any more.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LIST_WORKFLOWS), (name, before, state, max_rows))
+            return [
+                ListWorkflowsRow(
+                    id=r[0],
+                    name=r[1],
+                    created_at=r[2],
+                    finished_at=r[3],
+                    waiting=r[4],
+                    queued=r[5],
+                    leased=r[6],
+                    succeeded=r[7],
+                    dead=r[8],
+                    cancelled=r[9],
+                )
+                for r in cur.fetchall()
+            ]
+
+    def get_workflow(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Workflow | None:
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(GET_WORKFLOW), (id,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return Workflow(id=r[0], name=r[1], created_at=r[2])
+
+    def lock_workflow(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Workflow | None:
+        """The first statement of a workflow's cancel or retry: two of them on one
+        workflow run one after the other. No row back: there is no such workflow.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LOCK_WORKFLOW), (id,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return Workflow(id=r[0], name=r[1], created_at=r[2])
+
+    def workflow_nodes(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        id: uuid.UUID | None,
+    ) -> list[WorkflowNodesRow]:
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WORKFLOW_NODES), (id,))
+            return [
+                WorkflowNodesRow(
+                    id=r[0],
+                    workflow_node=r[1],
+                    type=r[2],
+                    queue=r[3],
+                    state=JobState(r[4]),
+                    attempts=r[5],
+                    last_error=r[6],
+                    finished_at=r[7],
+                )
+                for r in cur.fetchall()
+            ]
+
+    def workflow_edges(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        id: uuid.UUID | None,
+    ) -> list[JobDependency]:
+        """Every edge whose child is a job of the workflow (the parent may be a job
+        outside it), read through the edges' primary key.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WORKFLOW_EDGES), (id,))
+            return [JobDependency(child_id=r[0], parent_id=r[1], done=r[2]) for r in cur.fetchall()]
+
+    def lock_workflow_jobs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        id: uuid.UUID,
+    ) -> list[LockWorkflowJobsRow]:
+        """The jobs of a workflow and their parents outside it, locked in id order
+        (as LockJob locks one job): a job of it or a parent finishing meanwhile
+        waits for this transaction, and its trigger then sees the edges as this
+        transaction leaves them. outside marks a parent that is not of the
+        workflow.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LOCK_WORKFLOW_JOBS), (id,))
+            return [
+                LockWorkflowJobsRow(
+                    id=r[0],
+                    state=JobState(r[1]),
+                    queue=r[2],
+                    attempts=r[3],
+                    cancel_requested=r[4],
+                    outside=r[5],
+                )
+                for r in cur.fetchall()
+            ]
+
+    def cancel_jobs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+        finish_channel: str,
+    ) -> list[CancelJobsRow]:
+        """Waiting or queued jobs (locked) cancelled at once, waking the clients
+        waiting for them, as CancelQueuedJob does one. The trigger of migration
+        0016 runs for each at the end of this statement, when all of them are
+        cancelled already: a workflow's own children are no longer waiting, and
+        only jobs outside it waiting for one of them follow their policy.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(CANCEL_JOBS), (ids, finish_channel))
+            return [CancelJobsRow(id=r[0], attempts=r[1]) for r in cur.fetchall()]
+
+    def request_cancels(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+    ) -> list[RequestCancelsRow]:
+        """Running jobs (locked) asked to stop, as RequestCancel asks one."""
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(REQUEST_CANCELS), (ids,))
+            return [RequestCancelsRow(id=r[0], attempts=r[1]) for r in cur.fetchall()]
+
+    def reopen_edges(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        child_ids: list[uuid.UUID],
+        parent_ids: list[uuid.UUID],
+    ) -> None:
+        """A retry's edges put back: each child counts its retried parent again."""
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(REOPEN_EDGES), (child_ids, parent_ids))
+
+    def add_pending_parents(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+        more: list[int],
+    ) -> None:
+        """Jobs still waiting that wait for a retried parent again."""
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(ADD_PENDING_PARENTS), (ids, more))
+
+    def requeue_jobs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        ids: list[uuid.UUID],
+        pending: list[int],
+    ) -> list[RequeueJobsRow]:
+        """A workflow's retry: its dead and cancelled jobs (locked) run again, as
+        RequeueJob runs one (attempts, releases, the cancel flag, the finish and
+        the result cleared; last_error kept until the next attempt), each queued
+        now, or waiting for the parents it counts again (pending).
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(REQUEUE_JOBS), (ids, pending))
+            return [
+                RequeueJobsRow(id=r[0], state=JobState(r[1]), queue=r[2], attempts=r[3])
+                for r in cur.fetchall()
+            ]

@@ -1878,7 +1878,11 @@ class AsyncQueries(QueriesBase):
         trigger; only a job's lease holder writes steps and waits (a job being
         purged has none), and a signal is refused to a finished job. A job that
         had parents takes its edges with it (migration 0016; a plain job costs no
-        lookup).
+        lookup). A workflow whose last jobs go goes with them (its row in
+        workflows), found through jobs_workflow_idx (migration 0018): the jobs of
+        its own still there are read with this statement's snapshot, so two
+        purges at once, each deleting half of one workflow's last jobs, may both
+        leave its row (the scheduler's purge runs on its leader alone).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))

@@ -13,15 +13,32 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from jobrun.postgres.sqlc._schema import QueriesBase
-from jobrun.postgres.sqlc.models import JobState
+from jobrun.postgres.sqlc.models import JobDependency, JobState, Workflow
 from jobrun.postgres.sqlc.workflows import (
+    ADD_PENDING_PARENTS,
+    CANCEL_JOBS,
+    GET_WORKFLOW,
     INSERT_DEPENDENCIES,
     INSERT_GRAPH_JOBS,
     INSERT_WORKFLOW,
+    LIST_WORKFLOWS,
     LOCK_PARENTS,
+    LOCK_WORKFLOW,
+    LOCK_WORKFLOW_JOBS,
+    REOPEN_EDGES,
+    REQUEST_CANCELS,
+    REQUEUE_JOBS,
     SETTLE_FINISHED_PARENTS,
+    WORKFLOW_EDGES,
+    WORKFLOW_NODES,
+    CancelJobsRow,
     InsertGraphJobsRow,
+    ListWorkflowsRow,
     LockParentsRow,
+    LockWorkflowJobsRow,
+    RequestCancelsRow,
+    RequeueJobsRow,
+    WorkflowNodesRow,
 )
 
 
@@ -154,3 +171,204 @@ class AsyncQueries(QueriesBase):
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(SETTLE_FINISHED_PARENTS), (parent_ids, channel))
+
+    async def list_workflows(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        name: str | None,
+        before: uuid.UUID | None,
+        state: str | None,
+        max_rows: int,
+    ) -> list[ListWorkflowsRow]:
+        """Operating workflows (issue 29, item 7): list, get, cancel, retry. A
+        workflow's state is not stored: it is derived from its jobs' states by
+        jobrun.job.workflow.WorkflowState.of, which ListWorkflows' state filter
+        repeats in SQL (running while a job is not finished; then failed if one is
+        dead, cancelled if one is cancelled, else succeeded). Its jobs are read
+        through jobs_workflow_idx (migration 0018).
+        Newest first (created_at, then id: a workflow's id is a UUIDv4, not
+        time-ordered), through workflows_created_idx; before is the last id of
+        the page before (keyset). Each workflow's jobs are counted by state
+        through jobs_workflow_idx; finished_at is its last job's finish once none
+        can run any more.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(LIST_WORKFLOWS), (name, before, state, max_rows))
+            return [
+                ListWorkflowsRow(
+                    id=r[0],
+                    name=r[1],
+                    created_at=r[2],
+                    finished_at=r[3],
+                    waiting=r[4],
+                    queued=r[5],
+                    leased=r[6],
+                    succeeded=r[7],
+                    dead=r[8],
+                    cancelled=r[9],
+                )
+                for r in await cur.fetchall()
+            ]
+
+    async def get_workflow(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        id: uuid.UUID,
+    ) -> Workflow | None:
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(GET_WORKFLOW), (id,))
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        return Workflow(id=r[0], name=r[1], created_at=r[2])
+
+    async def lock_workflow(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        id: uuid.UUID,
+    ) -> Workflow | None:
+        """The first statement of a workflow's cancel or retry: two of them on one
+        workflow run one after the other. No row back: there is no such workflow.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(LOCK_WORKFLOW), (id,))
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        return Workflow(id=r[0], name=r[1], created_at=r[2])
+
+    async def workflow_nodes(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        id: uuid.UUID | None,
+    ) -> list[WorkflowNodesRow]:
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(WORKFLOW_NODES), (id,))
+            return [
+                WorkflowNodesRow(
+                    id=r[0],
+                    workflow_node=r[1],
+                    type=r[2],
+                    queue=r[3],
+                    state=JobState(r[4]),
+                    attempts=r[5],
+                    last_error=r[6],
+                    finished_at=r[7],
+                )
+                for r in await cur.fetchall()
+            ]
+
+    async def workflow_edges(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        id: uuid.UUID | None,
+    ) -> list[JobDependency]:
+        """Every edge whose child is a job of the workflow (the parent may be a job
+        outside it), read through the edges' primary key.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(WORKFLOW_EDGES), (id,))
+            return [
+                JobDependency(child_id=r[0], parent_id=r[1], done=r[2])
+                for r in await cur.fetchall()
+            ]
+
+    async def lock_workflow_jobs(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        id: uuid.UUID,
+    ) -> list[LockWorkflowJobsRow]:
+        """The jobs of a workflow and their parents outside it, locked in id order
+        (as LockJob locks one job): a job of it or a parent finishing meanwhile
+        waits for this transaction, and its trigger then sees the edges as this
+        transaction leaves them. outside marks a parent that is not of the
+        workflow.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(LOCK_WORKFLOW_JOBS), (id,))
+            return [
+                LockWorkflowJobsRow(
+                    id=r[0],
+                    state=JobState(r[1]),
+                    queue=r[2],
+                    attempts=r[3],
+                    cancel_requested=r[4],
+                    outside=r[5],
+                )
+                for r in await cur.fetchall()
+            ]
+
+    async def cancel_jobs(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+        finish_channel: str,
+    ) -> list[CancelJobsRow]:
+        """Waiting or queued jobs (locked) cancelled at once, waking the clients
+        waiting for them, as CancelQueuedJob does one. The trigger of migration
+        0016 runs for each at the end of this statement, when all of them are
+        cancelled already: a workflow's own children are no longer waiting, and
+        only jobs outside it waiting for one of them follow their policy.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(CANCEL_JOBS), (ids, finish_channel))
+            return [CancelJobsRow(id=r[0], attempts=r[1]) for r in await cur.fetchall()]
+
+    async def request_cancels(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+    ) -> list[RequestCancelsRow]:
+        """Running jobs (locked) asked to stop, as RequestCancel asks one."""
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(REQUEST_CANCELS), (ids,))
+            return [RequestCancelsRow(id=r[0], attempts=r[1]) for r in await cur.fetchall()]
+
+    async def reopen_edges(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        child_ids: list[uuid.UUID],
+        parent_ids: list[uuid.UUID],
+    ) -> None:
+        """A retry's edges put back: each child counts its retried parent again."""
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(REOPEN_EDGES), (child_ids, parent_ids))
+
+    async def add_pending_parents(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+        more: list[int],
+    ) -> None:
+        """Jobs still waiting that wait for a retried parent again."""
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(ADD_PENDING_PARENTS), (ids, more))
+
+    async def requeue_jobs(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        ids: list[uuid.UUID],
+        pending: list[int],
+    ) -> list[RequeueJobsRow]:
+        """A workflow's retry: its dead and cancelled jobs (locked) run again, as
+        RequeueJob runs one (attempts, releases, the cancel flag, the finish and
+        the result cleared; last_error kept until the next attempt), each queued
+        now, or waiting for the parents it counts again (pending).
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(REQUEUE_JOBS), (ids, pending))
+            return [
+                RequeueJobsRow(id=r[0], state=JobState(r[1]), queue=r[2], attempts=r[3])
+                for r in await cur.fetchall()
+            ]
