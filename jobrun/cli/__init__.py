@@ -15,6 +15,8 @@
     jobrun events ID | depth
     jobrun cancel ID | cancel --state S [--queue Q] [--type T] [--dry-run | --yes]
     jobrun retry ID  | retry --state dead [--queue Q] [--type T] [--dry-run | --yes]
+    jobrun workflows list [--state S] [--name N] [--limit N] [--before ID]   (newest first)
+    jobrun workflows get ID | cancel ID | retry ID [--dry-run | --yes]
     jobrun queues pause Q | resume Q | list
     jobrun queues limit Q [CONCURRENCY] [--per-key K] [--rate 100/s]
                         [--no-concurrency] [--no-per-key] [--no-rate]
@@ -35,7 +37,7 @@ overridden by the flags given. Without ``--database-url`` or
 ``DATABASE_URL`` a command uses the embedded PostgreSQL and says so on stderr.
 
 This package is the command, a module per command group: :mod:`.jobs`
-(enqueue and read), :mod:`.actions` (cancel, retry, purge), :mod:`.queues`,
+(enqueue and read), :mod:`.actions` (cancel, retry, purge), :mod:`.workflows`, :mod:`.queues`,
 :mod:`.schedules`, :mod:`.processes` (worker, scheduler), :mod:`.database`
 (migrate, embedded), :mod:`.extras` (dashboard, demo). What they share is
 written once: the parser's pieces (:mod:`.parser`), settings and the client
@@ -55,16 +57,18 @@ code  meaning
 0     ok
 1     any other error
 2     usage error (bad arguments)
-3     not found (no such job or schedule)
+3     not found (no such job, workflow or schedule)
 4     conflict: the idempotency key is taken by a different job, or the
       schedule already exists
 5     invalid state: the operation does not apply to the job's state
-      (retry of a leased job, cancel of a finished one, bulk retry of leased jobs)
+      (retry of a leased job, cancel of a finished one, bulk retry of leased jobs,
+      cancel of a finished workflow, retry of one with nothing dead or cancelled)
 6     database unavailable (cannot connect, connection lost, outcome unknown)
 7     validation error: bad input or bad configuration
 8     the jobrun schema is missing, or at another version than this jobrun
       needs: run ``jobrun migrate`` (or upgrade jobrun when it is newer)
-9     not confirmed: a bulk ``retry``, ``cancel`` or ``purge`` was declined at
+9     not confirmed: a bulk ``retry``, ``cancel`` or ``purge`` (or a
+      ``workflows cancel`` or ``retry``) was declined at
       its prompt, or ran off a terminal without ``--yes`` (nothing changed)
 130   interrupted (Ctrl-C during a short command)
 128+N ``jobrun worker`` or ``jobrun scheduler`` stopped by signal N before its

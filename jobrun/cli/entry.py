@@ -28,6 +28,7 @@ from . import (
     signals,
     why,
     workers,
+    workflows,
 )
 from .exits import (
     EXIT_INTERRUPTED,
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     why.register(commands)
     actions.register(commands)  # cancel, retry
     signals.register(commands)
+    workflows.register(commands)
     queues.register(commands)
     workers.register(commands)
     actions.register_purge(commands)

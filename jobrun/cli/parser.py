@@ -72,6 +72,8 @@ WRITERS = frozenset(
         ("queues", "resume"),
         ("queues", "limit"),
         ("queues", "unlimit"),
+        ("workflows", "cancel"),
+        ("workflows", "retry"),
     )
 )
 """The commands that record job events or send wake-ups: their help shows WRITER_OPTIONS."""
