@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import uuid
 from typing import Any
 
@@ -330,3 +331,34 @@ def test_the_claim_plan_stays_on_its_index_beside_the_workflow_index(dsn: str) -
             "(SELECT id FROM jobrun.workflows LIMIT 1)"
         ).fetchone()
         assert row is not None and "jobs_workflow_idx" in json.dumps(row[0])
+
+
+def test_a_retry_waits_for_an_outside_parent_finishing_and_strands_no_job(
+    store: Store, dsn: str
+) -> None:
+    # The retried job's parent outside the workflow finishes in a transaction
+    # still open when the retry starts: its trigger already passed the job
+    # (cancelled then) and marked the edge done. Were that parent not locked
+    # by the retry, the retry would read the edge as not done and leave the
+    # job waiting for a parent that will never finish again.
+    client = jobrun.Client(store)
+    parent = client.enqueue("outside", queue="qp")
+    flow = jobrun.Workflow("after an outside job")
+    flow.add(NewJob(type="j", queue="qj"), name="j", after=[parent.id])
+    wf = client.enqueue_workflow(flow)
+    assert client.cancel_workflow(wf.id).cancelled == 1
+    with psycopg.connect(dsn) as other:
+        other.execute(
+            "UPDATE jobrun.jobs SET state = 'succeeded', finished_at = now() WHERE id = %s",
+            (parent.id,),
+        )
+        outcome: list[Any] = []
+        retrying = threading.Thread(target=lambda: outcome.append(client.retry_workflow(wf.id)))
+        retrying.start()
+        retrying.join(0.5)
+        assert retrying.is_alive()  # it waits for the parent's lock
+        other.commit()
+    retrying.join(10)
+    assert outcome and outcome[0].queued == 1
+    job = store.get(wf["j"].id)
+    assert (job.state, job.pending_parents) == (State.QUEUED, 0)
