@@ -536,6 +536,24 @@ def test_the_workflow_index_migration_adds_two_indexes_and_rolls_back(empty_dsn:
         assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (18,)
 
 
+def test_the_workflow_index_built_concurrently_beforehand_is_kept(empty_dsn: str) -> None:
+    # docs/upgrading.md: an operator who cannot stop writes for the CREATE
+    # INDEX builds it CONCURRENTLY first; the migration then skips it.
+    m.migrate(empty_dsn)
+    rollback = (MIGRATIONS / "0018.workflow_index.rollback.sql").read_text()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute(rollback)
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0018.workflow_index'")
+        c.execute(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_workflow_idx ON jobrun.jobs"
+            " (workflow_id) WHERE workflow_id IS NOT NULL"
+        )
+        before = c.execute("SELECT 'jobrun.jobs_workflow_idx'::regclass::oid").fetchone()
+    assert m.migrate(empty_dsn) == ["0018.workflow_index"]
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT 'jobrun.jobs_workflow_idx'::regclass::oid").fetchone() == before
+
+
 def test_the_least_privilege_table_list_names_every_table_of_the_schema(empty_dsn: str) -> None:
     # The fault suite grants its runtime role exactly tests.support.tables's
     # list; a table a migration adds must be named there (and granted by an
