@@ -26,7 +26,13 @@ from rich.table import Table
 from jobrun import producer
 from jobrun.job import validate
 from jobrun.job.model import State
-from jobrun.job.workflow import WorkflowGraph, WorkflowState, WorkflowSummary, workflow_state
+from jobrun.job.workflow import (
+    WorkflowGraph,
+    WorkflowState,
+    WorkflowSummary,
+    node_name,
+    workflow_state,
+)
 from jobrun.postgres.plans import MAX_LIST_LIMIT
 
 from .confirm import confirmed, guard_options
@@ -88,9 +94,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     # Every check before the database is opened (exit 7 for a bad value).
     state = None if args.state is None else workflow_state(args.state.strip().lower())
     before = None if args.before is None else producer.workflow_id(args.before)
+    name = None if args.name is None else node_name(args.name, "--name")
     validate.batch_limit(args.limit, MAX_LIST_LIMIT - 1)  # one more is read: is there a next page?
     with open_client(args) as client:
-        found = client.workflows(state=state, name=args.name, before=before, limit=args.limit + 1)
+        found = client.workflows(state=state, name=name, before=before, limit=args.limit + 1)
     more = len(found) > args.limit
     flows = found[: args.limit]
     if args.json:

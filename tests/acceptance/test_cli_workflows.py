@@ -143,6 +143,7 @@ def test_workflow_commands_refuse_unknown_ids_and_bad_input(
         )
     assert_one_line_error(jobrun("workflows", "list", "--state", "dead"), cli.EXIT_VALIDATION)
     assert_one_line_error(jobrun("workflows", "list", "--limit", "0"), cli.EXIT_VALIDATION)
+    assert_one_line_error(jobrun("workflows", "list", "--name", ""), cli.EXIT_VALIDATION, "--name")
     assert_one_line_error(jobrun("workflows", "list", "--before", UNKNOWN_ID), cli.EXIT_NOT_FOUND)
     assert_one_line_error(jobrun("workflows"), cli.EXIT_USAGE)
 
