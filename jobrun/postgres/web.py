@@ -45,7 +45,7 @@ from jobrun.job.workflow import MAX_NODES, WorkflowState, WorkflowSummary
 from jobrun.postgres.convert import event_from_row, job_from_row
 from jobrun.postgres.sqlc import models
 from jobrun.postgres.sqlc.web import Queries
-from jobrun.postgres.stats import ClusterSnapshot, ClusterStats
+from jobrun.postgres.stats import ClusterSnapshot, ClusterStats, workflow_summary
 
 if TYPE_CHECKING:
     from jobrun.postgres.store import Store
@@ -296,29 +296,6 @@ class WorkflowDetail:
     edges: tuple[tuple[uuid.UUID, uuid.UUID], ...]
     """(parent, child) for every parent of the workflow's jobs, outside ones included."""
     db_now: dt.datetime
-
-
-def workflow_summary(row: Any) -> WorkflowSummary:
-    """A row of jobs by state (WebWorkflowsPage, ClusterRecentWorkflows) as a summary.
-
-    The row's ``finished_at`` is its jobs' last finish: the workflow's
-    completion once no job of it can run, None before."""
-    jobs = {
-        State.WAITING: row.waiting,
-        State.QUEUED: row.queued,
-        State.LEASED: row.leased,
-        State.SUCCEEDED: row.succeeded,
-        State.DEAD: row.dead,
-        State.CANCELLED: row.cancelled,
-    }
-    running = WorkflowState.of(jobs) is WorkflowState.RUNNING
-    return WorkflowSummary(
-        id=row.id,
-        name=getattr(row, "name", ""),
-        created_at=row.created_at,
-        finished_at=None if running else row.finished_at,
-        jobs={state: n for state, n in jobs.items() if n},
-    )
 
 
 class DashboardReads:
@@ -684,5 +661,4 @@ __all__ = [
     "WorkflowsPage",
     "id_prefix_text",
     "normalize_id_prefix",
-    "workflow_summary",
 ]
