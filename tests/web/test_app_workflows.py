@@ -19,8 +19,10 @@ from jobrun.job.model import NewJob, State
 from jobrun.job.workflow import WorkflowState
 from jobrun.postgres.store import Store
 from jobrun.postgres.web import WORKFLOW_SCAN, DashboardReads
+from jobrun.web.graph import MAX_PER_LAYER
+from jobrun.web.workflows import JOBS_SHOWN
 from tests.web.test_app import page
-from tests.web.test_app_support import app, client
+from tests.web.test_app_support import app, client, parse
 
 __all__ = ["app", "client"]  # fixtures, imported for pytest
 
@@ -180,3 +182,21 @@ def test_every_job_state_has_a_colour_in_the_graphs_stylesheet(
 ) -> None:
     css = client.get("/static/jobrun.css").text
     assert f"svg.graph .node.state-{state.value} rect" in css
+
+
+def test_a_large_fan_out_is_drawn_bounded_and_its_table_capped(
+    store: Store, client: TestClient
+) -> None:
+    run = enqueue(store, "big", fan_out=3000)
+    got = client.get(f"/workflows/{run.id}")
+    assert got.status_code == 200
+    assert len(got.text) < 400_000
+    doc = parse(got.text)
+    svg = doc.by_id("workflow-graph")
+    assert svg.attrs["data-jobs"] == "3002" and svg.attrs["data-layers"] == "3"
+    more = svg.one("g", cls="more")
+    assert more.attrs["data-hidden"] == str(3000 - (MAX_PER_LAYER - 1))
+    assert len(svg.select("a", cls="node")) == 2 + MAX_PER_LAYER - 1
+    assert doc.by_id("graph-hidden").text.startswith(f"{3000 - (MAX_PER_LAYER - 1)} jobs")
+    assert len(doc.by_id("workflow-jobs-table").select("tr", cls="job-row")) == JOBS_SHOWN
+    assert doc.has_id("workflow-jobs-more")
