@@ -195,17 +195,18 @@ FROM unnest(sqlc.arg(ids)::uuid[]) AS given(id);
 -- Workflows (issue 29, item 7). A workflow has no state column: its state is
 -- derived from its jobs' by jobrun.job.workflow.WorkflowState.of, in Python,
 -- from the counts below (one rule for the CLI, the dashboard and the
--- metrics). A workflow's jobs are found by jobs.workflow_id (its index, of
--- migration 0018): what a row costs is an index scan of its own jobs.
+-- metrics). A workflow's jobs are found by jobs.workflow_id (its index,
+-- jobs_workflow_idx of migration 0018): a row costs an index scan of its own
+-- jobs (tests/web/test_workflow_queries.py EXPLAINs these).
 
 -- name: WebWorkflowsPage :many
 -- Workflows newest first (created_at, then id), older than the workflow
 -- before when given (keyset: no OFFSET), at most max_rows, each with its
 -- jobs by state and its last finish (its created_at while none has
--- finished: a completion only once no job can run). The workflows table
--- holds one row per workflow (a small fraction of jobs): the page's top-N
--- reads it whole unless an index on workflows (created_at) exists; jobs are
--- read by workflow_id, only for the rows of the page.
+-- finished: a completion only once no job can run). Along
+-- workflows_created_idx (created_at, id; migration 0018) backwards from the
+-- page bound, as the jobs pages along the primary key; jobs are read by
+-- workflow_id (jobs_workflow_idx), only for the rows of the page.
 WITH page AS (
     SELECT w.id, w.name, w.created_at
     FROM jobrun.workflows AS w

@@ -5,9 +5,12 @@ workflows (ANALYZEd), no workflow statement of db/query/web.sql or
 db/query/stats.sql reads ``jobs`` by a sequential scan, in the custom plan
 nor in the generic one: a workflow's jobs are found by ``workflow_id``.
 
-That index is migration 0018's (issue 29, item 7, the "wfops" part); until
-it is on this branch, the fixture creates the same partial index when no
-index of ``jobs`` leads with ``workflow_id``.
+Those indexes are migration 0018's (issue 29, item 7, the "wfops" part:
+``jobs_workflow_idx`` on ``jobs (workflow_id)``, ``workflows_created_idx``
+on ``workflows (created_at, id)``); until it is on this branch, the fixture
+creates the same ones when no index of ``jobs`` leads with
+``workflow_id``. With them, the workflows are read along
+``workflows_created_idx`` too, never by a sequential scan.
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ FROM jobrun.jobs c JOIN jobrun.jobs p
   ON p.workflow_id = c.workflow_id AND p.workflow_node = 'n1' AND c.workflow_node <> 'n1'
 """
 
-WORKFLOW_INDEX = """
-CREATE INDEX IF NOT EXISTS jobs_workflow_idx ON jobrun.jobs (workflow_id)
-WHERE workflow_id IS NOT NULL
-"""
+WORKFLOW_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS jobs_workflow_idx ON jobrun.jobs (workflow_id)"
+    " WHERE workflow_id IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS workflows_created_idx ON jobrun.workflows (created_at, id)",
+)
 
 SOME = uuid.UUID("00000000-0000-4000-8000-000000000064")
 
@@ -73,7 +77,8 @@ def big(admin_dsn: str) -> Any:
             """
         ).fetchone()
         if leading is None or leading[0] == 0:
-            conn.execute(WORKFLOW_INDEX)
+            for index in WORKFLOW_INDEXES:
+                conn.execute(index)
         for table in ("jobs", "workflows", "job_dependencies"):
             conn.execute(f"VACUUM ANALYZE jobrun.{table}")
         yield conn
@@ -101,6 +106,8 @@ def test_no_workflow_read_scans_jobs_sequentially(big: psycopg.Connection[Any]) 
             if name != "workflow":
                 indexes = {s.index for s in scans(plan) if s.relation == "jobs"}
                 assert indexes and None not in indexes, (name, mode, found)
+            walked = [s for s in scans(plan) if s.relation == "workflows"]
+            assert all(s.node != "Seq Scan" for s in walked), (name, mode, found)
 
 
 def test_the_plan_check_sees_a_seq_scan_without_the_index(big: psycopg.Connection[Any]) -> None:

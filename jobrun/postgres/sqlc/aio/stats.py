@@ -139,11 +139,12 @@ class AsyncQueries(QueriesBase):
     ) -> list[ClusterRecentWorkflowsRow]:
         """The workflows created in the last window_seconds (by the database clock),
         newest first, at most max_rows, each with its jobs by state and its last
-        finish (its created_at while none has finished): jobrun.observe.metrics derives their states
-        (WorkflowState.of) and times to completion from them. Its cost: the
-        workflows table's rows of the window (the whole table without an index on
-        workflows (created_at)), and each counted workflow's jobs read by
-        workflow_id (migration 0018's index); never the history of other jobs.
+        finish (its created_at while none has finished): jobrun.observe.metrics
+        derives their states (WorkflowState.of) and times to completion from
+        them. Its cost: the
+        window's rows of workflows_created_idx, and each counted workflow's jobs
+        read by workflow_id (jobs_workflow_idx; both of migration 0018); never
+        the history of other jobs.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(CLUSTER_RECENT_WORKFLOWS), (window_seconds, max_rows))
