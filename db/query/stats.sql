@@ -100,3 +100,35 @@ ORDER BY s.id;
 -- How full the server's notification queue is (0 to 1), with the database
 -- clock at the same instant.
 SELECT pg_notification_queue_usage()::float8 AS usage, now()::timestamptz AS db_now;
+
+-- name: ClusterRecentWorkflows :many
+-- The workflows created in the last window_seconds (by the database clock),
+-- newest first, at most max_rows, each with its jobs by state and its last
+-- finish (its created_at while none has finished): jobrun.observe.metrics
+-- derives their states (WorkflowState.of) and times to completion from
+-- them. Its cost: the
+-- window's rows of workflows_created_idx, and each counted workflow's jobs
+-- read by workflow_id (jobs_workflow_idx; both of migration 0018); never
+-- the history of other jobs.
+WITH recent AS (
+    SELECT w.id, w.created_at
+    FROM jobrun.workflows AS w
+    WHERE w.created_at >= now() - make_interval(secs => sqlc.arg(window_seconds)::float8)
+    ORDER BY w.created_at DESC, w.id DESC
+    LIMIT sqlc.arg(max_rows)
+)
+SELECT recent.id, recent.created_at,
+       c.waiting, c.queued, c.leased, c.succeeded, c.dead, c.cancelled, c.finished_at
+FROM recent
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE jobs.state = 'waiting')::int8 AS waiting,
+           count(*) FILTER (WHERE jobs.state = 'queued')::int8 AS queued,
+           count(*) FILTER (WHERE jobs.state = 'leased')::int8 AS leased,
+           count(*) FILTER (WHERE jobs.state = 'succeeded')::int8 AS succeeded,
+           count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
+           count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled,
+           COALESCE(max(jobs.finished_at), recent.created_at)::timestamptz AS finished_at
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.workflow_id = recent.id
+) AS c
+ORDER BY recent.created_at DESC, recent.id DESC;

@@ -191,3 +191,70 @@ SELECT given.id::uuid AS id,
        (SELECT jobs.id FROM jobrun.jobs AS jobs WHERE jobs.id > given.id
         ORDER BY jobs.id LIMIT 1)::uuid AS above
 FROM unnest(sqlc.arg(ids)::uuid[]) AS given(id);
+
+-- Workflows (issue 29, item 7). A workflow has no state column: its state is
+-- derived from its jobs' by jobrun.job.workflow.WorkflowState.of, in Python,
+-- from the counts below (one rule for the CLI, the dashboard and the
+-- metrics). A workflow's jobs are found by jobs.workflow_id (its index,
+-- jobs_workflow_idx of migration 0018): a row costs an index scan of its own
+-- jobs (tests/web/test_workflow_queries.py EXPLAINs these).
+
+-- name: WebWorkflowsPage :many
+-- Workflows newest first (created_at, then id), older than the workflow
+-- before when given (keyset: no OFFSET), at most max_rows, each with its
+-- jobs by state and its last finish (its created_at while none has
+-- finished: a completion only once no job can run). Along
+-- workflows_created_idx (created_at, id; migration 0018) backwards from the
+-- page bound, as the jobs pages along the primary key; jobs are read by
+-- workflow_id (jobs_workflow_idx), only for the rows of the page.
+WITH page AS (
+    SELECT w.id, w.name, w.created_at
+    FROM jobrun.workflows AS w
+    WHERE sqlc.narg(before)::uuid IS NULL
+       OR (w.created_at, w.id) < (SELECT b.created_at, b.id FROM jobrun.workflows AS b
+                                  WHERE b.id = sqlc.narg(before)::uuid)
+    ORDER BY w.created_at DESC, w.id DESC
+    LIMIT sqlc.arg(max_rows)
+)
+SELECT page.id, page.name, page.created_at,
+       c.waiting, c.queued, c.leased, c.succeeded, c.dead, c.cancelled, c.finished_at
+FROM page
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE jobs.state = 'waiting')::int8 AS waiting,
+           count(*) FILTER (WHERE jobs.state = 'queued')::int8 AS queued,
+           count(*) FILTER (WHERE jobs.state = 'leased')::int8 AS leased,
+           count(*) FILTER (WHERE jobs.state = 'succeeded')::int8 AS succeeded,
+           count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
+           count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled,
+           COALESCE(max(jobs.finished_at), page.created_at)::timestamptz AS finished_at
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.workflow_id = page.id
+) AS c
+ORDER BY page.created_at DESC, page.id DESC;
+
+-- name: WebWorkflow :one
+-- One workflow's row (its jobs are read by WebWorkflowJobs).
+SELECT w.id, w.name, w.created_at
+FROM jobrun.workflows AS w
+WHERE w.id = sqlc.arg(id);
+
+-- name: WebWorkflowJobs :many
+-- A workflow's jobs, what its graph and its table show (not their payloads
+-- nor results), in id order (the order they were enqueued in), at most
+-- max_rows.
+SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
+       jobs.max_attempts, jobs.created_at, jobs.finished_at, jobs.last_error
+FROM jobrun.jobs AS jobs
+WHERE jobs.workflow_id = sqlc.arg(workflow_id)
+ORDER BY jobs.id
+LIMIT sqlc.arg(max_rows);
+
+-- name: WebWorkflowEdges :many
+-- The edges into a workflow's jobs (child, parent), parents outside the
+-- workflow included: through job_dependencies' primary key (child_id first).
+SELECT d.child_id, d.parent_id
+FROM jobrun.jobs AS jobs
+JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
+WHERE jobs.workflow_id = sqlc.arg(workflow_id)
+ORDER BY d.child_id, d.parent_id
+LIMIT sqlc.arg(max_rows);

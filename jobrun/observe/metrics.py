@@ -22,7 +22,8 @@ Per worker process
     the pool. No label names the process: Prometheus adds ``instance``.
 Cluster-wide
     queue depth by state, the oldest ready job's age, the leader, the
-    schedules, the notification queue: numbers of the whole database, read
+    schedules, the notification queue, the recent workflows by state and
+    their times to completion: numbers of the whole database, read
     by queries (:class:`jobrun.postgres.stats.ClusterStats`). They are
     collected by :meth:`Metrics.watch_cluster` in ONE process only: where
     ``is_leader`` (if given) returns True, and at most once per
@@ -64,7 +65,7 @@ from jobrun.worker.hooks import (
 )
 
 if TYPE_CHECKING:
-    from jobrun.postgres.stats import ClusterSnapshot, ClusterStats
+    from jobrun.postgres.stats import ClusterSnapshot, ClusterStats, WorkflowStats
     from jobrun.postgres.store import Store
     from jobrun.worker.context import JobContext
     from jobrun.worker.worker import Worker
@@ -78,6 +79,9 @@ MAX_LEARNED_TYPES = 1000
 """Types learned from started handlers when no worker is watched; past this, ``unknown``."""
 
 DEFAULT_CACHE_SECONDS = 10.0
+DEFAULT_WORKFLOW_WINDOW = 3600.0
+"""Seconds: the workflows created this recently are counted (see :meth:`Metrics.watch_cluster`)."""
+WORKFLOW_QUANTILES = (0.5, 0.95, 1.0)
 
 # Handlers run from milliseconds to an hour.
 RUN_BUCKETS = (
@@ -241,6 +245,7 @@ class Metrics(WorkerHooks):
         *,
         cache_seconds: float = DEFAULT_CACHE_SECONDS,
         leader_key: tuple[int, int] | None = None,
+        workflow_window: float | None = DEFAULT_WORKFLOW_WINDOW,
     ) -> ClusterCollector:
         """Collect the cluster-wide series through ``store`` in this process.
 
@@ -252,6 +257,13 @@ class Metrics(WorkerHooks):
         between are served from it. ``leader_key`` is the scheduler's leader
         lock (by default the one :class:`jobrun.Runtime` takes for the
         store's schema).
+
+        ``workflow_window``: the workflows created in the last this many
+        seconds are counted by state (``jobrun_workflows``) and the finished
+        ones give the times to completion
+        (``jobrun_workflow_completion_seconds``), read from the database in
+        the same round (the newest 10,000 at most; their jobs are read by
+        ``workflow_id``); None leaves both out.
         """
         from jobrun.postgres.leader import election_name, leader_lock_name  # noqa: PLC0415
         from jobrun.postgres.lock import LOCK_LEADER, lock_key  # noqa: PLC0415
@@ -261,6 +273,14 @@ class Metrics(WorkerHooks):
             raise ValidationError("cache_seconds", "must be a number of seconds")
         if not 0 <= cache_seconds <= 3600:
             raise ValidationError("cache_seconds", "must be between 0 and 3600")
+        if workflow_window is not None and (
+            isinstance(workflow_window, bool)
+            or not isinstance(workflow_window, int | float)
+            or not 1 <= workflow_window <= 30 * 86400
+        ):
+            raise ValidationError(
+                "workflow_window", "must be between 1 and 2592000 seconds, or None"
+            )
         if is_leader is not None and not callable(is_leader):
             raise ValidationError("is_leader", "must be a callable returning a bool, or None")
         with self._lock:
@@ -275,6 +295,7 @@ class Metrics(WorkerHooks):
                 is_leader,
                 cache_seconds=float(cache_seconds),
                 queues=lambda: [q for w in self._watched() for q in w.config.queues],
+                workflow_window=None if workflow_window is None else float(workflow_window),
             )
             self._cluster = collector
         self.registry.register(collector)
@@ -504,8 +525,10 @@ class ClusterCollector:
         *,
         cache_seconds: float = DEFAULT_CACHE_SECONDS,
         queues: Callable[[], Iterable[str]] = list,
+        workflow_window: float | None = None,
     ) -> None:
         self.stats = stats
+        self.workflow_window = workflow_window
         self.is_leader = is_leader
         self.cache_seconds = cache_seconds
         self._queues = queues
@@ -554,7 +577,7 @@ class ClusterCollector:
         started = time.monotonic()
         self.rounds += 1
         try:
-            snapshot = self.stats.snapshot()
+            snapshot = self.stats.snapshot(workflow_window=self.workflow_window)
         except Exception as exc:  # a scrape must answer, whatever the database does
             self.errors += 1
             if not self._failing:  # once per outage, not once per cache period
@@ -630,9 +653,37 @@ class ClusterCollector:
             "jobrun_notification_queue_usage_ratio",
             "pg_notification_queue_usage(): how full the server's NOTIFY queue is (1: full).",
         )
+        workflows = GaugeMetricFamily(
+            "jobrun_workflows",
+            "Workflows created in the recent window (jobrun_workflows_window_seconds; the "
+            "newest 10,000 at most) by state, derived from their jobs' states: running, "
+            "succeeded, failed, cancelled.",
+            labels=["state"],
+        )
+        window = GaugeMetricFamily(
+            "jobrun_workflows_window_seconds",
+            "How recently the workflows counted by jobrun_workflows were created.",
+        )
+        truncated = GaugeMetricFamily(
+            "jobrun_workflows_truncated",
+            "1 when more workflows were created in the window than are counted (the newest "
+            "10,000 are).",
+        )
+        completion = GaugeMetricFamily(
+            "jobrun_workflow_completion_seconds",
+            "Time to completion (creation to the last job's finish, database clock) of the "
+            "finished workflows among those counted by jobrun_workflows: nearest-rank "
+            "quantiles 0.5, 0.95 and 1 (the slowest); absent while none has finished.",
+            labels=["quantile"],
+        )
+        completed = GaugeMetricFamily(
+            "jobrun_workflows_completed",
+            "The finished workflows the completion quantiles are of.",
+        )
         families = (
             up_family, errors, duration, read_at, depth, oldest, paused, leader, leader_info,
-            next_run, last_fired, schedule_paused, notify,
+            next_run, last_fired, schedule_paused, notify, workflows, window, truncated,
+            completion, completed,
         )  # fmt: skip
         if snap is None:
             if failed:  # no numbers, but say why
@@ -671,7 +722,36 @@ class ClusterCollector:
                 last_fired.add_metric([sched.id], sched.last_fired_at.timestamp())
             schedule_paused.add_metric([sched.id], 1.0 if sched.paused else 0.0)
         notify.add_metric([], snap.notify_queue_usage)
+        if snap.workflows is not None:
+            _add_workflows(
+                snap.workflows,
+                workflows=workflows,
+                window=window,
+                truncated=truncated,
+                completion=completion,
+                completed=completed,
+            )
         yield from families
+
+
+def _add_workflows(
+    stats: WorkflowStats,
+    *,
+    workflows: GaugeMetricFamily,
+    window: GaugeMetricFamily,
+    truncated: GaugeMetricFamily,
+    completion: GaugeMetricFamily,
+    completed: GaugeMetricFamily,
+) -> None:
+    for state, count in stats.by_state.items():
+        workflows.add_metric([state.value], float(count))
+    window.add_metric([], stats.window_seconds)
+    truncated.add_metric([], 1.0 if stats.truncated else 0.0)
+    completed.add_metric([], float(len(stats.completion_seconds)))
+    for q in WORKFLOW_QUANTILES:
+        value = stats.quantile(q)
+        if value is not None:
+            completion.add_metric([f"{q:g}"], value)
 
 
 __all__ = ["UNKNOWN_TYPE", "ClusterCollector", "Metrics"]

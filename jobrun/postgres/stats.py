@@ -14,16 +14,29 @@ table, never the history of finished jobs
 many succeeded rows). The call is bounded client-side like every other
 Store read (the Store's ``call_timeout``), and ages are computed by the
 database clock.
+
+Workflows (asked for with ``workflow_window``) are a fifth statement: the
+workflows created in the window, at most :data:`MAX_WORKFLOWS_COUNTED`
+(the newest), each with its jobs by state, read by ``workflow_id``. Its
+cost grows with the jobs of those workflows, not with the table's history
+(the window's rows of ``workflows_created_idx``, and ``jobs_workflow_idx``:
+migration 0018). A workflow's state is derived in Python
+(:meth:`jobrun.job.workflow.WorkflowState.of`), the rule the dashboard and
+the CLI use.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from jobrun.job.model import State
+from jobrun.job.workflow import WorkflowState, WorkflowSummary
 from jobrun.postgres.leader import election_name
 from jobrun.postgres.lock import lock_key
 from jobrun.postgres.sqlc.stats import Queries
@@ -80,6 +93,60 @@ class ScheduleStats:
     paused: bool
 
 
+WORKFLOW_WINDOW = 3600.0
+"""Seconds: the workflows created this recently are the ones the metrics count."""
+MAX_WORKFLOWS_COUNTED = 10_000
+"""The most workflows one round counts (the newest of the window)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowStats:
+    """The workflows created in a recent window, by state, and how long the finished
+    ones took (creation to their last job's finish, by the database clock)."""
+
+    window_seconds: float
+    counted: int
+    truncated: bool
+    """More than :data:`MAX_WORKFLOWS_COUNTED` were created in the window: the newest
+    were counted."""
+    by_state: Mapping[WorkflowState, int]
+    """Every state, zeros included."""
+    completion_seconds: tuple[float, ...]
+    """Of the finished ones, in increasing order."""
+
+    def quantile(self, q: float) -> float | None:
+        """The nearest-rank quantile ``q`` (0 < q <= 1) of the times to completion,
+        None when none has finished."""
+        values = self.completion_seconds
+        if not values:
+            return None
+        return values[min(len(values), max(1, math.ceil(q * len(values)))) - 1]
+
+
+def workflow_summary(row: Any) -> WorkflowSummary:
+    """A row of a workflow's jobs by state (ClusterRecentWorkflows, WebWorkflowsPage).
+
+    The row's ``finished_at`` is its jobs' last finish: the workflow's
+    completion once no job of it can run, None before (WorkflowState.of
+    decides, the one rule)."""
+    jobs = {
+        State.WAITING: row.waiting,
+        State.QUEUED: row.queued,
+        State.LEASED: row.leased,
+        State.SUCCEEDED: row.succeeded,
+        State.DEAD: row.dead,
+        State.CANCELLED: row.cancelled,
+    }
+    running = WorkflowState.of(jobs) is WorkflowState.RUNNING
+    return WorkflowSummary(
+        id=row.id,
+        name=getattr(row, "name", ""),
+        created_at=row.created_at,
+        finished_at=None if running else row.finished_at,
+        jobs={state: n for state, n in jobs.items() if n},
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSnapshot:
     db_now: dt.datetime
@@ -90,6 +157,8 @@ class ClusterSnapshot:
     schedules: tuple[ScheduleStats, ...]
     notify_queue_usage: float
     """``pg_notification_queue_usage()``: 0 (empty) to 1 (full: every NOTIFY fails)."""
+    workflows: WorkflowStats | None = None
+    """Read when asked for (:meth:`ClusterStats.snapshot`)."""
 
 
 class ClusterStats:
@@ -112,9 +181,42 @@ class ClusterStats:
         self.leader_key = leader_key if leader_key is not None else lock_key()
         self.election = election if election is not None else election_name(None)
 
-    def snapshot(self) -> ClusterSnapshot:
-        """One round of the statistics queries (read-only, on one pooled connection)."""
-        return self.store._on_pool_read(self._read)
+    def snapshot(self, *, workflow_window: float | None = None) -> ClusterSnapshot:
+        """One round of the statistics queries (read-only, on one pooled connection);
+        with ``workflow_window`` (seconds), the workflows created that recently too."""
+        if workflow_window is None:
+            return self.store._on_pool_read(self._read)
+
+        def read(conn: psycopg.Connection[Any]) -> ClusterSnapshot:
+            snap = self._read(conn)
+            return dataclasses.replace(snap, workflows=self._workflows(conn, workflow_window))
+
+        return self.store._on_pool_read(read)
+
+    def workflows(self, window_seconds: float = WORKFLOW_WINDOW) -> WorkflowStats:
+        """The workflows created in the last ``window_seconds``, by state, and their
+        times to completion (at most :data:`MAX_WORKFLOWS_COUNTED`, the newest)."""
+        return self.store._on_pool_read(lambda conn: self._workflows(conn, window_seconds))
+
+    def _workflows(self, conn: psycopg.Connection[Any], window: float) -> WorkflowStats:
+        rows = self.q.cluster_recent_workflows(
+            conn, window_seconds=float(window), max_rows=MAX_WORKFLOWS_COUNTED + 1
+        )
+        truncated = len(rows) > MAX_WORKFLOWS_COUNTED
+        summaries = [workflow_summary(r) for r in rows[:MAX_WORKFLOWS_COUNTED]]
+        by_state = dict.fromkeys(WorkflowState, 0)
+        times = []
+        for w in summaries:
+            by_state[w.state] += 1
+            if w.finished_at is not None:
+                times.append(max((w.finished_at - w.created_at).total_seconds(), 0.0))
+        return WorkflowStats(
+            window_seconds=float(window),
+            counted=len(summaries),
+            truncated=truncated,
+            by_state=by_state,
+            completion_seconds=tuple(sorted(times)),
+        )
 
     def _read(self, conn: psycopg.Connection[Any]) -> ClusterSnapshot:
         lock_class, lock_object = self.leader_key
@@ -163,4 +265,14 @@ class ClusterStats:
         )
 
 
-__all__ = ["ClusterSnapshot", "ClusterStats", "LeaderSession", "QueueStats", "ScheduleStats"]
+__all__ = [
+    "MAX_WORKFLOWS_COUNTED",
+    "WORKFLOW_WINDOW",
+    "ClusterSnapshot",
+    "ClusterStats",
+    "LeaderSession",
+    "QueueStats",
+    "ScheduleStats",
+    "WorkflowStats",
+    "workflow_summary",
+]

@@ -41,10 +41,11 @@ import psycopg
 from jobrun.job import validate
 from jobrun.job.errors import NotFound, ValidationError
 from jobrun.job.model import EffectKey, Event, Job, State
+from jobrun.job.workflow import MAX_NODES, WorkflowState, WorkflowSummary
 from jobrun.postgres.convert import event_from_row, job_from_row
 from jobrun.postgres.sqlc import models
 from jobrun.postgres.sqlc.web import Queries
-from jobrun.postgres.stats import ClusterSnapshot, ClusterStats
+from jobrun.postgres.stats import ClusterSnapshot, ClusterStats, workflow_summary
 
 if TYPE_CHECKING:
     from jobrun.postgres.store import Store
@@ -62,6 +63,13 @@ MIN_SHORT_HEX = 12
 (``0190a0a0-0000``, the dashboard's short form)."""
 FILTER_MAX_CHARS = 1000
 """Longer filter values are refused (no queue, type or key is that long)."""
+WORKFLOW_SCAN = 2000
+"""The most workflows one page of the workflows list reads to fill it under a state
+filter (a workflow's state is derived from its jobs, so no index holds it)."""
+MAX_EDGES_READ = 1_000_000
+"""The most edges a workflow's page reads (a workflow of MAX_NODES jobs, ten parents each)."""
+WORKFLOW_BATCH = 100
+"""Workflows read per statement while a filtered page fills."""
 
 _LOWEST = uuid.UUID(int=0)
 _HIGHEST = uuid.UUID(int=(1 << 128) - 1)
@@ -246,6 +254,48 @@ class ScheduleInfo:
     last_fired_at: dt.datetime | None
     """When the leader last materialised an occurrence; None before the first."""
     paused: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowsPage:
+    """A page of the workflows list, newest first."""
+
+    workflows: tuple[WorkflowSummary, ...]
+    next_before: uuid.UUID | None
+    """The workflow the next (older) page starts after (``before=`` it); None: no more.
+
+    The last one shown when the page filled; under a state filter, the oldest
+    one read when :data:`WORKFLOW_SCAN` workflows were read first."""
+    scanned: int
+    """Workflows read for this page."""
+    db_now: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowJob:
+    """A job of a workflow as its page shows it (no payload, no result)."""
+
+    id: uuid.UUID
+    node: str
+    type: str
+    queue: str
+    state: State
+    attempts: int
+    max_attempts: int
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    last_error: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowDetail:
+    """A workflow, its jobs (in the order they were enqueued) and the edges between them."""
+
+    summary: WorkflowSummary
+    jobs: tuple[WorkflowJob, ...]
+    edges: tuple[tuple[uuid.UUID, uuid.UUID], ...]
+    """(parent, child) for every parent of the workflow's jobs, outside ones included."""
+    db_now: dt.datetime
 
 
 class DashboardReads:
@@ -461,6 +511,110 @@ class DashboardReads:
 
         return self.store._on_pool_read(run)
 
+    # -- workflows -----------------------------------------------------------------
+
+    def workflows(
+        self,
+        *,
+        state: WorkflowState | None = None,
+        before: uuid.UUID | None = None,
+        limit: int = 50,
+    ) -> WorkflowsPage:
+        """A page of workflows, newest first, older than the workflow ``before``.
+
+        With ``state``, the page is filled from at most :data:`WORKFLOW_SCAN`
+        workflows read (their state is their jobs'): fewer may match, and
+        :attr:`WorkflowsPage.next_before` says where to go on.
+        """
+        validate.batch_limit(limit, MAX_PAGE)
+        if state is not None and not isinstance(state, WorkflowState):
+            raise ValidationError("state", "must be a jobrun WorkflowState")
+
+        def run(conn: psycopg.Connection[Any]) -> WorkflowsPage:
+            now = self.store.q.db_now(conn)
+            assert now is not None
+            found: list[WorkflowSummary] = []
+            scanned = 0
+            after = before
+            batch = limit + 1 if state is None else WORKFLOW_BATCH
+            while True:
+                rows = self.q.web_workflows_page(conn, before=after, max_rows=batch)
+                scanned += len(rows)
+                for r in rows:
+                    summary = workflow_summary(r)
+                    if state is None or summary.state is state:
+                        found.append(summary)
+                if len(found) > limit:
+                    shown = found[:limit]
+                    return WorkflowsPage(
+                        workflows=tuple(shown),
+                        next_before=shown[-1].id,
+                        scanned=scanned,
+                        db_now=now,
+                    )
+                if len(rows) < batch:
+                    return WorkflowsPage(
+                        workflows=tuple(found), next_before=None, scanned=scanned, db_now=now
+                    )
+                after = rows[-1].id
+                if scanned >= WORKFLOW_SCAN:
+                    return WorkflowsPage(
+                        workflows=tuple(found), next_before=after, scanned=scanned, db_now=now
+                    )
+
+        return self.store._on_pool_read(run)
+
+    def workflow(self, workflow_id: uuid.UUID) -> WorkflowDetail:
+        """A workflow with its jobs and edges (at most MAX_NODES jobs: a workflow's
+        limit); NotFound if there is no such workflow."""
+        if not isinstance(workflow_id, uuid.UUID):
+            raise ValidationError(
+                "workflow_id", f"must be a uuid.UUID, not {type(workflow_id).__name__}"
+            )
+
+        def run(conn: psycopg.Connection[Any]) -> WorkflowDetail:
+            row = self.q.web_workflow(conn, id=workflow_id)
+            if row is None:
+                raise NotFound("workflow", workflow_id)
+            jobs = tuple(
+                WorkflowJob(
+                    id=r.id,
+                    node=r.workflow_node or str(r.id),
+                    type=r.type,
+                    queue=r.queue,
+                    state=State(r.state.value),
+                    attempts=r.attempts,
+                    max_attempts=r.max_attempts,
+                    created_at=r.created_at,
+                    finished_at=r.finished_at,
+                    last_error=r.last_error,
+                )
+                for r in self.q.web_workflow_jobs(conn, workflow_id=workflow_id, max_rows=MAX_NODES)
+            )
+            edges = tuple(
+                (e.parent_id, e.child_id)
+                for e in self.q.web_workflow_edges(
+                    conn, workflow_id=workflow_id, max_rows=MAX_EDGES_READ
+                )
+            )
+            now = self.store.q.db_now(conn)
+            assert now is not None
+            counts: dict[State, int] = {}
+            for j in jobs:
+                counts[j.state] = counts.get(j.state, 0) + 1
+            running = WorkflowState.of(counts) is WorkflowState.RUNNING
+            finishes = [j.finished_at for j in jobs if j.finished_at is not None]
+            summary = WorkflowSummary(
+                id=row.id,
+                name=row.name,
+                created_at=row.created_at,
+                finished_at=None if running or not finishes else max(finishes),
+                jobs=counts,
+            )
+            return WorkflowDetail(summary=summary, jobs=jobs, edges=edges, db_now=now)
+
+        return self.store._on_pool_read(run)
+
     # -- schedules -----------------------------------------------------------------
 
     def schedules(self) -> tuple[dt.datetime, tuple[ScheduleInfo, ...]]:
@@ -502,6 +656,9 @@ __all__ = [
     "Minute",
     "Overview",
     "ScheduleInfo",
+    "WorkflowDetail",
+    "WorkflowJob",
+    "WorkflowsPage",
     "id_prefix_text",
     "normalize_id_prefix",
 ]

@@ -28,11 +28,13 @@ This module assembles the app: the route table below, the error pages
 action, 503 database unavailable) and the safety wiring of
 :mod:`jobrun.web.security` (credentials, allowed hosts, CSRF, headers).
 The handlers live by page in :mod:`~jobrun.web.overview`,
-:mod:`~jobrun.web.jobs`, :mod:`~jobrun.web.bulk` and
-:mod:`~jobrun.web.schedules`; what they share in :mod:`~jobrun.web.dashboard`
-(the Store, rendering) and :mod:`~jobrun.web.endpoints` (forms, redirects);
-how values are written in :mod:`~jobrun.web.format` and
-:mod:`~jobrun.web.chart`. The element ids and classes the pages promise
+:mod:`~jobrun.web.jobs`, :mod:`~jobrun.web.bulk`,
+:mod:`~jobrun.web.schedules`, :mod:`~jobrun.web.workers` and
+:mod:`~jobrun.web.workflows`; what they share in
+:mod:`~jobrun.web.dashboard` (the Store, rendering) and
+:mod:`~jobrun.web.endpoints` (forms, redirects); how values are written in
+:mod:`~jobrun.web.format`, :mod:`~jobrun.web.chart` and
+:mod:`~jobrun.web.graph`. The element ids and classes the pages promise
 (the browser tests use them) are listed in ``docs/dashboard.md``.
 
 ===========================  ==================================================
@@ -54,6 +56,10 @@ POST /schedules/pause        form field id [schedule_pause]
 POST /schedules/resume       [schedule_resume]
 POST /schedules/trigger      enqueue one run now [schedule_trigger]
 GET  /workers                every registered worker, idle ones too [workers]
+GET  /workflows              workflows, newest first [workflows]; filter state
+                             (running, succeeded, failed, cancelled);
+                             before=<id> the next page
+GET  /workflows/{id}         one workflow: its graph and jobs [workflow]
 GET  /static/...             the stylesheet and the script [static]
 ===========================  ==================================================
 
@@ -85,7 +91,7 @@ from jobrun.job.errors import (
     TransientError,
     ValidationError,
 )
-from jobrun.web import bulk, jobs, overview, schedules, workers
+from jobrun.web import bulk, jobs, overview, schedules, workers, workflows
 from jobrun.web.bulk import BULK_LIMIT, BULK_STATES
 from jobrun.web.chart import Bar, Chart, throughput_chart
 from jobrun.web.dashboard import CONNECTION_WAIT, HERE, NOTICES, Dashboard, Source
@@ -180,6 +186,8 @@ def create_app(
         post("/schedules/resume", schedules.schedule_resume, "schedule_resume"),
         post("/schedules/trigger", schedules.schedule_trigger, "schedule_trigger"),
         get("/workers", workers.workers, "workers"),
+        get("/workflows", workflows.workflows, "workflows"),
+        get("/workflows/{workflow_id}", workflows.workflow, "workflow"),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
 

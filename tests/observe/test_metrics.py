@@ -611,11 +611,11 @@ def test_the_cluster_collector_queries_nothing_while_not_the_leader(store: Store
     leading.set()
     s = Scrape(metrics.registry)
     assert s.get("jobrun_queue_jobs", queue="default", state="ready") == 1
-    assert len(queries.calls) == 4 and collector.rounds == 1
+    assert len(queries.calls) == 5 and collector.rounds == 1
 
     leading.clear()
     Scrape(metrics.registry)
-    assert len(queries.calls) == 4
+    assert len(queries.calls) == 5
 
 
 def test_an_is_leader_that_raises_counts_as_not_leading(store: Store) -> None:
@@ -636,9 +636,15 @@ def test_two_scrapes_inside_the_cache_period_run_the_queries_once(store: Store) 
     first = Scrape(metrics.registry)
     enqueue(store, "t")
     second = Scrape(metrics.registry)
-    assert len(queries.calls) == 4 and collector.rounds == 1
+    assert len(queries.calls) == 5 and collector.rounds == 1
     assert sorted(queries.calls) == sorted(
-        ["cluster_queue_stats", "cluster_leader", "cluster_schedules", "cluster_notify_usage"]
+        [
+            "cluster_queue_stats",
+            "cluster_leader",
+            "cluster_schedules",
+            "cluster_notify_usage",
+            "cluster_recent_workflows",
+        ]
     )
     # Served from the round: the second job is not seen until the next one.
     ready = "jobrun_queue_jobs"
@@ -663,7 +669,7 @@ def test_concurrent_scrapes_share_one_round(store: Store) -> None:
     for t in threads:
         t.join(30)
     assert len(results) == 8
-    assert len(queries.calls) == 4 and collector.rounds == 1
+    assert len(queries.calls) == 5 and collector.rounds == 1
 
 
 def test_after_the_cache_period_a_scrape_runs_a_new_round(store: Store) -> None:
@@ -675,7 +681,7 @@ def test_after_the_cache_period_a_scrape_runs_a_new_round(store: Store) -> None:
     enqueue(store, "t")
     time.sleep(0.3)
     s = Scrape(metrics.registry)
-    assert collector.rounds == 2 and len(queries.calls) == 8
+    assert collector.rounds == 2 and len(queries.calls) == 10
     assert s.get("jobrun_queue_jobs", queue="default", state="ready") == 2
 
 

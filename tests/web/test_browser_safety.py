@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
+import jobrun
 from jobrun.job.model import Backoff, Job, NewJob, ScheduleSpec, State
 from jobrun.postgres.store import Store
 from jobrun.web import create_app
@@ -174,6 +175,10 @@ def test_markup_in_jobs_errors_names_and_parameters_never_runs_on_any_page(
     done = enqueue(store, "xss.result", queue="xss", payload={"text": EVIL})
     running = enqueue(store, "xss.block", queue="xss")
     renamed = enqueue(store, "xss.renamed", queue="xss-later", payload={"n": 1})
+    flow = jobrun.Workflow(EVIL)
+    first = flow.add(NewJob(type="xss.wf", queue="xss-later"), name=EVIL)
+    flow.add(NewJob(type="xss.wf", queue="xss-later"), after=[first], name=f"child {EVIL}")
+    workflow = jobrun.Client(store).enqueue_workflow(flow)
     worker = start_worker(queues={"xss": None}, owner=f"worker-{EVIL}")
     try:
         wait_for(lambda: store.get(dead.id).state is State.DEAD)
@@ -213,6 +218,11 @@ def test_markup_in_jobs_errors_names_and_parameters_never_runs_on_any_page(
                 "job-renamed": f"/jobs/{renamed.id}",
                 "job-not-an-id": f"/jobs/{quoted}",
                 "schedules": "/schedules",
+                "workflows": "/workflows",
+                "workflows-bad-state": f"/workflows?state={quoted}",
+                "workflow": f"/workflows/{workflow.id}",
+                "workflow-job": f"/jobs/{workflow[EVIL].id}",
+                "workflow-not-an-id": f"/workflows/{quoted}",
                 "bulk-retry": f"/bulk/retry?state=dead&queue=xss&type={quoted}",
                 "bulk-cancel": f"/bulk/cancel?state=queued&queue={quoted}",
                 "bulk-unknown": f"/bulk/{quoted}?state=dead",
@@ -227,6 +237,7 @@ def test_markup_in_jobs_errors_names_and_parameters_never_runs_on_any_page(
 
             # ... and the markup was there, shown as text, not dropped
             assert SCRIPT in seen["job-dead"] and ATTRIBUTE in seen["job-dead"]
+            assert SCRIPT in seen["workflow"] and SINGLE in seen["workflows"]
             assert SINGLE in seen["job-dead"]
             assert f"upstream said {EVIL}" in seen["job-dead"]  # the error text
             assert f"key-{EVIL}" in seen["job-dead"]  # the idempotency key
@@ -277,6 +288,16 @@ def test_every_page_fits_a_narrow_window_and_a_wide_one(
     store.create_schedule(
         ScheduleSpec(id="nightly-finance-report", cron="30 2 * * 1-5", type="report.build")
     )
+    flow = jobrun.Workflow("the-monthly-finance-reports-of-every-department-" + "x" * 80)
+    months = [
+        flow.add(
+            NewJob(type="report.render", queue="reports-later"),
+            name=f"render-the-monthly-report-for-the-finance-department-{n}",
+        )
+        for n in range(12)
+    ]
+    flow.add(NewJob(type="report.merge", queue="reports-later"), after=months, name="m" * 200)
+    workflow = jobrun.Client(store).enqueue_workflow(flow)
     worker = start_worker(queues={"reports": None}, owner="worker-" + "x" * 60)
     try:
         wait_for(lambda: store.get(dead.id).state is State.DEAD)
@@ -288,6 +309,8 @@ def test_every_page_fits_a_narrow_window_and_a_wide_one(
                 "jobs-dead": "/jobs?state=dead",
                 "job": f"/jobs/{dead.id}",
                 "schedules": "/schedules",
+                "workflows": "/workflows",
+                "workflow": f"/workflows/{workflow.id}",
                 "bulk": "/bulk/retry?state=dead",
                 "not-found": "/jobs/00000000-0000-7000-8000-000000000000",
             }

@@ -6,6 +6,7 @@
 
 import dataclasses
 import datetime
+import uuid
 from typing import Any, Final
 
 import psycopg
@@ -126,6 +127,44 @@ class ClusterNotifyUsageRow:
     db_now: datetime.datetime
 
 
+CLUSTER_RECENT_WORKFLOWS: Final = """\
+WITH recent AS (
+    SELECT w.id, w.created_at
+    FROM jobrun.workflows AS w
+    WHERE w.created_at >= now() - make_interval(secs => $1::float8)
+    ORDER BY w.created_at DESC, w.id DESC
+    LIMIT $2
+)
+SELECT recent.id, recent.created_at,
+       c.waiting, c.queued, c.leased, c.succeeded, c.dead, c.cancelled, c.finished_at
+FROM recent
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE jobs.state = 'waiting')::int8 AS waiting,
+           count(*) FILTER (WHERE jobs.state = 'queued')::int8 AS queued,
+           count(*) FILTER (WHERE jobs.state = 'leased')::int8 AS leased,
+           count(*) FILTER (WHERE jobs.state = 'succeeded')::int8 AS succeeded,
+           count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
+           count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled,
+           COALESCE(max(jobs.finished_at), recent.created_at)::timestamptz AS finished_at
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.workflow_id = recent.id
+) AS c
+ORDER BY recent.created_at DESC, recent.id DESC"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class ClusterRecentWorkflowsRow:
+    id: uuid.UUID
+    created_at: datetime.datetime
+    waiting: int
+    queued: int
+    leased: int
+    succeeded: int
+    dead: int
+    cancelled: int
+    finished_at: datetime.datetime
+
+
 class Queries(QueriesBase):
     """The queries of db/query/stats.sql, run in the schema given (see QueriesBase)."""
 
@@ -218,3 +257,36 @@ class Queries(QueriesBase):
         if r is None:
             return None
         return ClusterNotifyUsageRow(usage=r[0], db_now=r[1])
+
+    def cluster_recent_workflows(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        window_seconds: float,
+        max_rows: int,
+    ) -> list[ClusterRecentWorkflowsRow]:
+        """The workflows created in the last window_seconds (by the database clock),
+        newest first, at most max_rows, each with its jobs by state and its last
+        finish (its created_at while none has finished): jobrun.observe.metrics
+        derives their states (WorkflowState.of) and times to completion from
+        them. Its cost: the
+        window's rows of workflows_created_idx, and each counted workflow's jobs
+        read by workflow_id (jobs_workflow_idx; both of migration 0018); never
+        the history of other jobs.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(CLUSTER_RECENT_WORKFLOWS), (window_seconds, max_rows))
+            return [
+                ClusterRecentWorkflowsRow(
+                    id=r[0],
+                    created_at=r[1],
+                    waiting=r[2],
+                    queued=r[3],
+                    leased=r[4],
+                    succeeded=r[5],
+                    dead=r[6],
+                    cancelled=r[7],
+                    finished_at=r[8],
+                )
+                for r in cur.fetchall()
+            ]

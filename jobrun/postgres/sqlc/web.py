@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from jobrun.postgres.sqlc._schema import QueriesBase
-from jobrun.postgres.sqlc.models import Job, JobState
+from jobrun.postgres.sqlc.models import Job, JobState, Workflow
 
 WEB_SCAN_JOBS: Final = """\
 
@@ -214,6 +214,92 @@ class WebJobIdNeighboursRow:
     id: uuid.UUID
     below: uuid.UUID
     above: uuid.UUID
+
+
+WEB_WORKFLOWS_PAGE: Final = """\
+
+WITH page AS (
+    SELECT w.id, w.name, w.created_at
+    FROM jobrun.workflows AS w
+    WHERE $1::uuid IS NULL
+       OR (w.created_at, w.id) < (SELECT b.created_at, b.id FROM jobrun.workflows AS b
+                                  WHERE b.id = $1::uuid)
+    ORDER BY w.created_at DESC, w.id DESC
+    LIMIT $2
+)
+SELECT page.id, page.name, page.created_at,
+       c.waiting, c.queued, c.leased, c.succeeded, c.dead, c.cancelled, c.finished_at
+FROM page
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE jobs.state = 'waiting')::int8 AS waiting,
+           count(*) FILTER (WHERE jobs.state = 'queued')::int8 AS queued,
+           count(*) FILTER (WHERE jobs.state = 'leased')::int8 AS leased,
+           count(*) FILTER (WHERE jobs.state = 'succeeded')::int8 AS succeeded,
+           count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
+           count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled,
+           COALESCE(max(jobs.finished_at), page.created_at)::timestamptz AS finished_at
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.workflow_id = page.id
+) AS c
+ORDER BY page.created_at DESC, page.id DESC"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class WebWorkflowsPageRow:
+    id: uuid.UUID
+    name: str
+    created_at: datetime.datetime
+    waiting: int
+    queued: int
+    leased: int
+    succeeded: int
+    dead: int
+    cancelled: int
+    finished_at: datetime.datetime
+
+
+WEB_WORKFLOW: Final = """\
+SELECT w.id, w.name, w.created_at
+FROM jobrun.workflows AS w
+WHERE w.id = $1"""
+
+
+WEB_WORKFLOW_JOBS: Final = """\
+SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
+       jobs.max_attempts, jobs.created_at, jobs.finished_at, jobs.last_error
+FROM jobrun.jobs AS jobs
+WHERE jobs.workflow_id = $1
+ORDER BY jobs.id
+LIMIT $2"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class WebWorkflowJobsRow:
+    id: uuid.UUID
+    workflow_node: str | None
+    type: str
+    queue: str
+    state: JobState
+    attempts: int
+    max_attempts: int
+    created_at: datetime.datetime
+    finished_at: datetime.datetime | None
+    last_error: str | None
+
+
+WEB_WORKFLOW_EDGES: Final = """\
+SELECT d.child_id, d.parent_id
+FROM jobrun.jobs AS jobs
+JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
+WHERE jobs.workflow_id = $1
+ORDER BY d.child_id, d.parent_id
+LIMIT $2"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class WebWorkflowEdgesRow:
+    child_id: uuid.UUID
+    parent_id: uuid.UUID
 
 
 class Queries(QueriesBase):
@@ -642,3 +728,94 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(WEB_JOB_ID_NEIGHBOURS), (ids,))
             return [WebJobIdNeighboursRow(id=r[0], below=r[1], above=r[2]) for r in cur.fetchall()]
+
+    def web_workflows_page(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        before: uuid.UUID | None,
+        max_rows: int,
+    ) -> list[WebWorkflowsPageRow]:
+        """Workflows (issue 29, item 7). A workflow has no state column: its state is
+        derived from its jobs' by jobrun.job.workflow.WorkflowState.of, in Python,
+        from the counts below (one rule for the CLI, the dashboard and the
+        metrics). A workflow's jobs are found by jobs.workflow_id (its index,
+        jobs_workflow_idx of migration 0018): a row costs an index scan of its own
+        jobs (tests/web/test_workflow_queries.py EXPLAINs these).
+        Workflows newest first (created_at, then id), older than the workflow
+        before when given (keyset: no OFFSET), at most max_rows, each with its
+        jobs by state and its last finish (its created_at while none has
+        finished: a completion only once no job can run). Along
+        workflows_created_idx (created_at, id; migration 0018) backwards from the
+        page bound, as the jobs pages along the primary key; jobs are read by
+        workflow_id (jobs_workflow_idx), only for the rows of the page.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WEB_WORKFLOWS_PAGE), (before, max_rows))
+            return [
+                WebWorkflowsPageRow(
+                    id=r[0],
+                    name=r[1],
+                    created_at=r[2],
+                    waiting=r[3],
+                    queued=r[4],
+                    leased=r[5],
+                    succeeded=r[6],
+                    dead=r[7],
+                    cancelled=r[8],
+                    finished_at=r[9],
+                )
+                for r in cur.fetchall()
+            ]
+
+    def web_workflow(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Workflow | None:
+        """One workflow's row (its jobs are read by WebWorkflowJobs)."""
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WEB_WORKFLOW), (id,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return Workflow(id=r[0], name=r[1], created_at=r[2])
+
+    def web_workflow_jobs(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        workflow_id: uuid.UUID | None,
+        max_rows: int,
+    ) -> list[WebWorkflowJobsRow]:
+        """A workflow's jobs, what its graph and its table show (not their payloads
+        nor results), in id order (the order they were enqueued in), at most
+        max_rows.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WEB_WORKFLOW_JOBS), (workflow_id, max_rows))
+            return [
+                WebWorkflowJobsRow(
+                    id=r[0],
+                    workflow_node=r[1],
+                    type=r[2],
+                    queue=r[3],
+                    state=JobState(r[4]),
+                    attempts=r[5],
+                    max_attempts=r[6],
+                    created_at=r[7],
+                    finished_at=r[8],
+                    last_error=r[9],
+                )
+                for r in cur.fetchall()
+            ]
+
+    def web_workflow_edges(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        workflow_id: uuid.UUID | None,
+        max_rows: int,
+    ) -> list[WebWorkflowEdgesRow]:
+        """The edges into a workflow's jobs (child, parent), parents outside the
+        workflow included: through job_dependencies' primary key (child_id first).
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WEB_WORKFLOW_EDGES), (workflow_id, max_rows))
+            return [WebWorkflowEdgesRow(child_id=r[0], parent_id=r[1]) for r in cur.fetchall()]

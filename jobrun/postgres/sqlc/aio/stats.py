@@ -14,10 +14,12 @@ from jobrun.postgres.sqlc.stats import (
     CLUSTER_LEADER,
     CLUSTER_NOTIFY_USAGE,
     CLUSTER_QUEUE_STATS,
+    CLUSTER_RECENT_WORKFLOWS,
     CLUSTER_SCHEDULES,
     ClusterLeaderRow,
     ClusterNotifyUsageRow,
     ClusterQueueStatsRow,
+    ClusterRecentWorkflowsRow,
     ClusterSchedulesRow,
 )
 
@@ -127,3 +129,36 @@ class AsyncQueries(QueriesBase):
         if r is None:
             return None
         return ClusterNotifyUsageRow(usage=r[0], db_now=r[1])
+
+    async def cluster_recent_workflows(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        window_seconds: float,
+        max_rows: int,
+    ) -> list[ClusterRecentWorkflowsRow]:
+        """The workflows created in the last window_seconds (by the database clock),
+        newest first, at most max_rows, each with its jobs by state and its last
+        finish (its created_at while none has finished): jobrun.observe.metrics
+        derives their states (WorkflowState.of) and times to completion from
+        them. Its cost: the
+        window's rows of workflows_created_idx, and each counted workflow's jobs
+        read by workflow_id (jobs_workflow_idx; both of migration 0018); never
+        the history of other jobs.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(CLUSTER_RECENT_WORKFLOWS), (window_seconds, max_rows))
+            return [
+                ClusterRecentWorkflowsRow(
+                    id=r[0],
+                    created_at=r[1],
+                    waiting=r[2],
+                    queued=r[3],
+                    leased=r[4],
+                    succeeded=r[5],
+                    dead=r[6],
+                    cancelled=r[7],
+                    finished_at=r[8],
+                )
+                for r in await cur.fetchall()
+            ]
