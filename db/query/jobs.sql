@@ -896,9 +896,10 @@ RETURNING *;
 -- trigger; only a job's lease holder writes steps and waits (a job being
 -- purged has none), and a signal is refused to a finished job. A job that
 -- had parents takes its edges with it (migration 0016; a plain job costs no
--- lookup).
+-- lookup). A workflow's job takes its deliveries of workflow signals, and
+-- the last job of a workflow its workflow's signals (migration 0019).
 WITH victims AS (
-    SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents
+    SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents, jobs.workflow_id
     FROM jobrun.jobs AS jobs
     WHERE finished_at IS NOT NULL
       AND finished_at < now() - make_interval(secs => sqlc.arg(age_seconds)::float8)
@@ -916,6 +917,16 @@ WITH victims AS (
     DELETE FROM jobrun.job_waits AS waits USING victims WHERE waits.job_id = victims.id
 ), signals AS (
     DELETE FROM jobrun.job_signals AS signals USING victims WHERE signals.job_id = victims.id
+), deliveries AS (
+    DELETE FROM jobrun.workflow_signal_deliveries AS d USING victims
+    WHERE victims.workflow_id IS NOT NULL AND d.job_id = victims.id
+), workflow_signals AS (
+    DELETE FROM jobrun.workflow_signals AS ws
+    WHERE ws.workflow_id = ANY(ARRAY(SELECT DISTINCT victims.workflow_id FROM victims
+                                     WHERE victims.workflow_id IS NOT NULL))
+      AND NOT EXISTS (SELECT 1 FROM jobrun.jobs AS left_over
+                      WHERE left_over.workflow_id = ws.workflow_id
+                        AND left_over.id <> ALL(ARRAY(SELECT victims.id FROM victims)))
 )
 DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id;
 

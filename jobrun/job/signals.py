@@ -136,15 +136,30 @@ class WaitTurn:
 @dataclasses.dataclass(frozen=True, slots=True)
 class SignalSent:
     """What ``client.signal`` did: ``sent`` is False for a duplicate (a signal of
-    the same job, name and key was stored before: nothing written);
-    ``woke`` is True when the job was parked waiting for this name and was
-    made due now."""
+    the same job, or workflow, name and key was stored before: nothing
+    written); ``woke`` is True when a job was parked waiting for this name
+    and was made due now.
 
-    job_id: uuid.UUID
+    Sent to a job: ``job_id`` is its id and ``workflow_id`` None. Sent to a
+    workflow: ``workflow_id`` is its id, ``job_id`` None, and ``woken`` the
+    jobs of the workflow made due by it (every job of the workflow waits for
+    its own copy: see docs/signals.md).
+    """
+
+    job_id: uuid.UUID | None
     name: str
     key: str
     sent: bool
     woke: bool
+    workflow_id: uuid.UUID | None = None
+    woken: tuple[uuid.UUID, ...] = ()
+
+    @property
+    def to(self) -> uuid.UUID:
+        """The id the signal was sent to: the job's or the workflow's."""
+        to = self.job_id if self.job_id is not None else self.workflow_id
+        assert to is not None
+        return to
 
 
 class WaitStore(Protocol):

@@ -15,7 +15,13 @@ nothing written, when the claim no longer holds the job):
   row lock first is what makes a signal never missed: a signal's transaction
   (``client.signal``) locks the same row before it stores the signal, so
   whichever comes second sees what the first committed (ParkJob, as its own
-  statement, reads with a snapshot taken after the lock was granted).
+  statement, reads with a snapshot taken after the lock was granted). A job
+  of a workflow locks its workflow's row first (``LockWorkflowForPark``, FOR
+  KEY SHARE), which a signal sent to the workflow locks FOR UPDATE: the
+  same rule for workflow signals (migration 0019), in the same lock order.
+
+A wait takes the oldest signal of its name not delivered to the job, sent
+to the job or to its workflow (see ``AwaitStep``).
 """
 
 from __future__ import annotations
@@ -87,6 +93,10 @@ class Waits(Steps):
         step = step_name(step)
 
         def run(c: Conn) -> Job:
+            if job.workflow_id is not None:
+                # Before the job's row, as a workflow signal locks them: see
+                # LockWorkflowForPark (nothing back: the workflow is gone).
+                self.q.lock_workflow_for_park(c, workflow_id=job.workflow_id)
             if self.q.lock_lease(c, job_id=job.id, owner=owner, token=token) is None:
                 raise LeaseLost(job.id)
             row = self.q.park_job(

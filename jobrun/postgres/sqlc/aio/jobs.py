@@ -1878,7 +1878,8 @@ class AsyncQueries(QueriesBase):
         trigger; only a job's lease holder writes steps and waits (a job being
         purged has none), and a signal is refused to a finished job. A job that
         had parents takes its edges with it (migration 0016; a plain job costs no
-        lookup).
+        lookup). A workflow's job takes its deliveries of workflow signals, and
+        the last job of a workflow its workflow's signals (migration 0019).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))
