@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from jobrun import cli
 from jobrun.client import Client
-from jobrun.job.model import EventKind
+from jobrun.job.model import EventKind, NewJob
+from jobrun.workflow import Workflow
 from tests.acceptance.test_cli import (  # noqa: F401 - fixtures
     UNKNOWN_ID,
     Result,
@@ -60,3 +61,27 @@ def test_signal_in_a_subprocess(dsn: str, client: Client) -> None:  # noqa: F811
     result = run_process(dsn, "signal", str(job.id), "go", "--payload", '"now"')
     assert result.code == 0, result.err
     assert f"signal 'go' sent to job {job.id}" in result.out
+
+
+def test_signal_to_a_workflow_id_and_its_refusal_once_the_workflow_finished(
+    jobrun: Callable[..., Result],  # noqa: F811
+    client: Client,  # noqa: F811
+) -> None:
+    wf = Workflow("signup")
+    wf.add(NewJob(type="t.a"), name="a")
+    run = client.enqueue_workflow(wf)
+    first = jobrun("signal", str(run.id), "confirmed", "--payload", '{"ok": true}', "--key", "k")
+    assert first.code == 0, first.err
+    assert f"signal 'confirmed' sent to workflow {run.id} (key k)" in first.out
+    again = jobrun("signal", str(run.id), "confirmed", "--key", "k", "--json")
+    assert again.code == 0, again.err
+    shown = again.json()
+    assert (shown["sent"], shown["job_id"], shown["workflow_id"]) == (False, None, str(run.id))
+    assert (
+        "was already sent to workflow"
+        in jobrun("signal", str(run.id), "confirmed", "--key", "k").out
+    )
+    client.cancel(run["a"].id)
+    assert_one_line_error(
+        jobrun("signal", str(run.id), "x"), cli.EXIT_INVALID_STATE, "cannot signal workflow"
+    )

@@ -168,14 +168,14 @@ def test_parks_and_a_workflow_signal_racing_never_miss_each_other(store: Store) 
         go = threading.Barrier(len(jobs) + 1)
         errors: list[BaseException] = []
 
-        def park(job: Job) -> None:
+        def park(job: Job, go: threading.Barrier, errors: list[BaseException]) -> None:
             try:
                 go.wait()
                 store.park(job, "go")
             except BaseException as exc:  # pragma: no cover - shown by the assert below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=park, args=(j,)) for j in jobs]
+        threads = [threading.Thread(target=park, args=(j, go, errors)) for j in jobs]
         for t in threads:
             t.start()
         go.wait()
