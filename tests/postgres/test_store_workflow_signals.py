@@ -17,6 +17,8 @@ import pytest
 import jobrun
 from jobrun.job.errors import InvalidState, NotFound
 from jobrun.job.model import Backoff, EventKind, Job, State
+from jobrun.job.why import Hold
+from jobrun.postgres.diagnose import Diagnose
 from jobrun.postgres.store import Store
 from tests.postgres.conftest import TTL
 
@@ -189,3 +191,17 @@ def test_parks_and_a_workflow_signal_racing_never_miss_each_other(store: Store) 
             record = store.await_step(job, "go", "go", HOUR).record
             assert record is not None and record["payload"] == _round
             store.complete(job)
+
+
+def test_why_names_a_workflow_job_s_signal_wait_until_the_workflow_signal_wakes_it(
+    store: Store,
+) -> None:
+    run = flow(store, "a")
+    assert run.id is not None
+    (a,) = claim(store, 1)
+    store.await_step(a, "confirm", "email.confirmed", HOUR)
+    store.park(a, "confirm")
+    scheduled = [r for r in Diagnose(store).why(a.id).reasons if r.hold is Hold.SCHEDULED]
+    assert "it waits for signal 'email.confirmed' (step 'confirm')" in scheduled[0].text
+    store.signal(run.id, "email.confirmed", None)
+    assert not [r for r in Diagnose(store).why(a.id).reasons if r.hold is Hold.SCHEDULED]
