@@ -173,7 +173,8 @@ class WaitStore(Protocol):
         database's now on its first turn) passed, or neither."""
         ...
 
-    def park(self, job: Job, step: str) -> Job:
+    def park(self, job: Job, step: str, *, signal: bool = True) -> Job:
         """Give the job back until the wait ``step`` is over (see :class:`Parked`):
-        the job as parked (queued, or cancelled when a cancel was requested)."""
+        the job as parked (queued, or cancelled when a cancel was requested).
+        ``signal`` False says the wait is a sleep, which no signal ends."""
         ...
