@@ -1,7 +1,9 @@
 """Durable sleeps and signals (issue 29, item 5): the domain half.
 
 A handler may wait for a duration (``ctx.sleep``) or for a named signal sent
-to its job (``ctx.wait_for_signal``, ``client.signal``) without holding a
+to its job or to its job's workflow (``ctx.wait_for_signal``,
+``client.signal``; a workflow's signal reaches each of its jobs that waits
+for the name, once each) without holding a
 thread, a connection or a lease meanwhile: a wait is a durable step whose
 first run records its deadline by the database clock; while it is not over,
 the job leaves its handler (:class:`Parked`, which the worker turns into a

@@ -17,8 +17,9 @@ nothing written, when the claim no longer holds the job):
   whichever comes second sees what the first committed (ParkJob, as its own
   statement, reads with a snapshot taken after the lock was granted). A job
   of a workflow parking in a signal wait locks its workflow's row first
-  (``LockWorkflowForPark``, FOR KEY SHARE), which a signal sent to the workflow locks FOR UPDATE: the
-  same rule for workflow signals (migration 0019), in the same lock order.
+  (``LockWorkflowForPark``, FOR KEY SHARE), which a signal sent to the
+  workflow locks FOR UPDATE: the same rule for workflow signals (migration
+  0019), in the same lock order.
 
 A wait takes the oldest signal of its name not delivered to the job, sent
 to the job or to its workflow (see ``AwaitStep``).
