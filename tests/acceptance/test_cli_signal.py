@@ -3,6 +3,7 @@ subprocess, against the test's database."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 
 from jobrun import cli
@@ -84,4 +85,23 @@ def test_signal_to_a_workflow_id_and_its_refusal_once_the_workflow_finished(
     client.cancel(run["a"].id)
     assert_one_line_error(
         jobrun("signal", str(run.id), "x"), cli.EXIT_INVALID_STATE, "cannot signal workflow"
+    )
+
+
+def test_signal_to_a_workflow_says_how_many_parked_jobs_it_woke(
+    jobrun: Callable[..., Result],  # noqa: F811
+    client: Client,  # noqa: F811
+) -> None:
+    wf = Workflow("review")
+    for node in ("legal", "finance"):
+        wf.add(NewJob(type="t.a", queue="review"), name=node)
+    run = client.enqueue_workflow(wf)
+    store = client.store
+    for job in store.claim("w", ["review"], 2, dt.timedelta(seconds=30)):
+        store.await_step(job, "ok", "approved", 3600.0)
+        store.park(job, "ok")
+    woke = jobrun("signal", str(run.id), "approved", "--payload", "true")
+    assert woke.code == 0, woke.err
+    assert f"signal 'approved' sent to workflow {run.id}: 2 jobs were waiting, and run now" in (
+        woke.out
     )
