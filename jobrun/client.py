@@ -280,16 +280,21 @@ class Client(Closing):
         *,
         key: str | None = None,
     ) -> SignalSent:
-        """Send signal ``name`` to a job, with ``payload`` (any JSON value).
+        """Send signal ``name`` to a job or a workflow, with ``payload`` (any JSON value).
 
-        The job's ``ctx.wait_for_signal(name, ...)`` returns the payload,
-        whether it began waiting before or after the send; a job parked in
-        that wait runs again at once. ``key`` makes a send idempotent: the
-        same (job, name, key) again writes nothing (``sent`` is False), so the
-        signal is delivered once; without a key every send is a signal of its
-        own (waits of one name take them oldest first, one each). NotFound
-        when there is no such job, InvalidState when it has finished;
-        ValidationError for a bad name (a non-empty str of at most 200
+        ``job_id`` is a job's id or a workflow's. The job's
+        ``ctx.wait_for_signal(name, ...)`` returns the payload, whether it
+        began waiting before or after the send; a job parked in that wait
+        runs again at once. A signal sent to a workflow is for every job of it
+        that waits, now or later, for ``name``: each receives it once (those
+        parked in that wait run again at once, ``SignalSent.woken``). ``key``
+        makes a send idempotent: the same (job or workflow, name, key) again
+        writes nothing (``sent`` is False), so the signal is delivered once;
+        without a key every send is a signal of its own (waits of one name
+        take them oldest first, one each, whether sent to the job or to its
+        workflow). NotFound when the id is no job's nor workflow's,
+        InvalidState when the job has finished (every job of the workflow
+        has); ValidationError for a bad name (a non-empty str of at most 200
         characters), key (the same) or payload, before anything is written.
         """
         return self.store.signal(_uuid(job_id), name, payload, key=key)

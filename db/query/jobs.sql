@@ -897,10 +897,12 @@ RETURNING *;
 -- purged has none), and a signal is refused to a finished job. A job that
 -- had parents takes its edges with it (migration 0016; a plain job costs no
 -- lookup). A workflow whose last jobs go goes with them (its row in
--- workflows), found through jobs_workflow_idx (migration 0018): the jobs of
--- its own still there are read with this statement's snapshot, so two
--- purges at once, each deleting half of one workflow's last jobs, may both
--- leave its row (the scheduler's purge runs on its leader alone).
+-- workflows, and its workflow signals of migration 0019), found through
+-- jobs_workflow_idx (migration 0018): the jobs of its own still there are
+-- read with this statement's snapshot, so two purges at once, each
+-- deleting half of one workflow's last jobs, may both leave its row (the
+-- scheduler's purge runs on its leader alone). A workflow's job takes its
+-- deliveries of workflow signals with it.
 WITH victims AS (
     SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents, jobs.workflow_id
     FROM jobrun.jobs AS jobs
@@ -926,6 +928,12 @@ WITH victims AS (
                    WHERE victims.workflow_id IS NOT NULL)
       AND NOT EXISTS (SELECT 1 FROM jobrun.jobs AS left_ WHERE left_.workflow_id = w.id
                       AND left_.id <> ALL(ARRAY(SELECT victims.id FROM victims)))
+    RETURNING w.id
+), deliveries AS (
+    DELETE FROM jobrun.workflow_signal_deliveries AS d USING victims
+    WHERE victims.workflow_id IS NOT NULL AND d.job_id = victims.id
+), workflow_signals AS (
+    DELETE FROM jobrun.workflow_signals AS ws USING flows WHERE ws.workflow_id = flows.id
 )
 DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id;
 

@@ -81,8 +81,8 @@ class AlreadyExists(JobrunError):
 class InvalidState(JobrunError):
     """The operation does not apply to the job in its current state (retry of a leased job)."""
 
-    def __init__(self, job_id: uuid.UUID, state: str, operation: str) -> None:
-        super().__init__(f"cannot {operation} job {job_id}: it is {state}")
+    def __init__(self, job_id: uuid.UUID, state: str, operation: str, *, what: str = "job") -> None:
+        super().__init__(f"cannot {operation} {what} {job_id}: it is {state}")
         self.job_id = job_id
         self.state = state
         self.operation = operation

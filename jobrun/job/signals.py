@@ -1,7 +1,9 @@
 """Durable sleeps and signals (issue 29, item 5): the domain half.
 
 A handler may wait for a duration (``ctx.sleep``) or for a named signal sent
-to its job (``ctx.wait_for_signal``, ``client.signal``) without holding a
+to its job or to its job's workflow (``ctx.wait_for_signal``,
+``client.signal``; a workflow's signal reaches each of its jobs that waits
+for the name, once each) without holding a
 thread, a connection or a lease meanwhile: a wait is a durable step whose
 first run records its deadline by the database clock; while it is not over,
 the job leaves its handler (:class:`Parked`, which the worker turns into a
@@ -136,15 +138,30 @@ class WaitTurn:
 @dataclasses.dataclass(frozen=True, slots=True)
 class SignalSent:
     """What ``client.signal`` did: ``sent`` is False for a duplicate (a signal of
-    the same job, name and key was stored before: nothing written);
-    ``woke`` is True when the job was parked waiting for this name and was
-    made due now."""
+    the same job, or workflow, name and key was stored before: nothing
+    written); ``woke`` is True when a job was parked waiting for this name
+    and was made due now.
 
-    job_id: uuid.UUID
+    Sent to a job: ``job_id`` is its id and ``workflow_id`` None. Sent to a
+    workflow: ``workflow_id`` is its id, ``job_id`` None, and ``woken`` the
+    jobs of the workflow made due by it (every job of the workflow waits for
+    its own copy: see docs/signals.md).
+    """
+
+    job_id: uuid.UUID | None
     name: str
     key: str
     sent: bool
     woke: bool
+    workflow_id: uuid.UUID | None = None
+    woken: tuple[uuid.UUID, ...] = ()
+
+    @property
+    def to(self) -> uuid.UUID:
+        """The id the signal was sent to: the job's or the workflow's."""
+        to = self.job_id if self.job_id is not None else self.workflow_id
+        assert to is not None
+        return to
 
 
 class WaitStore(Protocol):
@@ -158,7 +175,8 @@ class WaitStore(Protocol):
         database's now on its first turn) passed, or neither."""
         ...
 
-    def park(self, job: Job, step: str) -> Job:
+    def park(self, job: Job, step: str, *, signal: bool = True) -> Job:
         """Give the job back until the wait ``step`` is over (see :class:`Parked`):
-        the job as parked (queued, or cancelled when a cancel was requested)."""
+        the job as parked (queued, or cancelled when a cancel was requested).
+        ``signal`` False says the wait is a sleep, which no signal ends."""
         ...

@@ -20,6 +20,7 @@ from jobrun.job.errors import InvalidState, NotFound
 from jobrun.job.ids import uuid7
 from jobrun.job.model import EffectKey, Event, EventKind, Job, QueueDepth, State, StateCount
 from jobrun.job.signals import SignalSent, signal_key, signal_name, signal_payload
+from jobrun.job.workflow import WorkflowState
 from jobrun.postgres.convert import event_from_row, job_from_row, raw_json
 from jobrun.postgres.enqueue_async import AsyncEnqueue
 from jobrun.postgres.events import EventRow
@@ -111,37 +112,38 @@ class AsyncAdmin(AsyncEnqueue):
     async def signal(
         self, job_id: uuid.UUID, name: str, payload: object = None, *, key: str | None = None
     ) -> SignalSent:
-        """Send signal ``name`` with ``payload`` (any JSON value) to a job, once per ``key``.
+        """Send signal ``name`` with ``payload`` (any JSON value) to a job or a
+        workflow, once per ``key``.
 
-        Stored for the job's wait of that name (``ctx.wait_for_signal``),
-        whether the wait has begun or not; a job parked in that wait is made
-        due now, and its queue's workers are woken. The same (job, name, key)
-        a second time writes nothing (``sent`` False): delivered once.
-        NotFound when there is no such job, InvalidState when it has finished
-        (succeeded, dead or cancelled: no wait of it will ever run);
-        ValidationError for a bad name, key or payload, before anything is
-        sent. Without a key the signal gets a new one (a UUIDv7): each such
-        send is a signal of its own. The job's row is locked first, as a park locks it, so that a
-        signal is never missed by a job parking at the same moment.
+        To a job: stored for the job's wait of that name
+        (``ctx.wait_for_signal``), whether the wait has begun or not; a job
+        parked in that wait is made due now, and its queue's workers are
+        woken. To a workflow (``job_id`` is a workflow's id): stored for every
+        job of the workflow that waits, now or later, for that name, each
+        receiving it once; every job of it parked in such a wait is made due
+        now. The same (job or workflow, name, key) a second time writes
+        nothing (``sent`` False): delivered once. NotFound when the id is
+        neither a job's nor a workflow's, InvalidState when the job has
+        finished (succeeded, dead or cancelled) or every job of the workflow
+        has (no wait of it will ever run); ValidationError for a bad name,
+        key or payload, before anything is sent. Without a key the signal
+        gets a new one (a UUIDv7): each such send is a signal of its own. The
+        job's row (the workflow's row) is locked first, as a park locks it,
+        so that a signal is never missed by a job parking at the same moment.
         """
         check_id(job_id)
         name = signal_name(name)
         key = str(uuid7()) if key is None else signal_key(key)
         text = signal_payload(payload)
+        value = None if text is None else raw_json(text)
 
         async def run(c: AsyncConn) -> SignalSent:
             row = await self.q.lock_job(c, id=job_id)
             if row is None:
-                raise NotFound("job", job_id)
+                return await self._signal_workflow(c, job_id, name, key, value)
             if row.state not in (models.JobState.QUEUED, models.JobState.LEASED):
                 raise InvalidState(job_id, str(row.state), "signal")
-            sent = await self.q.send_signal(
-                c,
-                job_id=job_id,
-                name=name,
-                key=key,
-                payload=None if text is None else raw_json(text),
-            )
+            sent = await self.q.send_signal(c, job_id=job_id, name=name, key=key, payload=value)
             assert sent is not None
             woke = bool(sent.woke_queue)
             if sent.sent:
@@ -154,6 +156,40 @@ class AsyncAdmin(AsyncEnqueue):
             return SignalSent(job_id, name, key, sent.sent, woke)
 
         return await self._with_tx(run)
+
+    async def _signal_workflow(
+        self, c: AsyncConn, workflow_id: uuid.UUID, name: str, key: str, payload: object
+    ) -> SignalSent:
+        """:meth:`signal` to a workflow, in its transaction: the workflow's row
+        locked (LockWorkflowForSignal), the signal stored, its parked jobs made due,
+        each with a "signal_sent" event naming the workflow, their queues woken."""
+        wf = await self.q.lock_workflow_for_signal(c, workflow_id=workflow_id)
+        if wf is None:
+            raise NotFound("job or workflow", workflow_id)
+        if wf.unfinished == 0:
+            counts = {State.SUCCEEDED: wf.succeeded, State.DEAD: wf.dead}
+            counts[State.CANCELLED] = wf.cancelled
+            state = str(WorkflowState.of(counts))
+            raise InvalidState(workflow_id, state, "signal", what="workflow")
+        rows = await self.q.send_workflow_signal(
+            c, workflow_id=workflow_id, name=name, key=key, payload=payload
+        )
+        if not rows:
+            return SignalSent(None, name, key, False, False, workflow_id)
+        woken = [r for r in rows if r.woke_id is not None]
+        detail = {"name": name, "key": key, "woke": True, "workflow_id": str(workflow_id)}
+        await self._record(
+            c,
+            [
+                EventRow(r.woke_id, EventKind.SIGNAL_SENT, r.woke_attempts or 0, detail)
+                for r in woken
+                if r.woke_id is not None
+            ],
+        )
+        for queue in sorted({r.woke_queue for r in woken if r.woke_queue is not None}):
+            await self._notify(c, queue)
+        ids = tuple(r.woke_id for r in woken if r.woke_id is not None)
+        return SignalSent(None, name, key, True, bool(ids), workflow_id, ids)
 
     async def watch(self, job_id: uuid.UUID) -> Job:
         """Ask for the end of the job to be announced on :attr:`finish_channel`; the job now.

@@ -15,7 +15,14 @@ nothing written, when the claim no longer holds the job):
   row lock first is what makes a signal never missed: a signal's transaction
   (``client.signal``) locks the same row before it stores the signal, so
   whichever comes second sees what the first committed (ParkJob, as its own
-  statement, reads with a snapshot taken after the lock was granted).
+  statement, reads with a snapshot taken after the lock was granted). A job
+  of a workflow parking in a signal wait locks its workflow's row first
+  (``LockWorkflowForPark``, FOR KEY SHARE), which a signal sent to the
+  workflow locks FOR UPDATE: the same rule for workflow signals (migration
+  0019), in the same lock order.
+
+A wait takes the oldest signal of its name not delivered to the job, sent
+to the job or to its workflow (see ``AwaitStep``).
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ class Waits(Steps):
             raise ValidationError("step", f"step {step!r} is not a durable wait")
         return WaitTurn(record, None, now)
 
-    def park(self, job: Job, step: str) -> Job:
+    def park(self, job: Job, step: str, *, signal: bool = True) -> Job:
         """Queue ``job`` again until its wait ``step`` is over, its lease cleared
         and the attempt its start counted given back (see the module docstring).
 
@@ -82,11 +89,17 @@ class Waits(Steps):
         a signal it waits for is there already (its queue's workers are then
         woken). A job whose cancel was requested ends cancelled instead.
         LeaseLost when the claim no longer holds the job (nothing written).
+        ``signal`` False says the wait is a sleep: no signal ends it, so the
+        job's workflow's row is not locked (see the module docstring).
         """
         owner, token = lease_of(job)
         step = step_name(step)
 
         def run(c: Conn) -> Job:
+            if signal and job.workflow_id is not None:
+                # Before the job's row, as a workflow signal locks them: see
+                # LockWorkflowForPark (nothing back: the workflow is gone).
+                self.q.lock_workflow_for_park(c, workflow_id=job.workflow_id)
             if self.q.lock_lease(c, job_id=job.id, owner=owner, token=token) is None:
                 raise LeaseLost(job.id)
             row = self.q.park_job(

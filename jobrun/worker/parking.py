@@ -31,7 +31,10 @@ def park(outcomes: Outcomes, job: Job, parked: Parked, started: float) -> None:
     reason = f"{what} (step {parked.step!r}) until {text.iso(parked.until)}"
     store: WaitStore = outcomes.store
     done = outcomes.record(
-        job, lambda: store.park(job, parked.step), "durable wait", duration=duration
+        job,
+        lambda: store.park(job, parked.step, signal=parked.signal is not None),
+        "durable wait",
+        duration=duration,
     )
     if done is None:
         return

@@ -6,8 +6,8 @@
 - ``ctx.sleep(name, duration)`` returns once ``duration`` has passed since
   the first run reached it, by the database clock.
 - ``ctx.wait_for_signal(name, timeout=...)`` returns the payload of signal
-  ``name`` sent to the job (``client.signal``), sent before or after the wait
-  began; :class:`~jobrun.job.signals.SignalTimeout` when ``timeout`` passed
+  ``name`` sent to the job or to its workflow (``client.signal``), sent
+  before or after the wait began; :class:`~jobrun.job.signals.SignalTimeout` when ``timeout`` passed
   first.
 
 A wait is a durable step (its name is a step name, once per attempt): its
@@ -69,10 +69,13 @@ class DurableWaits(DurableSteps):
     def wait_for_signal(
         self, name: str, *, timeout: dt.timedelta | float, step: str | None = None
     ) -> Any:
-        """The payload of signal ``name`` sent to this job (``client.signal``).
+        """The payload of signal ``name`` sent to this job or to its workflow
+        (``client.signal``).
 
         A signal sent before the wait began is not lost: the wait takes the
-        oldest one of that name not delivered yet (one per wait); otherwise
+        oldest one of that name not delivered to this job yet, sent to the
+        job or to its workflow (one per wait; a workflow's signal is each of
+        its waiting jobs' once); otherwise
         the job is parked until one comes or ``timeout`` (a timedelta or
         seconds, counted from the first run that reached the wait, by the
         database clock) passes: then

@@ -13,8 +13,9 @@ import psycopg
 import pytest
 
 from jobrun.job.errors import InvalidState, NotFound, ValidationError
-from jobrun.job.model import EventKind, State
+from jobrun.job.model import EventKind, NewJob, State
 from jobrun.postgres.store import Store
+from jobrun.workflow import Workflow
 from tests.conformance.conftest import TTL, Listener
 from tests.conformance.drive import Driven
 from tests.postgres.conftest import new_job
@@ -74,3 +75,27 @@ def test_a_signal_is_refused_before_anything_is_written(
         with pytest.raises(ValidationError):
             client.signal(job.id, name, payload, key=key)
     assert conn.execute("SELECT count(*) FROM jobrun.job_signals").fetchone() == (0,)
+
+
+def test_a_signal_to_a_workflow_wakes_its_parked_job_and_is_refused_once_it_finished(
+    client: Driven, worker_store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    wf = Workflow("signup")
+    wf.add(NewJob(type="signup", payload={}), name="account")
+    run = client.enqueue_workflow(wf)
+    (claimed,) = worker_store.claim("w", ["default"], 1, TTL)
+    worker_store.await_step(claimed, "confirm", "confirmed", 3600.0)
+    worker_store.park(claimed, "confirm")
+    sent = client.signal(run.id, "confirmed", {"ok": True}, key="click")
+    assert (sent.job_id, sent.workflow_id, sent.sent, sent.woken) == (
+        None,
+        run.id,
+        True,
+        (claimed.id,),
+    )
+    assert not client.signal(str(run.id), "confirmed", None, key="click").sent
+    assert client.get(claimed.id).run_at <= client.now()
+    client.cancel(claimed.id)
+    with pytest.raises(InvalidState, match="cannot signal workflow"):
+        client.signal(run.id, "confirmed", None)
+    assert conn.execute("SELECT count(*) FROM jobrun.workflow_signals").fetchone() == (1,)

@@ -232,6 +232,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0016.workflows",
         "0017.signals",
         "0018.workflow_index",
+        "0019.workflow_signals",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -509,11 +510,34 @@ def test_the_signals_migration_adds_two_tables_and_rolls_back_to_none(empty_dsn:
     assert not any("jobrun.jobs" in line for line in statements)
     rollback = (MIGRATIONS / "0017.signals.rollback.sql").read_text()
     with psycopg.connect(empty_dsn, autocommit=True) as c:
+        # 0019 first, as a rollback goes (its workflow_signals draws from
+        # job_signals' sequence).
+        c.execute((MIGRATIONS / "0019.workflow_signals.rollback.sql").read_text())
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0019.workflow_signals'")
         c.execute(rollback)
         c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0017.signals'")
         assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (16,)
     assert not {"job_waits", "job_signals"} & _tables(empty_dsn)
-    assert m.migrate(empty_dsn) == ["0017.signals"]
+    assert m.migrate(empty_dsn) == ["0017.signals", "0019.workflow_signals"]
+
+
+def test_the_workflow_signals_migration_adds_two_tables_and_rolls_back_to_none(
+    empty_dsn: str,
+) -> None:
+    # Migration 0019 creates workflow_signals and workflow_signal_deliveries
+    # and touches no other table: no lock on jobs.
+    m.migrate(empty_dsn)
+    tables = {"workflow_signals", "workflow_signal_deliveries"}
+    assert tables <= _tables(empty_dsn)
+    text = (MIGRATIONS / "0019.workflow_signals.sql").read_text()
+    statements = [line for line in text.splitlines() if line and not line.startswith("--")]
+    assert not any("jobrun.jobs" in line for line in statements)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute((MIGRATIONS / "0019.workflow_signals.rollback.sql").read_text())
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0019.workflow_signals'")
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (18,)
+    assert not tables & _tables(empty_dsn)
+    assert m.migrate(empty_dsn) == ["0019.workflow_signals"]
 
 
 def test_the_workflow_index_migration_adds_two_indexes_and_rolls_back(empty_dsn: str) -> None:

@@ -25,5 +25,7 @@ JOBRUN_TABLES = (
     "job_dependencies",
     "job_waits",
     "job_signals",
+    "workflow_signals",
+    "workflow_signal_deliveries",
 )
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""

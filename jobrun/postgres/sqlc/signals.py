@@ -19,7 +19,7 @@ from jobrun.postgres.sqlc.models import JobState
 AWAIT_STEP: Final = """\
 
 WITH lease AS (
-    SELECT jobs.id, jobs.attempts FROM jobrun.jobs AS jobs
+    SELECT jobs.id, jobs.attempts, jobs.workflow_id FROM jobrun.jobs AS jobs
     WHERE jobs.id = $1::uuid AND jobs.state = 'leased'
       AND jobs.lease_owner = $2::text AND jobs.lease_token = $3::uuid
     FOR SHARE
@@ -27,23 +27,50 @@ WITH lease AS (
     SELECT waits.until FROM jobrun.job_waits AS waits, lease
     WHERE waits.job_id = lease.id AND waits.step = $4::text
 ), pick AS (
-    SELECT signals.key FROM jobrun.job_signals AS signals, lease
-    WHERE signals.job_id = lease.id AND signals.name = $5::text
-      AND signals.delivered_at IS NULL
-    ORDER BY signals.seq
+    SELECT c.workflow_id, c.key FROM (
+        (SELECT NULL::uuid AS workflow_id, signals.key, signals.seq
+         FROM jobrun.job_signals AS signals, lease
+         WHERE signals.job_id = lease.id AND signals.name = $5::text
+           AND signals.delivered_at IS NULL
+         ORDER BY signals.seq
+         LIMIT 1)
+        UNION ALL
+        (SELECT ws.workflow_id, ws.key, ws.seq
+         FROM jobrun.workflow_signals AS ws, lease
+         WHERE ws.workflow_id = lease.workflow_id AND ws.name = $5::text
+           AND NOT EXISTS (SELECT 1 FROM jobrun.workflow_signal_deliveries AS d
+                           WHERE d.job_id = lease.id AND d.name = ws.name AND d.key = ws.key)
+         ORDER BY ws.seq
+         LIMIT 1)
+    ) AS c
+    ORDER BY c.seq
     LIMIT 1
-    FOR UPDATE OF signals
-), delivered AS (
+), to_job AS (
     UPDATE jobrun.job_signals AS signals
     SET delivered_at = now(), step = $4::text
     FROM pick
-    WHERE signals.job_id = $1::uuid AND signals.name = $5::text
-      AND signals.key = pick.key
+    WHERE pick.workflow_id IS NULL
+      AND signals.job_id = $1::uuid AND signals.name = $5::text
+      AND signals.key = pick.key AND signals.delivered_at IS NULL
     RETURNING signals.key, signals.payload
-), ended AS (
-    SELECT delivered.key, delivered.payload, false AS timed_out FROM delivered
+), to_workflow AS (
+    INSERT INTO jobrun.workflow_signal_deliveries (job_id, name, key, step)
+    SELECT $1::uuid, $5::text, pick.key, $4::text
+    FROM pick WHERE pick.workflow_id IS NOT NULL
+    ON CONFLICT (job_id, name, key) DO NOTHING
+    RETURNING workflow_signal_deliveries.key
+), delivered AS (
+    SELECT to_job.key, to_job.payload, NULL::uuid AS workflow_id FROM to_job
     UNION ALL
-    SELECT NULL::text, NULL::jsonb, $5::text IS NOT NULL FROM prior
+    SELECT ws.key, ws.payload, ws.workflow_id
+    FROM to_workflow, pick, jobrun.workflow_signals AS ws
+    WHERE ws.workflow_id = pick.workflow_id AND ws.name = $5::text
+      AND ws.key = to_workflow.key
+), ended AS (
+    SELECT delivered.key, delivered.payload, delivered.workflow_id, false AS timed_out
+    FROM delivered
+    UNION ALL
+    SELECT NULL::text, NULL::jsonb, NULL::uuid, $5::text IS NOT NULL FROM prior
     WHERE prior.until <= now() AND NOT EXISTS (SELECT 1 FROM delivered)
 ), step AS (
     INSERT INTO jobrun.job_steps (job_id, name, attempt, result)
@@ -51,6 +78,8 @@ WITH lease AS (
            jsonb_build_object('signal', $5::text, 'key', ended.key,
                               'payload', ended.payload, 'timed_out', ended.timed_out,
                               'until', (SELECT prior.until FROM prior))
+           || CASE WHEN ended.workflow_id IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('workflow_id', ended.workflow_id) END
     FROM ended
     ON CONFLICT (job_id, name) DO NOTHING
     RETURNING job_steps.result
@@ -72,6 +101,8 @@ WITH lease AS (
            lease.attempts,
            jsonb_build_object('step', $4::text, 'signal', $5::text,
                               'key', ended.key, 'timed_out', ended.timed_out)
+           || CASE WHEN ended.workflow_id IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('workflow_id', ended.workflow_id) END
     FROM ended, lease
     WHERE $8::boolean
 )
@@ -99,6 +130,12 @@ WHERE jobs.id = $1::uuid AND jobs.state = 'leased'
 FOR NO KEY UPDATE"""
 
 
+LOCK_WORKFLOW_FOR_PARK: Final = """\
+SELECT workflows.id FROM jobrun.workflows AS workflows
+WHERE workflows.id = $1::uuid
+FOR KEY SHARE"""
+
+
 PARK_JOB: Final = """\
 WITH waiting AS (
     SELECT waits.signal, waits.until FROM jobrun.job_waits AS waits
@@ -107,6 +144,12 @@ WITH waiting AS (
     SELECT 1 AS one FROM jobrun.job_signals AS signals, waiting
     WHERE signals.job_id = $1::uuid AND signals.name = waiting.signal
       AND signals.delivered_at IS NULL
+    UNION ALL
+    SELECT 1 FROM jobrun.workflow_signals AS ws, waiting, jobrun.jobs AS me
+    WHERE me.id = $1::uuid AND ws.workflow_id = me.workflow_id
+      AND ws.name = waiting.signal
+      AND NOT EXISTS (SELECT 1 FROM jobrun.workflow_signal_deliveries AS d
+                      WHERE d.job_id = me.id AND d.name = ws.name AND d.key = ws.key)
     LIMIT 1
 ), parked AS (
     UPDATE jobrun.jobs AS jobs
@@ -209,6 +252,67 @@ class SendSignalRow:
     woke_queue: str
 
 
+LOCK_WORKFLOW_FOR_SIGNAL: Final = """\
+WITH wf AS (
+    SELECT workflows.id FROM jobrun.workflows AS workflows
+    WHERE workflows.id = $1::uuid
+    FOR UPDATE
+), counts AS (
+    SELECT count(*) FILTER (WHERE jobs.state NOT IN ('succeeded', 'dead', 'cancelled'))::int8
+               AS unfinished,
+           count(*) FILTER (WHERE jobs.state = 'succeeded')::int8 AS succeeded,
+           count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
+           count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled
+    FROM jobrun.jobs AS jobs, wf
+    WHERE jobs.workflow_id = wf.id
+)
+SELECT wf.id, counts.unfinished, counts.succeeded, counts.dead, counts.cancelled
+FROM wf, counts"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class LockWorkflowForSignalRow:
+    id: uuid.UUID
+    unfinished: int
+    succeeded: int
+    dead: int
+    cancelled: int
+
+
+SEND_WORKFLOW_SIGNAL: Final = """\
+WITH ins AS (
+    INSERT INTO jobrun.workflow_signals (workflow_id, name, key, payload)
+    VALUES ($1::uuid, $2::text, $3::text,
+            $4::jsonb)
+    ON CONFLICT (workflow_id, name, key) DO NOTHING
+    RETURNING workflow_signals.workflow_id
+), parked AS (
+    SELECT jobs.id FROM jobrun.jobs AS jobs
+    WHERE jobs.workflow_id = $1::uuid AND jobs.state = 'queued'
+      AND jobs.run_at > now()
+      AND EXISTS (SELECT 1 FROM ins)
+      AND EXISTS (SELECT 1 FROM jobrun.job_waits AS waits
+                  WHERE waits.job_id = jobs.id AND waits.signal = $2::text)
+    ORDER BY jobs.id
+    FOR NO KEY UPDATE
+), woke AS (
+    UPDATE jobrun.jobs AS jobs
+    SET run_at = now(), updated_at = now()
+    FROM parked
+    WHERE jobs.id = parked.id AND jobs.state = 'queued' AND jobs.run_at > now()
+    RETURNING jobs.id, jobs.attempts, jobs.queue
+)
+SELECT woke.id AS woke_id, woke.attempts AS woke_attempts, woke.queue AS woke_queue
+FROM ins LEFT JOIN woke ON true"""
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class SendWorkflowSignalRow:
+    woke_id: uuid.UUID | None
+    woke_attempts: int | None
+    woke_queue: str | None
+
+
 class Queries(QueriesBase):
     """The queries of db/query/signals.sql, run in the schema given (see QueriesBase)."""
 
@@ -231,12 +335,15 @@ class Queries(QueriesBase):
         fenced by the claim, and the signals sent to a job.
         One turn of a durable wait (a sleep when signal is NULL), by the claim
         holding the job (held is false when it does not: nothing written). In one
-        statement: the oldest signal of that name not delivered yet is delivered
-        to the wait (FIFO, one per wait); else a wait begun by an earlier run whose
-        until has come ends (a sleep done, a signal wait timed out); either way the
-        outcome is recorded as the wait's step (result, replayed by later attempts)
-        and the wait's row goes. Otherwise the wait's row is written on its first
-        run, until = now() + seconds by the database clock, and kept as it is on a
+        statement: the oldest signal of that name not delivered to the job yet,
+        sent to the job (job_signals) or to its workflow (workflow_signals,
+        migration 0019; one seq orders both), is delivered to the wait (FIFO, one
+        per wait: a job signal's delivered_at is set, a workflow signal gets this
+        job's delivery row); else a wait begun by an earlier run whose until has
+        come ends (a sleep done, a signal wait timed out); either way the outcome
+        is recorded as the wait's step (result, replayed by later attempts) and
+        the wait's row goes. Otherwise the wait's row is written on its first run,
+        until = now() + seconds by the database clock, and kept as it is on a
         later one: until (the deadline, never moved) and now come back, and the
         caller parks the job (ParkJob). result is NULL when the wait goes on.
         """
@@ -272,6 +379,28 @@ class Queries(QueriesBase):
         value: uuid.UUID = r[0]
         return value
 
+    def lock_workflow_for_park(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        workflow_id: uuid.UUID,
+    ) -> uuid.UUID | None:
+        """The first statement of the park of a workflow's job in a signal wait
+        (before LockLease): its workflow's row, FOR KEY SHARE until the transaction
+        ends (parks of one workflow's jobs do not wait for one another). A
+        workflow signal's transaction locks the same row FOR UPDATE first
+        (LockWorkflowForSignal), so ParkJob sees every workflow signal committed before it,
+        and a workflow signal committed after it finds the job parked. The same
+        order (the workflow's row, then the job's) on both sides: no deadlock.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LOCK_WORKFLOW_FOR_PARK), (workflow_id,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        value: uuid.UUID = r[0]
+        return value
+
     def park_job(
         self,
         conn: psycopg.Connection[Any],
@@ -284,8 +413,8 @@ class Queries(QueriesBase):
         finish_channel: str,
     ) -> ParkJobRow | None:
         """Park a job in a durable wait (after LockLease, in its transaction): queued
-        again at the wait's until (now when a signal it waits for is there already:
-        ready), its lease cleared and the attempt its start counted given back, as
+        again at the wait's until (now when a signal it waits for is there already,
+        sent to the job or to its workflow and not delivered to it: ready), its lease cleared and the attempt its start counted given back, as
         a snooze does (not counted in snoozes: a wait is no snooze), with a
         "parked" event. A job whose cancel was requested ends cancelled instead
         (cancel wins), with its finish notification. No row back: the lease is lost.
@@ -367,3 +496,65 @@ class Queries(QueriesBase):
         if r is None:
             return None
         return SendSignalRow(sent=r[0], woke_queue=r[1])
+
+    def lock_workflow_for_signal(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        workflow_id: uuid.UUID,
+    ) -> LockWorkflowForSignalRow | None:
+        """The first statement of a signal sent to a workflow (when the id is no
+        job's): its row, FOR UPDATE until the transaction ends, so that a park of
+        one of its jobs (LockWorkflowForPark) comes wholly before or after the
+        signal. No row back: no such workflow. unfinished counts its jobs not
+        finished (a workflow all of whose jobs finished takes no signal), and the
+        others its finished ones by state, for its WorkflowState.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LOCK_WORKFLOW_FOR_SIGNAL), (workflow_id,))
+            r = cur.fetchone()
+        if r is None:
+            return None
+        return LockWorkflowForSignalRow(
+            id=r[0],
+            unfinished=r[1],
+            succeeded=r[2],
+            dead=r[3],
+            cancelled=r[4],
+        )
+
+    def send_workflow_signal(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        workflow_id: uuid.UUID,
+        name: str,
+        key: str,
+        payload: Any,
+    ) -> list[SendWorkflowSignalRow]:
+        """A signal stored for a workflow (after LockWorkflowForSignal, in its transaction: its
+        own snapshot sees every park committed before the lock was granted). No
+        row back when one with the same (workflow, name, key) was stored before (a
+        duplicate: nothing written). Otherwise one row, with, for each job of the
+        workflow queued and parked waiting for this name (its wait's row is
+        there), made due now: its id, attempts and queue (the caller records
+        their events and wakes the queues' workers). Jobs are updated in id order.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(
+                self.sql(SEND_WORKFLOW_SIGNAL),
+                (
+                    workflow_id,
+                    name,
+                    key,
+                    (
+                        (payload if isinstance(payload, Jsonb) else Jsonb(payload))
+                        if payload is not None
+                        else None
+                    ),
+                ),
+            )
+            return [
+                SendWorkflowSignalRow(woke_id=r[0], woke_attempts=r[1], woke_queue=r[2])
+                for r in cur.fetchall()
+            ]

@@ -1879,10 +1879,12 @@ class AsyncQueries(QueriesBase):
         purged has none), and a signal is refused to a finished job. A job that
         had parents takes its edges with it (migration 0016; a plain job costs no
         lookup). A workflow whose last jobs go goes with them (its row in
-        workflows), found through jobs_workflow_idx (migration 0018): the jobs of
-        its own still there are read with this statement's snapshot, so two
-        purges at once, each deleting half of one workflow's last jobs, may both
-        leave its row (the scheduler's purge runs on its leader alone).
+        workflows, and its workflow signals of migration 0019), found through
+        jobs_workflow_idx (migration 0018): the jobs of its own still there are
+        read with this statement's snapshot, so two purges at once, each
+        deleting half of one workflow's last jobs, may both leave its row (the
+        scheduler's purge runs on its leader alone). A workflow's job takes its
+        deliveries of workflow signals with it.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(PURGE_JOBS), (age_seconds, max_jobs))

@@ -16,11 +16,16 @@ from jobrun.postgres.sqlc.models import JobState
 from jobrun.postgres.sqlc.signals import (
     AWAIT_STEP,
     LOCK_LEASE,
+    LOCK_WORKFLOW_FOR_PARK,
+    LOCK_WORKFLOW_FOR_SIGNAL,
     PARK_JOB,
     SEND_SIGNAL,
+    SEND_WORKFLOW_SIGNAL,
     AwaitStepRow,
+    LockWorkflowForSignalRow,
     ParkJobRow,
     SendSignalRow,
+    SendWorkflowSignalRow,
 )
 
 
@@ -50,12 +55,15 @@ class AsyncQueries(QueriesBase):
         fenced by the claim, and the signals sent to a job.
         One turn of a durable wait (a sleep when signal is NULL), by the claim
         holding the job (held is false when it does not: nothing written). In one
-        statement: the oldest signal of that name not delivered yet is delivered
-        to the wait (FIFO, one per wait); else a wait begun by an earlier run whose
-        until has come ends (a sleep done, a signal wait timed out); either way the
-        outcome is recorded as the wait's step (result, replayed by later attempts)
-        and the wait's row goes. Otherwise the wait's row is written on its first
-        run, until = now() + seconds by the database clock, and kept as it is on a
+        statement: the oldest signal of that name not delivered to the job yet,
+        sent to the job (job_signals) or to its workflow (workflow_signals,
+        migration 0019; one seq orders both), is delivered to the wait (FIFO, one
+        per wait: a job signal's delivered_at is set, a workflow signal gets this
+        job's delivery row); else a wait begun by an earlier run whose until has
+        come ends (a sleep done, a signal wait timed out); either way the outcome
+        is recorded as the wait's step (result, replayed by later attempts) and
+        the wait's row goes. Otherwise the wait's row is written on its first run,
+        until = now() + seconds by the database clock, and kept as it is on a
         later one: until (the deadline, never moved) and now come back, and the
         caller parks the job (ParkJob). result is NULL when the wait goes on.
         """
@@ -91,6 +99,28 @@ class AsyncQueries(QueriesBase):
         value: uuid.UUID = r[0]
         return value
 
+    async def lock_workflow_for_park(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        workflow_id: uuid.UUID,
+    ) -> uuid.UUID | None:
+        """The first statement of the park of a workflow's job in a signal wait
+        (before LockLease): its workflow's row, FOR KEY SHARE until the transaction
+        ends (parks of one workflow's jobs do not wait for one another). A
+        workflow signal's transaction locks the same row FOR UPDATE first
+        (LockWorkflowForSignal), so ParkJob sees every workflow signal committed before it,
+        and a workflow signal committed after it finds the job parked. The same
+        order (the workflow's row, then the job's) on both sides: no deadlock.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(LOCK_WORKFLOW_FOR_PARK), (workflow_id,))
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        value: uuid.UUID = r[0]
+        return value
+
     async def park_job(
         self,
         conn: psycopg.AsyncConnection[Any],
@@ -103,8 +133,8 @@ class AsyncQueries(QueriesBase):
         finish_channel: str,
     ) -> ParkJobRow | None:
         """Park a job in a durable wait (after LockLease, in its transaction): queued
-        again at the wait's until (now when a signal it waits for is there already:
-        ready), its lease cleared and the attempt its start counted given back, as
+        again at the wait's until (now when a signal it waits for is there already,
+        sent to the job or to its workflow and not delivered to it: ready), its lease cleared and the attempt its start counted given back, as
         a snooze does (not counted in snoozes: a wait is no snooze), with a
         "parked" event. A job whose cancel was requested ends cancelled instead
         (cancel wins), with its finish notification. No row back: the lease is lost.
@@ -189,3 +219,65 @@ class AsyncQueries(QueriesBase):
         if r is None:
             return None
         return SendSignalRow(sent=r[0], woke_queue=r[1])
+
+    async def lock_workflow_for_signal(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        workflow_id: uuid.UUID,
+    ) -> LockWorkflowForSignalRow | None:
+        """The first statement of a signal sent to a workflow (when the id is no
+        job's): its row, FOR UPDATE until the transaction ends, so that a park of
+        one of its jobs (LockWorkflowForPark) comes wholly before or after the
+        signal. No row back: no such workflow. unfinished counts its jobs not
+        finished (a workflow all of whose jobs finished takes no signal), and the
+        others its finished ones by state, for its WorkflowState.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(LOCK_WORKFLOW_FOR_SIGNAL), (workflow_id,))
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        return LockWorkflowForSignalRow(
+            id=r[0],
+            unfinished=r[1],
+            succeeded=r[2],
+            dead=r[3],
+            cancelled=r[4],
+        )
+
+    async def send_workflow_signal(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        workflow_id: uuid.UUID,
+        name: str,
+        key: str,
+        payload: Any,
+    ) -> list[SendWorkflowSignalRow]:
+        """A signal stored for a workflow (after LockWorkflowForSignal, in its transaction: its
+        own snapshot sees every park committed before the lock was granted). No
+        row back when one with the same (workflow, name, key) was stored before (a
+        duplicate: nothing written). Otherwise one row, with, for each job of the
+        workflow queued and parked waiting for this name (its wait's row is
+        there), made due now: its id, attempts and queue (the caller records
+        their events and wakes the queues' workers). Jobs are updated in id order.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(
+                self.sql(SEND_WORKFLOW_SIGNAL),
+                (
+                    workflow_id,
+                    name,
+                    key,
+                    (
+                        (payload if isinstance(payload, Jsonb) else Jsonb(payload))
+                        if payload is not None
+                        else None
+                    ),
+                ),
+            )
+            return [
+                SendWorkflowSignalRow(woke_id=r[0], woke_attempts=r[1], woke_queue=r[2])
+                for r in await cur.fetchall()
+            ]
