@@ -73,6 +73,22 @@ def chain(n: int, length: int) -> jobrun.Workflow:
     return flow
 
 
+FANOUT_PHASES = """
+WITH r AS (SELECT * FROM jobrun.jobs WHERE workflow_node = 'root'),
+     f AS (SELECT * FROM jobrun.jobs WHERE workflow_node = 'fan-in'),
+     c AS (SELECT min(started_at) AS first, max(finished_at) AS last FROM jobrun.jobs
+           WHERE workflow_node NOT IN ('root', 'fan-in')),
+     e AS (SELECT min(at) AS at FROM jobrun.job_events WHERE kind = 'claimed')
+SELECT extract(epoch FROM r.finished_at - e.at), extract(epoch FROM c.first - r.finished_at),
+       extract(epoch FROM c.last - c.first), extract(epoch FROM f.started_at - c.last),
+       extract(epoch FROM f.finished_at - f.started_at)
+FROM r, f, c, e
+"""
+"""Where a fan-out's time goes (seconds): the root's run from the first claim, the
+release of its children to the first child's start, the children's drain, the
+fan-in's start after the last child, the fan-in's run."""
+
+
 def _graph_once(ctx: Context, flows: list[jobrun.Workflow], concurrency: int) -> float:
     """Seconds per node of draining ``flows`` (first claim to last finish, database clock)."""
 
@@ -134,10 +150,12 @@ def workflows(ctx: Context) -> list[Figure]:
     c = s.wf_concurrency
     plain, fan, chains, ratio_fan, ratio_chains = [], [], [], [], []
     p50s, p95s, p99s = [], [], []
+    phases: list[list[float]] = []
     for run in range(ctx.runs):
         _reset(ctx)
         base = 1 / measure._drain_once(ctx, NOOP, s.wf_plain_jobs, c, 1).rate
         per_fan = _graph_once(ctx, [fanout(s.wf_fanout)], c)
+        phases.append([round(float(x), 4) for x in ctx.db.execute(FANOUT_PHASES)[0]])
         per_chain = _graph_once(ctx, [chain(n, s.wf_chain_length) for n in range(s.wf_chains)], c)
         latencies = _fanin_pickup(ctx, s.wf_fanins, s.wf_fanin_rate, c)
         plain.append(base * 1e6)
@@ -150,13 +168,24 @@ def workflows(ctx: Context) -> list[Figure]:
         p99s.append(percentile(latencies, 99))
         ctx.say(
             f"workflows run {run + 1}: plain {plain[-1]:.0f} µs/job; fan-out"
-            f" {fan[-1]:.0f} µs/node ({ratio_fan[-1]:.2f}x); chains {chains[-1]:.0f} µs/node"
+            f" {fan[-1]:.0f} µs/node ({ratio_fan[-1]:.2f}x; root, release, children, fan-in"
+            f" start, fan-in: {', '.join(f'{x:.3f}' for x in phases[-1])} s);"
+            f" chains {chains[-1]:.0f} µs/node"
             f" ({ratio_chains[-1]:.2f}x); fan-in pickup p50 {p50s[-1]:.1f} ms,"
             f" p95 {p95s[-1]:.1f} ms ({len(latencies)} fan-ins)"
         )
     common: dict[str, Any] = {"concurrency": c, "processes": 1, "handler": NOOP}
     plain_p = {**common, "jobs": s.wf_plain_jobs}
-    fan_p = {**common, "children": s.wf_fanout, "nodes": s.wf_fanout + 2}
+    fan_p = {
+        **common,
+        "children": s.wf_fanout,
+        "nodes": s.wf_fanout + 2,
+        "phases_s": {
+            "what": "root run, release to first child start, children drain,"
+            " last child to fan-in start, fan-in run (one list per run)",
+            "runs": phases,
+        },
+    }
     chain_p = {
         **common,
         "chains": s.wf_chains,
