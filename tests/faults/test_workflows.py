@@ -27,6 +27,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,12 @@ from tests.faults.workflow_app import STEP_EFFECTS_DDL, TX_STEPS
 APP = ("--app", "tests.faults.workflow_app:registry")
 FANINS = int(os.environ.get("JOBRUN_FAULTS_WORKFLOWS", "40"))
 STEP_JOBS = int(os.environ.get("JOBRUN_FAULTS_STEP_JOBS", "12"))
+STEP_KILLS = 8
+PAUSE = 0.4
+"""A step job's pause before each transactional step and inside its plain step."""
 PARENTS = 2
+KILLS = max(FANINS // 10, 3)
+"""kill -9s before the restart, and as many after it (at most: until the run is done)."""
 RETRY = Backoff(kind="constant", base=0.0, jitter=0.0)
 ATTEMPTS = 100
 """Every kill burns the attempts of the jobs its worker ran: never run out."""
@@ -103,7 +109,11 @@ class Churn:
         return self.workers.start(*APP, "--queues", queues, **self.options)
 
     def kill_one(self) -> WorkerProc:
-        victim, queues = self.procs.pop(0)
+        return self.kill(self.procs[0][0])
+
+    def kill(self, victim: WorkerProc) -> WorkerProc:
+        [(_, queues)] = [(p, q) for p, q in self.procs if p is victim]
+        self.procs = [(p, q) for p, q in self.procs if p is not victim]
         victim.kill9()
         self.kills += 1
         self.procs.append((self._start(queues), queues))
@@ -151,7 +161,7 @@ def test_fan_ins_under_repeated_kill_9_and_a_postgres_restart_fire_once_and_stra
         client = jobrun.Client(store)
         try:
             with Reaper(store) as reaper:
-                churn = Churn(workers, [f"{side},default" for side in SIDES], concurrency=16)
+                churn = Churn(workers, [f"{side},default" for side in SIDES], concurrency=8)
                 with psycopg.connect(url, autocommit=True) as c:
                     # Both sides ready before the parents are released.
                     wait_until(lambda: len(backends(c, "jobrun-listener")) == 2, 30, "listeners")
@@ -173,9 +183,9 @@ def test_fan_ins_under_repeated_kill_9_and_a_postgres_restart_fire_once_and_stra
                     )
 
                 wait_until(lambda: succeeded() >= total // 10, 60, "a first tenth done")
-                churn.run(lambda: succeeded() >= total // 2, every=1.5, kills=3)
+                churn.run(lambda: succeeded() >= total // 2, every=1.0, kills=KILLS)
                 cluster.restart("immediate")  # mid-run, killed workers' leases still open
-                churn.run(done, every=1.5, kills=churn.kills + 3)
+                churn.run(done, every=1.0, kills=churn.kills + KILLS)
                 wait_until(done, 120, lambda: f"all {total} jobs succeed\n{workers.outputs()}")
             with psycopg.connect(url, autocommit=True) as c:
                 counted = released(c)
@@ -272,7 +282,7 @@ def test_durable_steps_under_kill_9_write_once_and_a_recorded_step_never_runs_ag
     oracle: Oracle,
 ) -> None:
     conn.execute(STEP_EFFECTS_DDL)
-    jobs = [store.enqueue(job("tx.steps", pause=0.25)) for _ in range(STEP_JOBS)]
+    jobs = [store.enqueue(job("tx.steps", pause=PAUSE)) for _ in range(STEP_JOBS)]
     oracle.enqueued(jobs)
     ids = [j.id for j in jobs]
     with Reaper(store):
@@ -281,10 +291,27 @@ def test_durable_steps_under_kill_9_write_once_and_a_recorded_step_never_runs_ag
         def done() -> bool:
             return bool(states(conn) == {"succeeded": len(jobs)})
 
-        wait_until(
-            lambda: scalar(conn, "SELECT count(*) FROM step_effects") > 0, 30, "a first step"
-        )
-        churn.run(done, every=0.7, kills=12)
+        def inside(step: str) -> WorkerProc | None:
+            """A live worker that began ``step`` of some job less than half a pause ago."""
+            now = time.time()
+            pids = {
+                r["pid"]
+                for r in side_log_records(side_log)
+                if r["event"] == "step" and r["step"] == step and now - r["t"] < PAUSE / 2
+            }
+            return next((p for p, _ in churn.procs if p.pid in pids and p.alive()), None)
+
+        def inside_or_done(step: str) -> WorkerProc | bool:
+            return inside(step) or done()
+
+        # Each kill lands inside a step, in turn: the plain one (its effect done, its
+        # checkpoint not), then each transactional one (its transaction open).
+        for step in ("fetch", "t1", "t2", "t3") * (STEP_KILLS // 4):
+            if done():
+                break
+            victim = wait_until(partial(inside_or_done, step), 30, f"a run in {step}")
+            if isinstance(victim, WorkerProc):
+                churn.kill(victim)
         wait_until(done, 90, lambda: f"every step job succeeds: {states(conn)}")
     steps = {
         (r[0], r[1]): (r[2], r[3])
@@ -313,10 +340,19 @@ def test_durable_steps_under_kill_9_write_once_and_a_recorded_step_never_runs_ag
         for r in runs
         if r["step"] == "fetch" and r["attempt"] < steps[(uuid.UUID(r["job"]), "fetch")][0]
     )
+    rolled_back = sum(
+        1
+        for r in runs
+        if r["step"] != "fetch" and r["attempt"] < steps[(uuid.UUID(r["job"]), r["step"])][0]
+    )
     print(
         f"{len(jobs)} step jobs, {churn.kills} kill -9: {len(retried)} jobs ran steps on a"
-        f" later attempt, {reran_plain} plain step run(s) lost to a kill and run again"
+        f" later attempt, {reran_plain} plain step run(s) lost to a kill and run again,"
+        f" {rolled_back} transactional step run(s) rolled back by a kill"
     )
+    assert reran_plain >= 1, "no kill landed inside the plain step"
+    # The plain step's own effect (its side-log record) is at-least-once: a run killed
+    # before its checkpoint is run again; once recorded, never (asserted above).
     assert churn.kills >= 3
     assert retried, "no kill landed inside a job of steps"
     oracle.watch(oracle.default_url, settled=True)

@@ -5,9 +5,9 @@ of :mod:`tests.faults.app` (a workflow's parents, children and fan-ins are
 ``tx.work`` jobs: their effects are counted by the oracle) and ``tx.steps``:
 
 - ``fetch``, a plain ``ctx.step``: its run writes a ``step`` record to the
-  side log and returns a fresh nonce; the run is at-least-once (a kill
-  between its return and its checkpoint runs it again), its stored value is
-  what every later step sees;
+  side log (its effect), sleeps ``pause`` and returns a fresh nonce; the run
+  is at-least-once (a kill before its checkpoint commits runs it again), its
+  stored value is what every later step sees;
 - ``t1``, ``t2``, ``t3``, ``ctx.transaction_step`` s: each writes a row of
   ``step_effects`` (with the nonce it was given) in the step's transaction,
   so a step recorded once has exactly one row whatever was killed when;
@@ -72,10 +72,10 @@ def tx_steps(ctx: JobContext, job: Job) -> Callable[[psycopg.Connection[Any]], N
     side_log("start", job)
 
     def fetch() -> dict[str, Any]:
-        side_log("step", job, step="fetch")
+        side_log("step", job, step="fetch")  # its effect, done: a kill from here on
+        time.sleep(pause)  # and before the checkpoint commits runs it again
         return {"nonce": uuid.uuid4().hex, "attempt": job.attempts}
 
-    time.sleep(pause)
     nonce = ctx.step("fetch", fetch)["nonce"]
     for name in TX_STEPS:
         time.sleep(pause)
@@ -87,6 +87,7 @@ def tx_steps(ctx: JobContext, job: Job) -> Callable[[psycopg.Connection[Any]], N
                 " VALUES (%s, %s, %s, %s, %s)",
                 [job.id, name, job.attempts, nonce, os.getpid()],
             )
+            time.sleep(pause / 2)  # the step's transaction open: a kill here rolls it back
             return f"{name}@{job.attempts}"
 
         ctx.transaction_step(name, write)
