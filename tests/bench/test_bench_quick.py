@@ -18,7 +18,8 @@ import jobrun
 from bench import measure
 from tests.support.database import TestServer
 
-pytestmark = pytest.mark.slow  # real worker processes, about 95 s (30 s of them sustained, 15 s workflows)
+# Real worker processes, about 95 s (30 s of them sustained, 15 s workflows).
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
