@@ -89,6 +89,20 @@ release of its children to the first child's start, the children's drain, the
 fan-in's start after the last child, the fan-in's run."""
 
 
+CHAIN_LINKS = """
+SELECT percentile_cont(0.5) WITHIN GROUP
+           (ORDER BY extract(epoch FROM c.started_at - p.finished_at)),
+       percentile_cont(0.5) WITHIN GROUP
+           (ORDER BY extract(epoch FROM c.finished_at - c.started_at))
+FROM jobrun.job_dependencies d
+JOIN jobrun.jobs c ON c.id = d.child_id
+JOIN jobrun.jobs p ON p.id = d.parent_id
+"""
+"""A chain's link, medians in seconds: from a parent's finished_at to its child's
+start (release, wake-up, claim), and from a start to its finished_at (the run and
+the completion's commit)."""
+
+
 def _graph_once(ctx: Context, flows: list[jobrun.Workflow], concurrency: int) -> float:
     """Seconds per node of draining ``flows`` (first claim to last finish, database clock)."""
 
@@ -151,12 +165,14 @@ def workflows(ctx: Context) -> list[Figure]:
     plain, fan, chains, ratio_fan, ratio_chains = [], [], [], [], []
     p50s, p95s, p99s = [], [], []
     phases: list[list[float]] = []
+    links: list[list[float]] = []
     for run in range(ctx.runs):
         _reset(ctx)
         base = 1 / measure._drain_once(ctx, NOOP, s.wf_plain_jobs, c, 1).rate
         per_fan = _graph_once(ctx, [fanout(s.wf_fanout)], c)
         phases.append([round(float(x), 4) for x in ctx.db.execute(FANOUT_PHASES)[0]])
         per_chain = _graph_once(ctx, [chain(n, s.wf_chain_length) for n in range(s.wf_chains)], c)
+        links.append([round(float(x) * 1000, 2) for x in ctx.db.execute(CHAIN_LINKS)[0]])
         latencies = _fanin_pickup(ctx, s.wf_fanins, s.wf_fanin_rate, c)
         plain.append(base * 1e6)
         fan.append(per_fan * 1e6)
@@ -170,8 +186,9 @@ def workflows(ctx: Context) -> list[Figure]:
             f"workflows run {run + 1}: plain {plain[-1]:.0f} µs/job; fan-out"
             f" {fan[-1]:.0f} µs/node ({ratio_fan[-1]:.2f}x; root, release, children, fan-in"
             f" start, fan-in: {', '.join(f'{x:.3f}' for x in phases[-1])} s);"
-            f" chains {chains[-1]:.0f} µs/node"
-            f" ({ratio_chains[-1]:.2f}x); fan-in pickup p50 {p50s[-1]:.1f} ms,"
+            f" chains {chains[-1]:.0f} µs/node ({ratio_chains[-1]:.2f}x; link p50: release"
+            f" to start {links[-1][0]:.1f} ms, start to finished {links[-1][1]:.1f} ms);"
+            f" fan-in pickup p50 {p50s[-1]:.1f} ms,"
             f" p95 {p95s[-1]:.1f} ms ({len(latencies)} fan-ins)"
         )
     common: dict[str, Any] = {"concurrency": c, "processes": 1, "handler": NOOP}
@@ -192,6 +209,11 @@ def workflows(ctx: Context) -> list[Figure]:
         "length": s.wf_chain_length,
         "nodes": s.wf_chains * s.wf_chain_length,
         "side_by_side": True,
+        "link_ms": {
+            "what": "medians: parent finished_at to child started_at, child started_at"
+            " to its finished_at (one pair per run)",
+            "runs": links,
+        },
     }
     pick_p = {
         **common,
