@@ -255,7 +255,8 @@ def test_a_parent_frozen_past_its_lease_is_fenced_and_its_fan_in_fires_once(
     assert run["slow"].id in reaped
     fresh = workers.start(*APP, concurrency=2)
     fan = run["fan-in"].id
-    wait_until(lambda: store.get(fan).state is State.SUCCEEDED, 30, "the fan-in runs")
+    with Reaper(store):  # the quick parent too, when the frozen worker had it leased
+        wait_until(lambda: store.get(fan).state is State.SUCCEEDED, 30, "the fan-in runs")
     before = {j.id: store.get(j.id) for j in run}
     events_before = scalar(conn, "SELECT count(*) FROM jobrun.job_events")
     stale.cont()  # the frozen run wakes up, finishes its handler and tries to complete
