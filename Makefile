@@ -82,6 +82,11 @@ test: $(STAMP) ## the whole test suite against a real PostgreSQL it starts itsel
 test-faults: $(STAMP) ## the fault-injection suite (real processes, kills, proxy, restarts)
 	$(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
+.PHONY: test-plan-large
+test-plan-large: $(STAMP) ## the claim's plan with 1,000,000 blocked (waiting) jobs beside the runnable ones
+	JOBRUN_PLAN_WAITING=$${JOBRUN_PLAN_WAITING:-1000000} \
+		$(PY) -m pytest tests/bench/test_claim_plan.py -s -k waiting $(PYTEST_ARGS)
+
 .PHONY: test-pgbouncer
 test-pgbouncer: $(STAMP) ## jobrun through a real PgBouncer (in make test too); the 10,000-job oracle for 2 minutes
 	JOBRUN_PGBOUNCER_ORACLE_JOBS=10000 JOBRUN_PGBOUNCER_ORACLE_SECONDS=120 \

@@ -69,6 +69,7 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 
 from bench import cpu
+from bench import workflows as bench_workflows
 from bench.plan import explain_claim
 from bench.server import ROOT, Database
 from bench.stats import (
@@ -126,6 +127,16 @@ class Sizes:
     sustained_peak_jobs: int = 50_000
     sustained_concurrency: int = 0
     """The worker's threads for the peak and the run; 0: the highest of drain_concurrency."""
+    wf_concurrency: int = 32
+    """The worker's threads for the workflow figures (bench/workflows.py)."""
+    wf_plain_jobs: int = 10_000
+    wf_fanout: int = 10_000
+    wf_chains: int = 32
+    """Chains side by side (each ``wf_chain_length`` jobs, one after the other): one per
+    worker thread, so that a chain's link latency, not idle threads, is what is measured."""
+    wf_chain_length: int = 1_000
+    wf_fanins: int = 200
+    wf_fanin_rate: float = 20.0
 
     @property
     def concurrencies(self) -> list[int]:
@@ -161,6 +172,10 @@ QUICK = Sizes(
     limits_samples=30,
     sustained_seconds=30.0,
     sustained_peak_jobs=1_000,
+    wf_plain_jobs=500,
+    wf_fanout=500,
+    wf_chain_length=20,
+    wf_fanins=20,
 )
 
 
@@ -1305,6 +1320,11 @@ def sustained(ctx: Context) -> list[Figure]:
     return run.sustained(ctx)
 
 
+def _workflows(ctx: Context) -> list[Figure]:
+    # Looked up at call time: bench.workflows imports this module.
+    return bench_workflows.workflows(ctx)
+
+
 MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
     "ceiling": ceiling,
     "enqueue_one": enqueue_one,
@@ -1319,6 +1339,7 @@ MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
     "growth": growth,
     "dashboard": dashboard,
     "sustained": sustained,
+    "workflows": _workflows,
 }
 
 

@@ -6,7 +6,7 @@ Options::
     --only NAME[,NAME]    some measurements only (ceiling, enqueue_one,
                           enqueue_batch, drain, drain_tx, worker_rss, observed,
                           limits, limits_claim, pickup, growth, dashboard,
-                          sustained);
+                          sustained, workflows);
                           the ceiling runs first whenever selected
     --runs N              runs per figure (default 3, quick 1)
     --size NAME=VALUE     override one size (repeatable; see bench.measure.Sizes)

@@ -18,7 +18,8 @@ import jobrun
 from bench import measure
 from tests.support.database import TestServer
 
-pytestmark = pytest.mark.slow  # real worker processes, about 80 s (30 s of them sustained)
+# Real worker processes, about 95 s (30 s of them sustained, 15 s workflows).
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,6 +74,9 @@ EXPECTED = {
     "sustained.last",
     "sustained.ratio",
     *(f"sustained.{t}.{v}" for t in ("jobs", "job_events") for v in ("mb", "dead_tuples")),
+    "workflows.plain.per_job",
+    *(f"workflows.{g}.{v}" for g in ("fanout", "chains") for v in ("per_node", "ratio")),
+    *(f"workflows.fanin_pickup.{q}" for q in ("p50", "p95", "p99")),
 }
 FIELDS = {
     "name",
@@ -113,6 +117,9 @@ TARGETED = {
     "dashboard.overview.p50",
     "dashboard.jobs.p50",
     "sustained.ratio",
+    "workflows.fanout.ratio",
+    "workflows.chains.ratio",
+    "workflows.fanin_pickup.p50",
 }
 
 
@@ -265,6 +272,14 @@ def test_sane_values(quick_run: Any) -> None:
     assert samples[0]["jobs.bytes"] < samples[-1]["jobs.bytes"]
     assert samples[0]["job_events.bytes"] < samples[-1]["job_events.bytes"]
     assert by_name["sustained.jobs.mb"]["median"] == samples[-1]["jobs.bytes"] / 1e6
+    # The workflow figures: each ratio is its graph's cost per node over the plain
+    # drain's per job of the same run.
+    plain = by_name["workflows.plain.per_job"]["values"][0]
+    for graph in ("fanout", "chains"):
+        ratio = by_name[f"workflows.{graph}.ratio"]["values"][0]
+        per_node = by_name[f"workflows.{graph}.per_node"]["values"][0]
+        assert ratio == pytest.approx(per_node / plain)
+    assert by_name["workflows.fanin_pickup.p50"]["parameters"]["fan_ins"] == 20
     # The claim plan is a behaviour, not a speed: it must use the index.
     plan = by_name["growth.claim_plan.seq_scans"]
     assert plan["median"] == 0

@@ -25,6 +25,11 @@ Four properties, on a database reached through a superuser DSN:
    handlers write (``tests/faults/app.py``): no claim (lease token) was run
    twice, and with ``runs_exactly_once`` every job ran exactly once.
 4. **No duplicate (scope, key) in processed_effects.**
+5. **No job stranded by its parents** (workflows, migration 0016). No job is
+   ``waiting`` with every parent finished, nor with a pending-parent count
+   other than its edges not counted yet; no edge of a finished parent is left
+   uncounted; a child is released (its ``released`` event ``via`` the
+   dependency) at most once.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ CREATE TABLE IF NOT EXISTS effects (
 
 TX_SCOPE_PREFIX = "job:tx."
 _CLOSING = {"reaped", "retrying", "succeeded", "dead", "cancelled", "released", "snoozed"}
-_STATES = {"queued", "leased", "succeeded", "dead", "cancelled"}
+_STATES = {"waiting", "queued", "leased", "succeeded", "dead", "cancelled"}
 
 
 @dataclasses.dataclass
@@ -142,6 +147,7 @@ def check(target: Target) -> list[str]:
         if target.lease_events:
             problems += _check_leases(conn, jobs)
         problems += _check_ledger(conn)
+        problems += _check_dependencies(conn)
     problems += _check_side_log(target, jobs)
     return problems
 
@@ -250,6 +256,8 @@ def _replay(job_id: uuid.UUID, trail: list[tuple[int, str, int, Any]], row: Any)
                 pass  # the terminal row that follows a terminal reaper verdict
             elif kind == "cancelled" and via == "cancel":
                 pass  # a queued job cancelled by an operator
+            elif kind in ("released", "cancelled") and via == "dependency":
+                pass  # a waiting job its last parent queued, or its failed parent cancelled
             else:
                 problems.append(f"spurious event: {where} without an open lease")
         elif kind == "retried":
@@ -276,6 +284,38 @@ def _check_ledger(conn: psycopg.Connection[Any]) -> list[str]:
         " GROUP BY 1, 2 HAVING count(*) > 1"
     ).fetchall()
     return [f"processed_effects ({s}, {k}) appears {n} times" for s, k, n in rows]
+
+
+STRANDED = """
+SELECT c.id, c.state::text, c.pending_parents,
+       count(*) FILTER (WHERE NOT d.done) AS uncounted,
+       count(*) FILTER (WHERE p.state IN ('succeeded', 'dead', 'cancelled')) AS finished,
+       count(*) AS parents
+FROM jobrun.jobs AS c
+JOIN jobrun.job_dependencies AS d ON d.child_id = c.id
+LEFT JOIN jobrun.jobs AS p ON p.id = d.parent_id
+GROUP BY c.id
+HAVING (c.state = 'waiting' AND count(*) FILTER (WHERE p.state IN ('succeeded', 'dead',
+        'cancelled') OR p.id IS NULL) = count(*))
+    OR (c.state = 'waiting' AND c.pending_parents <> count(*) FILTER (WHERE NOT d.done))
+    OR count(*) FILTER (WHERE NOT d.done AND p.state IN ('succeeded', 'dead', 'cancelled')) > 0
+"""
+
+
+def _check_dependencies(conn: psycopg.Connection[Any]) -> list[str]:
+    if conn.execute("SELECT to_regclass('jobrun.job_dependencies')").fetchone() == (None,):
+        return []
+    problems = [
+        f"job {job_id} is {state} with pending_parents {pending}: {uncounted} edge(s) not"
+        f" counted, {finished} of its {parents} parent(s) finished (stranded or miscounted)"
+        for job_id, state, pending, uncounted, finished, parents in conn.execute(STRANDED)
+    ]
+    released = conn.execute(
+        "SELECT job_id, count(*) FROM jobrun.job_events WHERE kind = 'released'"
+        " AND detail->>'via' = 'dependency' GROUP BY 1 HAVING count(*) > 1"
+    ).fetchall()
+    problems += [f"job {job_id} was released by its parents {n} times" for job_id, n in released]
+    return problems
 
 
 def side_log_records(log_dir: Path | None) -> list[dict[str, Any]]:
