@@ -353,6 +353,9 @@ class Job:
     many jobs as its worker can run at once). Every claim sets it afresh."""
     pending_parents: int = 0
     """While waiting: how many of its parents have not finished yet."""
+    has_dependents: bool = False
+    """Whether jobs wait for it (set when the first is enqueued): its finish
+    releases them, so a worker records it without waiting for a batch."""
     workflow_id: uuid.UUID | None = None
     """The workflow it was enqueued in (None: alone)."""
     workflow_node: str | None = None

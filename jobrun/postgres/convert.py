@@ -135,6 +135,8 @@ class JobRow(Protocol):
     @property
     def pending_parents(self) -> int: ...
     @property
+    def has_dependents(self) -> bool: ...
+    @property
     def workflow_id(self) -> uuid.UUID | None: ...
     @property
     def workflow_node(self) -> str | None: ...
@@ -175,6 +177,7 @@ def job_from_row(row: JobRow) -> Job:
         progress_at=utc_or_none(row.progress_at),
         started_at=utc_or_none(row.started_at),
         pending_parents=row.pending_parents,
+        has_dependents=row.has_dependents,
         workflow_id=row.workflow_id,
         workflow_node=row.workflow_node,
         # Only a claim's rows carry it (ClaimJobs), and only for a job with parents.

@@ -76,8 +76,11 @@ class Completer(WorkerLoop):
             else:
                 assert isinstance(first, Finished)
                 batch = [first]
-            # A limited queue's slots wait for it: then flush what has come by now.
-            eager = isinstance(first, Finished) and first.job.queue in self._leases.limited
+            # A limited queue's slots wait for it, and jobs wait for a parent
+            # (a chain's next link): then flush what has come by now.
+            eager = isinstance(first, Finished) and (
+                first.job.has_dependents or first.job.queue in self._leases.limited
+            )
             deadline = time.monotonic() + (0.0 if eager else flush_after)
             while len(batch) < size:
                 wait = deadline - time.monotonic()
@@ -96,6 +99,8 @@ class Completer(WorkerLoop):
                 if isinstance(item, FlushNow):
                     break  # the claimer waits on the slots this batch holds
                 batch.append(item)
+                if item.job.has_dependents:
+                    deadline = 0.0  # what has come by now, and no more waiting
             if batch:
                 self.flush(batch)
 
