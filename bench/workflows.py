@@ -24,7 +24,9 @@ handlers, ``bench.noop``, the batched completion path):
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jobrun
@@ -103,20 +105,34 @@ start (release, wake-up, claim), and from a start to its finished_at (the run an
 the completion's commit)."""
 
 
-def _graph_once(ctx: Context, flows: list[jobrun.Workflow], concurrency: int) -> float:
-    """Seconds per node of draining ``flows`` (first claim to last finish, database clock)."""
+@dataclasses.dataclass(frozen=True)
+class Drained:
+    """A drain's wall time and CPU time (worker + server) per node, in seconds."""
 
+    wall: float
+    cpu: float
+    cpu_worker: float
+    cpu_server: float
+
+
+def _drain(ctx: Context, enqueue: Callable[[jobrun.Client], int], concurrency: int) -> Drained:
+    """Drain what ``enqueue`` puts on the paused queue (it returns how many nodes):
+    wall seconds per node (first claim to last finish, database clock), and the
+    worker's and the server's CPU seconds per node meanwhile (from /proc)."""
     _reset(ctx)
     client = jobrun.Client(ctx.store)
     ctx.store.pause_queue(QUEUE)
-    nodes = 0
-    for flow in flows:
-        nodes += len(client.enqueue_workflow(flow))
+    nodes = enqueue(client)
     ctx.db.execute("VACUUM ANALYZE jobrun.jobs, jobrun.job_events, jobrun.job_dependencies")
     with measure.workers(ctx, QUEUE, concurrency, 1) as w:
         w.wait_ready()
+        ctx.db.reset_statements()
+        worker0, server0 = w.cpu_seconds(), ctx.db.server_cpu_seconds()
         ctx.store.resume_queue(QUEUE)
         measure._wait_drained(ctx, w, QUEUE, timeout=max(600.0, nodes / 20))
+        worker1, server1 = w.cpu_seconds(), ctx.db.server_cpu_seconds()
+        for top in ctx.db.top_statements(6):  # with --statements only
+            ctx.say(f"    {top['total_ms'] / nodes * 1000:7.1f} µs/node {top['calls']:>7} calls  {top['query'][:110]}")
     first, last, done, left = ctx.db.execute(
         "SELECT (SELECT min(at) FROM jobrun.job_events WHERE kind = 'claimed'),"
         " (SELECT max(finished_at) FROM jobrun.jobs WHERE queue = %s),"
@@ -126,7 +142,24 @@ def _graph_once(ctx: Context, flows: list[jobrun.Workflow], concurrency: int) ->
     )[0]
     if done != nodes or left:
         raise RuntimeError(f"{done} of {nodes} nodes succeeded, {left} still waiting")
-    return float((last - first).total_seconds()) / nodes
+    worker = (worker1 - worker0) / nodes
+    server = 0.0 if server0 is None or server1 is None else (server1 - server0) / nodes
+    return Drained(float((last - first).total_seconds()) / nodes, worker + server, worker, server)
+
+
+def _plain(jobs: int) -> Callable[[jobrun.Client], int]:
+    def enqueue(client: jobrun.Client) -> int:
+        client.store.enqueue_batch([_job() for _ in range(jobs)])
+        return jobs
+
+    return enqueue
+
+
+def _graphs(flows: list[jobrun.Workflow]) -> Callable[[jobrun.Client], int]:
+    def enqueue(client: jobrun.Client) -> int:
+        return sum(len(client.enqueue_workflow(flow)) for flow in flows)
+
+    return enqueue
 
 
 def _fanin_pickup(ctx: Context, fanins: int, rate: float, concurrency: int) -> list[float]:
@@ -163,35 +196,52 @@ def workflows(ctx: Context) -> list[Figure]:
     s = ctx.sizes
     c = s.wf_concurrency
     plain, fan, chains, ratio_fan, ratio_chains = [], [], [], [], []
+    wall_fan, wall_chains = [], []
     p50s, p95s, p99s = [], [], []
     phases: list[list[float]] = []
     links: list[list[float]] = []
+    split: list[dict[str, float]] = []
     for run in range(ctx.runs):
-        _reset(ctx)
-        base = 1 / measure._drain_once(ctx, NOOP, s.wf_plain_jobs, c, 1).rate
-        per_fan = _graph_once(ctx, [fanout(s.wf_fanout)], c)
+        base = _drain(ctx, _plain(s.wf_plain_jobs), c)
+        per_fan = _drain(ctx, _graphs([fanout(s.wf_fanout)]), c)
         phases.append([round(float(x), 4) for x in ctx.db.execute(FANOUT_PHASES)[0]])
-        per_chain = _graph_once(ctx, [chain(n, s.wf_chain_length) for n in range(s.wf_chains)], c)
+        flows = [chain(n, s.wf_chain_length) for n in range(s.wf_chains)]
+        per_chain = _drain(ctx, _graphs(flows), c)
         links.append([round(float(x) * 1000, 2) for x in ctx.db.execute(CHAIN_LINKS)[0]])
         latencies = _fanin_pickup(ctx, s.wf_fanins, s.wf_fanin_rate, c)
-        plain.append(base * 1e6)
-        fan.append(per_fan * 1e6)
-        chains.append(per_chain * 1e6)
-        ratio_fan.append(per_fan / base)
-        ratio_chains.append(per_chain / base)
+        plain.append(base.cpu * 1e6)
+        fan.append(per_fan.cpu * 1e6)
+        chains.append(per_chain.cpu * 1e6)
+        ratio_fan.append(per_fan.cpu / base.cpu)
+        ratio_chains.append(per_chain.cpu / base.cpu)
+        wall_fan.append(per_fan.wall / base.wall)
+        wall_chains.append(per_chain.wall / base.wall)
+        split.append(
+            {
+                f"{name}_{part}_us": round(getattr(d, f"cpu_{part}") * 1e6, 1)
+                for name, d in (("plain", base), ("fanout", per_fan), ("chains", per_chain))
+                for part in ("worker", "server")
+            }
+        )
         p50s.append(percentile(latencies, 50))
         p95s.append(percentile(latencies, 95))
         p99s.append(percentile(latencies, 99))
         ctx.say(
-            f"workflows run {run + 1}: plain {plain[-1]:.0f} µs/job; fan-out"
-            f" {fan[-1]:.0f} µs/node ({ratio_fan[-1]:.2f}x; root, release, children, fan-in"
-            f" start, fan-in: {', '.join(f'{x:.3f}' for x in phases[-1])} s);"
-            f" chains {chains[-1]:.0f} µs/node ({ratio_chains[-1]:.2f}x; link p50: release"
-            f" to start {links[-1][0]:.1f} ms, start to finished {links[-1][1]:.1f} ms);"
-            f" fan-in pickup p50 {p50s[-1]:.1f} ms,"
+            f"workflows run {run + 1}: CPU per node (worker + server): plain {plain[-1]:.0f} µs;"
+            f" fan-out {fan[-1]:.0f} µs ({ratio_fan[-1]:.2f}x; wall {wall_fan[-1]:.2f}x; root,"
+            f" release, children, fan-in start, fan-in: {', '.join(f'{x:.3f}' for x in phases[-1])}"
+            f" s); chains {chains[-1]:.0f} µs ({ratio_chains[-1]:.2f}x; wall"
+            f" {wall_chains[-1]:.2f}x; link p50: release to start {links[-1][0]:.1f} ms, start to"
+            f" finished {links[-1][1]:.1f} ms); fan-in pickup p50 {p50s[-1]:.1f} ms,"
             f" p95 {p95s[-1]:.1f} ms ({len(latencies)} fan-ins)"
         )
-    common: dict[str, Any] = {"concurrency": c, "processes": 1, "handler": NOOP}
+    common: dict[str, Any] = {
+        "concurrency": c,
+        "processes": 1,
+        "handler": NOOP,
+        "cost": "CPU seconds per node, the worker's and the server's (from /proc)",
+        "cpu_us": split,
+    }
     plain_p = {**common, "jobs": s.wf_plain_jobs}
     fan_p = {
         **common,
@@ -225,11 +275,13 @@ def workflows(ctx: Context) -> list[Figure]:
     }
     ratio = at_most(TARGET_RATIO, "x")
     return [
-        Figure("workflows.plain.per_job", "us", plain, plain_p),
-        Figure("workflows.fanout.per_node", "us", fan, fan_p),
+        Figure("workflows.plain.cpu_per_job", "us", plain, plain_p),
+        Figure("workflows.fanout.cpu_per_node", "us", fan, fan_p),
         Figure("workflows.fanout.ratio", "x", ratio_fan, fan_p, target=ratio),
-        Figure("workflows.chains.per_node", "us", chains, chain_p),
+        Figure("workflows.fanout.wall_ratio", "x", wall_fan, fan_p),
+        Figure("workflows.chains.cpu_per_node", "us", chains, chain_p),
         Figure("workflows.chains.ratio", "x", ratio_chains, chain_p, target=ratio),
+        Figure("workflows.chains.wall_ratio", "x", wall_chains, chain_p),
         Figure(
             "workflows.fanin_pickup.p50",
             "ms",
