@@ -132,7 +132,8 @@ def _drain(ctx: Context, enqueue: Callable[[jobrun.Client], int], concurrency: i
         measure._wait_drained(ctx, w, QUEUE, timeout=max(600.0, nodes / 20))
         worker1, server1 = w.cpu_seconds(), ctx.db.server_cpu_seconds()
         for top in ctx.db.top_statements(6):  # with --statements only
-            ctx.say(f"    {top['total_ms'] / nodes * 1000:7.1f} µs/node {top['calls']:>7} calls  {top['query'][:110]}")
+            per_node = top["total_ms"] / nodes * 1000
+            ctx.say(f"    {per_node:7.1f} µs/node {top['calls']:>7} calls  {top['query'][:110]}")
     first, last, done, left = ctx.db.execute(
         "SELECT (SELECT min(at) FROM jobrun.job_events WHERE kind = 'claimed'),"
         " (SELECT max(finished_at) FROM jobrun.jobs WHERE queue = %s),"

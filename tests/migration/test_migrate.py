@@ -233,6 +233,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0017.signals",
         "0018.workflow_index",
         "0019.workflow_signals",
+        "0020.release_by_statement",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -443,6 +444,11 @@ def test_the_workflows_migration_rewrites_no_jobs_and_rolls_back(empty_dsn: str)
     m.migrate(empty_dsn)
     rollback = (MIGRATIONS / "0016.workflows.rollback.sql").read_text()
     with psycopg.connect(empty_dsn, autocommit=True) as c:
+        # 0020 replaced 0016's trigger: it goes back first.
+        c.execute((MIGRATIONS / "0020.release_by_statement.rollback.sql").read_text())
+        c.execute(
+            "DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0020.release_by_statement'"
+        )
         c.execute(rollback)
         c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0016.workflows'")
         assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (15,)
@@ -452,7 +458,7 @@ def test_the_workflows_migration_rewrites_no_jobs_and_rolls_back(empty_dsn: str)
         )
         before = c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone()
     assert "job_dependencies" not in _tables(empty_dsn)
-    assert m.migrate(empty_dsn) == ["0016.workflows"]
+    assert m.migrate(empty_dsn) == ["0016.workflows", "0020.release_by_statement"]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone() == before
         row = c.execute(
@@ -576,6 +582,32 @@ def test_the_workflow_index_built_concurrently_beforehand_is_kept(empty_dsn: str
     assert m.migrate(empty_dsn) == ["0018.workflow_index"]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT 'jobrun.jobs_workflow_idx'::regclass::oid").fetchone() == before
+
+
+def test_the_statement_release_migration_rolls_back_to_the_row_trigger(empty_dsn: str) -> None:
+    # Migration 0020 swaps 0016's row trigger for one per statement (a
+    # catalog change: jobs keeps its file); its rollback puts the row
+    # trigger back, and a new migrate lands where a fresh database does.
+    m.migrate(empty_dsn)
+    trigger = (
+        "SELECT tgtype & 1 FROM pg_trigger WHERE tgname = 'jobs_release_dependents'"
+        " AND tgrelid = 'jobrun.jobs'::regclass"
+    )
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        before = c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone()
+        assert c.execute(trigger).fetchone() == (0,)  # FOR EACH STATEMENT
+        c.execute((MIGRATIONS / "0020.release_by_statement.rollback.sql").read_text())
+        c.execute(
+            "DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0020.release_by_statement'"
+        )
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (19,)
+        assert c.execute(trigger).fetchone() == (1,)  # FOR EACH ROW
+        assert c.execute("SELECT to_regproc('jobrun.parents_finished')").fetchone() == (None,)
+    assert m.migrate(empty_dsn) == ["0020.release_by_statement"]
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone() == before
+        assert c.execute(trigger).fetchone() == (0,)
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (20,)
 
 
 def test_the_least_privilege_table_list_names_every_table_of_the_schema(empty_dsn: str) -> None:

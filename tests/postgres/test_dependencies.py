@@ -171,6 +171,57 @@ def test_parents_committing_together_under_concurrency_release_every_child_once(
     assert len(claim(store, "qc", 100)) == 20
 
 
+def test_parents_finished_by_one_statement_release_their_child_once(store: Store) -> None:
+    """Migration 0020: the trigger runs once per statement. Two parents of one
+    child, a third of another, finished by one complete_many: each child is
+    counted once per parent and released once, its event naming the first
+    parent by id."""
+    client = jobrun.Client(store)
+    a = client.enqueue("step", queue="qp")
+    b = client.enqueue("step", queue="qp")
+    c = client.enqueue("step", queue="qp")
+    both = client.enqueue("fan.in", after=[a, b], queue="qc")
+    one = client.enqueue("fan.in", after=[c], queue="qc")
+    claimed = claim(store, "qp", 3)
+    assert {j.id for j in claimed} == {a.id, b.id, c.id}
+    store.complete_many(claimed)
+    for child in (both, one):
+        stored = store.get(child.id)
+        assert (stored.state, stored.pending_parents) == (State.QUEUED, 0)
+    released = [d for k, d in events(store, both.id) if k == "released"]
+    assert released == [
+        {"via": "dependency", "parent": str(min(a.id, b.id)), "parent_state": "succeeded"}
+    ]
+    assert len(claim(store, "qc", 10)) == 2
+
+
+def test_a_fan_ins_row_is_updated_once_per_statement_finishing_its_parents(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    """A batch of a fan-out's children finishing in one statement decrements
+    the fan-in's counter once, by the batch's size (one new row version, not
+    one per child)."""
+    client = jobrun.Client(store)
+    flow = jobrun.Workflow("wide")
+    children = flow.group([NewJob(type="step", queue="qw") for _ in range(50)])
+    flow.add(NewJob(type="fan.in", queue="qf"), after=children, name="fan-in")
+    enqueued = client.enqueue_workflow(flow)
+    fan_in = enqueued["fan-in"]
+    ids = [j.id for j in claim(store, "qw", 50)]
+    with conn.transaction():
+        conn.execute(
+            "UPDATE jobrun.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL,"
+            " lease_token = NULL, lease_expires_at = NULL WHERE id = ANY(%s)",
+            [ids],
+        )
+        row = conn.execute(
+            "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'jobrun.jobs'::regclass"
+        ).fetchone()
+    # The 50 children, and the fan-in once (released), not once per child.
+    assert row == (51,)
+    assert store.get(fan_in.id).state is State.QUEUED
+
+
 @pytest.mark.parametrize("path", ["fail", "reap", "cancel_queued", "cancel_leased", "release"])
 def test_every_terminal_path_of_a_failed_parent_cancels_the_child_naming_it(
     store: Store, path: str
