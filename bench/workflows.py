@@ -3,18 +3,19 @@
 Every run, on one worker process at ``wf_concurrency`` threads (no-op
 handlers, ``bench.noop``, the batched completion path):
 
-- ``workflows.plain``: a drain of ``wf_plain_jobs`` plain jobs, as the
-  ``drain`` figures measure it: the baseline cost per job (µs, the drain's
-  seconds / jobs);
+- ``workflows.plain``: a drain of ``wf_plain_jobs`` plain jobs: the baseline
+  cost per job, CPU seconds of the worker process and of the server (from
+  /proc) over the drain, per job;
 - ``workflows.fanout``: one workflow, a root, ``wf_fanout`` children after
   it and one fan-in after every child; ``workflows.chains``: ``wf_chains``
   workflows side by side, each a chain of ``wf_chain_length`` jobs (one
   after the other: at most ``wf_chains`` runnable at once; 32, one per
-  thread, by default). Enqueued on a
-  paused queue, the worker started and ready, the queue resumed; cost per
-  node = (the last ``finished_at`` - the first ``claimed`` event) / nodes,
-  both on the database clock. ``.ratio``: that cost / the plain drain's per
-  job in the same run (target <= 1.5);
+  thread, by default). Enqueued on a paused queue, the worker started and
+  ready, the queue resumed; cost per node = CPU seconds / nodes as above.
+  ``.ratio``: that cost / the plain drain's per job in the same run (target
+  <= 1.5); ``.wall_ratio``: the same with wall time (first ``claimed``
+  event to last ``finished_at``, database clock), no target: a chain's is
+  its links' latency, not its cost;
 - ``workflows.fanin_pickup``: ``wf_fanins`` small fan-ins (two parents, one
   fan-in) enqueued one by one at ``wf_fanin_rate`` per second to an idle
   worker; latency = the fan-in's ``started_at`` (its attempt's start) - the

@@ -74,8 +74,12 @@ EXPECTED = {
     "sustained.last",
     "sustained.ratio",
     *(f"sustained.{t}.{v}" for t in ("jobs", "job_events") for v in ("mb", "dead_tuples")),
-    "workflows.plain.per_job",
-    *(f"workflows.{g}.{v}" for g in ("fanout", "chains") for v in ("per_node", "ratio")),
+    "workflows.plain.cpu_per_job",
+    *(
+        f"workflows.{g}.{v}"
+        for g in ("fanout", "chains")
+        for v in ("cpu_per_node", "ratio", "wall_ratio")
+    ),
     *(f"workflows.fanin_pickup.{q}" for q in ("p50", "p95", "p99")),
 }
 FIELDS = {
@@ -212,7 +216,11 @@ def test_sane_values(quick_run: Any) -> None:
             assert r["ratio_to_ceiling"] is None, r["name"]
         if r["unit"] == "MB" and not r["name"].startswith("sustained."):  # peak RSS
             assert 5 < r["median"] < 10_000, r["name"]
-        if r["unit"] in ("ms", "x"):
+        if r["name"].startswith("workflows.fanin_pickup."):
+            # 0 when the worker that completed the last parent claimed the
+            # fan-in in that transaction (both times are its now()).
+            assert r["median"] >= 0, r["name"]
+        elif r["unit"] in ("ms", "x"):
             assert r["median"] > 0, r["name"]
     assert by_name["pickup.p50"]["median"] <= by_name["pickup.p95"]["median"]
     assert by_name["pickup.p95"]["median"] <= by_name["pickup.p99"]["median"]
@@ -272,13 +280,16 @@ def test_sane_values(quick_run: Any) -> None:
     assert samples[0]["jobs.bytes"] < samples[-1]["jobs.bytes"]
     assert samples[0]["job_events.bytes"] < samples[-1]["job_events.bytes"]
     assert by_name["sustained.jobs.mb"]["median"] == samples[-1]["jobs.bytes"] / 1e6
-    # The workflow figures: each ratio is its graph's cost per node over the plain
-    # drain's per job of the same run.
-    plain = by_name["workflows.plain.per_job"]["values"][0]
+    # The workflow figures: each ratio is its graph's CPU per node (worker and
+    # server) over the plain drain's per job of the same run.
+    plain = by_name["workflows.plain.cpu_per_job"]["values"][0]
     for graph in ("fanout", "chains"):
         ratio = by_name[f"workflows.{graph}.ratio"]["values"][0]
-        per_node = by_name[f"workflows.{graph}.per_node"]["values"][0]
+        per_node = by_name[f"workflows.{graph}.cpu_per_node"]["values"][0]
         assert ratio == pytest.approx(per_node / plain)
+        split = by_name[f"workflows.{graph}.cpu_per_node"]["parameters"]["cpu_us"][0]
+        # The server's part is 0 on a server not started by the bench (unknown).
+        assert split[f"{graph}_worker_us"] > 0 and split[f"{graph}_server_us"] >= 0
     assert by_name["workflows.fanin_pickup.p50"]["parameters"]["fan_ins"] == 20
     # The claim plan is a behaviour, not a speed: it must use the index.
     plan = by_name["growth.claim_plan.seq_scans"]
