@@ -150,11 +150,7 @@ class Claimer(WorkerLoop):
                 self._wait_for_limits(held_back, held_streak)
             elif drained and self._primary is None:
                 self._leases.hand_over()  # the wait ends on new work, not on them
-                self._leases.claimer_idle(self.wake)
-                try:
-                    self._wait_for_work()
-                finally:
-                    self._leases.claimer_idle(None)
+                self._wait_for_work()
         self._leases.hand_over()
         if self._primary is None:
             self.give_back_unstarted(self._leases.all_buffered())

@@ -38,7 +38,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from jobrun.job.model import Job
@@ -152,7 +152,6 @@ class Leases:
         self._claiming_ahead = 0  # jobs the claims in flight ask for ahead
         self._claimer_done: list[Finished] = []
         self._claimer_completes = False
-        self._idle_claimer: Callable[[], None] | None = None
         self.claim_sent = 0.0
         """When the claimer's latest claim was sent (the leases it grants start after)."""
         self.limited: frozenset[str] = frozenset()
@@ -308,27 +307,17 @@ class Leases:
 
     def finished(self, done: Finished) -> None:
         """A success to record: the claimer's next claim takes it along (a plain
-        success of a limited queue while it claims, or of a job with dependents
-        while it waits for work), else the completer."""
+        success of a limited queue while it claims), else the completer."""
         job = done.job
-        wake = None
         with self._lock:
             self._unflushed[token(job)] = job
             self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
-            if done.commit is not None:
-                to_claimer = False
-            elif job.has_dependents and self._idle_claimer is not None:
-                # Its finish releases jobs, maybe this worker's next ones: the
-                # idle claimer completes it and claims them in one transaction
-                # (a chain's next link starts without a notification's trip).
-                to_claimer, wake = True, self._idle_claimer
-            else:
-                to_claimer = self._claimer_completes and job.queue in self.limited
+            to_claimer = (
+                done.commit is None and self._claimer_completes and job.queue in self.limited
+            )
             if to_claimer:
                 self._claimer_done.append(done)
-        if wake is not None:
-            wake()
-        elif not to_claimer:
+        if not to_claimer:
             self.completions.put(done)
 
     def flushed(self, batch: Sequence[Finished]) -> None:
@@ -354,14 +343,6 @@ class Leases:
         """From now on plain successes of limited queues wait for the claimer."""
         with self._lock:
             self._claimer_completes = True
-
-    def claimer_idle(self, wake: Callable[[], None] | None) -> None:
-        """The claimer waits for new work, woken by ``wake``, or (None) no longer
-        does. While it waits, a success whose job has dependents goes to it:
-        it wakes, completes that job and claims in one transaction, whose
-        claim sees the jobs the completion released."""
-        with self._lock:
-            self._idle_claimer = wake
 
     def holding(self) -> bool:
         """Whether the claimer holds completions to send with its next claim."""
