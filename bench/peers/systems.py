@@ -130,7 +130,9 @@ PROCRASTINATE_APP = "bench.peers.procrastinate_side.app"
 
 def jobrun(python: Path, best: tuple[int, ...]) -> System:
     def threads(n: int) -> Setting:
-        return Setting(f"{n} thread{'s' if n > 1 else ''}", ("--concurrency", str(n)))
+        extra = tuple(os.environ.get("BENCH_JOBRUN_ARGS", "").split())
+        label = f"{n} thread{'s' if n > 1 else ''}" + "".join(f" {a}" for a in extra)
+        return Setting(label, ("--concurrency", str(n), *extra))
 
     return System(
         name="jobrun",
