@@ -232,6 +232,16 @@ CROSS JOIN LATERAL (
 ) AS c
 ORDER BY page.created_at DESC, page.id DESC;
 
+-- name: WebWorkflowIdsInRange :many
+-- The workflows whose id lies in [id_low, id_high] (the span of an id
+-- prefix), in id order, at most max_rows: a bounded scan of the primary key,
+-- however short the prefix.
+SELECT w.id
+FROM jobrun.workflows AS w
+WHERE w.id BETWEEN sqlc.arg(id_low)::uuid AND sqlc.arg(id_high)::uuid
+ORDER BY w.id
+LIMIT sqlc.arg(max_rows);
+
 -- name: WebWorkflow :one
 -- One workflow's row (its jobs are read by WebWorkflowJobs).
 SELECT w.id, w.name, w.created_at

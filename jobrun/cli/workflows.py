@@ -23,7 +23,6 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from jobrun import producer
 from jobrun.job import validate
 from jobrun.job.model import State
 from jobrun.job.workflow import (
@@ -37,6 +36,7 @@ from jobrun.postgres.plans import MAX_LIST_LIMIT
 
 from .confirm import confirmed, guard_options
 from .exits import EXIT_INVALID_STATE, EXIT_OK, CommandError
+from .ids import whole_or_prefix, workflow_id
 from .output import (
     count_jobs,
     cut,
@@ -76,27 +76,33 @@ def register(commands: Commands) -> None:
         metavar="N",
         help=f"how many workflows to show (default: {LIST_LIMIT})",
     )
-    p.add_argument("--before", metavar="ID", help="the next page: workflows older than this id")
+    p.add_argument(
+        "--before",
+        metavar="ID",
+        help="the next page: workflows older than this id (or its start, a unique prefix)",
+    )
 
     p = flows.add("get", cmd_get, "show a workflow and its jobs, parents first", json=True)
-    p.add_argument("id", metavar="ID", help="the workflow id")
+    p.add_argument("id", metavar="ID", help="the workflow id, or its start (a unique prefix)")
 
     for name, func, what in (
         ("cancel", cmd_cancel, "cancel every job of a workflow that has not finished"),
         ("retry", cmd_retry, "run a workflow's dead and cancelled jobs again"),
     ):
         p = flows.add(name, func, what, json=True)
-        p.add_argument("id", metavar="ID", help="the workflow id")
+        p.add_argument("id", metavar="ID", help="the workflow id, or its start (a unique prefix)")
         guard_options(p)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     # Every check before the database is opened (exit 7 for a bad value).
     state = None if args.state is None else workflow_state(args.state.strip().lower())
-    before = None if args.before is None else producer.workflow_id(args.before)
+    if args.before is not None:
+        whole_or_prefix(args.before, "--before", "workflow")
     name = None if args.name is None else node_name(args.name, "--name")
     validate.batch_limit(args.limit, MAX_LIST_LIMIT - 1)  # one more is read: is there a next page?
     with open_client(args) as client:
+        before = None if args.before is None else workflow_id(client, args.before, "--before")
         found = client.workflows(state=state, name=name, before=before, limit=args.limit + 1)
     more = len(found) > args.limit
     flows = found[: args.limit]
@@ -142,8 +148,9 @@ def _head(flow: WorkflowSummary) -> str:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    ident = producer.workflow_id(args.id)
+    whole_or_prefix(args.id, "ID", "workflow")
     with open_client(args) as client:
+        ident = workflow_id(client, args.id)
         flow = client.workflow(ident)
     if args.json:
         print_json(flow)
@@ -199,8 +206,9 @@ def _fitted(headers: Sequence[str], cells: Sequence[Sequence[str]], *, required:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    ident = producer.workflow_id(args.id)
+    whole_or_prefix(args.id, "ID", "workflow")
     with open_client(args) as client:
+        ident = workflow_id(client, args.id)
         flow = client.workflow(ident)
         stop = [n for n in flow.nodes if n.state in _RUNNING]
         if not stop:
@@ -226,8 +234,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    ident = producer.workflow_id(args.id)
+    whole_or_prefix(args.id, "ID", "workflow")
     with open_client(args) as client:
+        ident = workflow_id(client, args.id)
         flow = client.workflow(ident)
         again = [n for n in flow.nodes if n.state in (State.DEAD, State.CANCELLED)]
         if not again:

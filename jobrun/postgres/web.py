@@ -412,6 +412,19 @@ class DashboardReads:
         assert found is not None  # an aggregate always returns its row
         return list(found.ids), found.scanned
 
+    def workflow_ids_with_prefix(self, prefix: str) -> list[uuid.UUID]:
+        """The workflows whose id starts with ``prefix`` (hex, dashes ignored):
+        at most two, which is all a caller needs to tell one from several."""
+        span = JobFilter(id_prefix=prefix).id_range()
+        if span is None:
+            return []
+        low, high = span
+        return self.store._on_pool_read(
+            lambda conn: list(
+                self.q.web_workflow_ids_in_range(conn, id_low=low, id_high=high, max_rows=2)
+            )
+        )
+
     def short_ids(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
         """Each id's shortest unique prefix (at least :data:`MIN_SHORT_HEX` hex digits),
         as the text of the id's start: ``0190a0a0-0000-7``.

@@ -148,6 +148,40 @@ def test_workflow_commands_refuse_unknown_ids_and_bad_input(
     assert_one_line_error(jobrun("workflows"), cli.EXIT_USAGE)
 
 
+def test_workflow_commands_take_the_start_of_an_id_as_job_commands_do(
+    jobrun: Callable[..., Result],  # noqa: F811
+    client: Client,  # noqa: F811
+) -> None:
+    first, second = _order(client, "first"), _order(client, "second")
+    # The shortest starts that tell the two apart, and one that does not.
+    a, b = str(first.id), str(second.id)
+    common = next(i for i in range(len(a)) if a[i] != b[i])
+    got = jobrun("workflows", "get", a[: common + 1], "--json")
+    assert got.code == 0, got.err
+    assert got.json()["summary"]["id"] == a
+    assert (
+        jobrun("workflows", "get", b[: common + 1].upper(), "--json").json()["summary"]["id"] == b
+    )
+    older = jobrun("workflows", "list", "--before", b[: common + 1], "--json").json()
+    assert [w["id"] for w in older] == [a]  # the page after the second: the first
+    # A start that no workflow has: not found (exit 3), as for a job.
+    free = next(d for d in "0123456789abcdef" if not (a.startswith(d) or b.startswith(d)))
+    assert_one_line_error(jobrun("workflows", "cancel", free + "0"), cli.EXIT_NOT_FOUND)
+    cancelled = jobrun("workflows", "cancel", a[: common + 1], "--yes")
+    assert cancelled.code == 0, cancelled.err
+    assert client.workflow(first.id).state is WorkflowState.CANCELLED
+    # Workflows until two ids start alike (at most 17 for 16 hex digits):
+    # that start names several, a validation error that asks for more.
+    made = [first, second]
+    while len({str(f.id)[0] for f in made}) == len(made):
+        made.append(_order(client, f"more {len(made)}"))
+    starts = [str(f.id)[0] for f in made]
+    shared = next(d for d in starts if starts.count(d) > 1)
+    assert_one_line_error(
+        jobrun("workflows", "get", shared), cli.EXIT_VALIDATION, "several workflow ids"
+    )
+
+
 def test_workflows_list_in_a_subprocess(dsn: str, client: Client) -> None:  # noqa: F811
     flow = _order(client, "sub")
     result = run_process(dsn, "workflows", "list", "--json")

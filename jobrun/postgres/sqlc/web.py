@@ -258,6 +258,14 @@ class WebWorkflowsPageRow:
     finished_at: datetime.datetime
 
 
+WEB_WORKFLOW_IDS_IN_RANGE: Final = """\
+SELECT w.id
+FROM jobrun.workflows AS w
+WHERE w.id BETWEEN $1::uuid AND $2::uuid
+ORDER BY w.id
+LIMIT $3"""
+
+
 WEB_WORKFLOW: Final = """\
 SELECT w.id, w.name, w.created_at
 FROM jobrun.workflows AS w
@@ -767,6 +775,22 @@ class Queries(QueriesBase):
                 )
                 for r in cur.fetchall()
             ]
+
+    def web_workflow_ids_in_range(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        id_low: uuid.UUID,
+        id_high: uuid.UUID,
+        max_rows: int,
+    ) -> list[uuid.UUID]:
+        """The workflows whose id lies in [id_low, id_high] (the span of an id
+        prefix), in id order, at most max_rows: a bounded scan of the primary key,
+        however short the prefix.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(WEB_WORKFLOW_IDS_IN_RANGE), (id_low, id_high, max_rows))
+            return [r[0] for r in cur.fetchall()]
 
     def web_workflow(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Workflow | None:
         """One workflow's row (its jobs are read by WebWorkflowJobs)."""

@@ -27,6 +27,7 @@ from jobrun.postgres.sqlc.web import (
     WEB_WAITING_BY_QUEUE,
     WEB_WORKFLOW,
     WEB_WORKFLOW_EDGES,
+    WEB_WORKFLOW_IDS_IN_RANGE,
     WEB_WORKFLOW_JOBS,
     WEB_WORKFLOWS_PAGE,
     WebEffectRow,
@@ -531,6 +532,22 @@ class AsyncQueries(QueriesBase):
                 )
                 for r in await cur.fetchall()
             ]
+
+    async def web_workflow_ids_in_range(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        id_low: uuid.UUID,
+        id_high: uuid.UUID,
+        max_rows: int,
+    ) -> list[uuid.UUID]:
+        """The workflows whose id lies in [id_low, id_high] (the span of an id
+        prefix), in id order, at most max_rows: a bounded scan of the primary key,
+        however short the prefix.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(WEB_WORKFLOW_IDS_IN_RANGE), (id_low, id_high, max_rows))
+            return [r[0] for r in await cur.fetchall()]
 
     async def web_workflow(
         self,
