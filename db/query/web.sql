@@ -197,7 +197,9 @@ FROM unnest(sqlc.arg(ids)::uuid[]) AS given(id);
 -- from the counts below (one rule for the CLI, the dashboard and the
 -- metrics). A workflow's jobs are found by jobs.workflow_id (its index,
 -- jobs_workflow_idx of migration 0018): a row costs an index scan of its own
--- jobs (tests/web/test_workflow_queries.py EXPLAINs these).
+-- jobs (tests/web/test_workflow_queries.py EXPLAINs these). One workflow's
+-- page reads it as the store's workflow() does (GetWorkflow, WorkflowNodes,
+-- WorkflowEdges of workflows.sql), at most as many rows as it draws.
 
 -- name: WebWorkflowsPage :many
 -- Workflows newest first (created_at, then id), older than the workflow
@@ -240,31 +242,4 @@ SELECT w.id
 FROM jobrun.workflows AS w
 WHERE w.id BETWEEN sqlc.arg(id_low)::uuid AND sqlc.arg(id_high)::uuid
 ORDER BY w.id
-LIMIT sqlc.arg(max_rows);
-
--- name: WebWorkflow :one
--- One workflow's row (its jobs are read by WebWorkflowJobs).
-SELECT w.id, w.name, w.created_at
-FROM jobrun.workflows AS w
-WHERE w.id = sqlc.arg(id);
-
--- name: WebWorkflowJobs :many
--- A workflow's jobs, what its graph and its table show (not their payloads
--- nor results), in id order (the order they were enqueued in), at most
--- max_rows.
-SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
-       jobs.max_attempts, jobs.created_at, jobs.finished_at, jobs.last_error
-FROM jobrun.jobs AS jobs
-WHERE jobs.workflow_id = sqlc.arg(workflow_id)
-ORDER BY jobs.id
-LIMIT sqlc.arg(max_rows);
-
--- name: WebWorkflowEdges :many
--- The edges into a workflow's jobs (child, parent), parents outside the
--- workflow included: through job_dependencies' primary key (child_id first).
-SELECT d.child_id, d.parent_id
-FROM jobrun.jobs AS jobs
-JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
-WHERE jobs.workflow_id = sqlc.arg(workflow_id)
-ORDER BY d.child_id, d.parent_id
 LIMIT sqlc.arg(max_rows);

@@ -111,6 +111,7 @@ ORDER BY w.created_at DESC, w.id DESC
 LIMIT sqlc.arg(max_rows);
 
 -- name: GetWorkflow :one
+-- One workflow's row (the store's workflow() and the dashboard's page).
 SELECT w.id, w.name, w.created_at FROM jobrun.workflows AS w WHERE w.id = sqlc.arg(id);
 
 -- name: LockWorkflow :one
@@ -120,19 +121,26 @@ SELECT w.id, w.name, w.created_at FROM jobrun.workflows AS w WHERE w.id = sqlc.a
 FOR UPDATE;
 
 -- name: WorkflowNodes :many
+-- A workflow's jobs in id order (the order they were enqueued in), without
+-- their payloads or results, at most max_rows (NULL: all): the store's
+-- workflow() reads them all, the dashboard's page as many as it draws.
 SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
-       jobs.last_error, jobs.finished_at
+       jobs.max_attempts, jobs.created_at, jobs.last_error, jobs.finished_at
 FROM jobrun.jobs AS jobs
 WHERE jobs.workflow_id = sqlc.arg(id)
-ORDER BY jobs.id;
+ORDER BY jobs.id
+LIMIT sqlc.narg(max_rows)::int8;
 
 -- name: WorkflowEdges :many
 -- Every edge whose child is a job of the workflow (the parent may be a job
--- outside it), read through the edges' primary key.
+-- outside it), read through the edges' primary key (child_id first), in
+-- (child, parent) order, at most max_rows (NULL: all).
 SELECT d.child_id, d.parent_id, d.done
 FROM jobrun.jobs AS jobs
 JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
-WHERE jobs.workflow_id = sqlc.arg(id);
+WHERE jobs.workflow_id = sqlc.arg(id)
+ORDER BY d.child_id, d.parent_id
+LIMIT sqlc.narg(max_rows)::int8;
 
 -- name: LockWorkflowJobs :many
 -- The jobs of a workflow and their parents outside it, locked in id order

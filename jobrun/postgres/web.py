@@ -586,7 +586,7 @@ class DashboardReads:
             )
 
         def run(conn: psycopg.Connection[Any]) -> WorkflowDetail:
-            row = self.q.web_workflow(conn, id=workflow_id)
+            row = self.store.q.get_workflow(conn, id=workflow_id)
             if row is None:
                 raise NotFound("workflow", workflow_id)
             jobs = tuple(
@@ -602,13 +602,11 @@ class DashboardReads:
                     finished_at=r.finished_at,
                     last_error=r.last_error,
                 )
-                for r in self.q.web_workflow_jobs(conn, workflow_id=workflow_id, max_rows=MAX_NODES)
+                for r in self.store.q.workflow_nodes(conn, id=workflow_id, max_rows=MAX_NODES)
             )
             edges = tuple(
                 (e.parent_id, e.child_id)
-                for e in self.q.web_workflow_edges(
-                    conn, workflow_id=workflow_id, max_rows=MAX_EDGES_READ
-                )
+                for e in self.store.q.workflow_edges(conn, id=workflow_id, max_rows=MAX_EDGES_READ)
             )
             now = self.store.q.db_now(conn)
             assert now is not None

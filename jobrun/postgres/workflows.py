@@ -288,8 +288,8 @@ class Workflows(Admin):
             head = self.q.get_workflow(c, id=workflow_id)
             if head is None:
                 raise NotFound("workflow", workflow_id)
-            rows = self.q.workflow_nodes(c, id=workflow_id)
-            edges = self.q.workflow_edges(c, id=workflow_id)
+            rows = self.q.workflow_nodes(c, id=workflow_id, max_rows=None)
+            edges = self.q.workflow_edges(c, id=workflow_id, max_rows=None)
             nodes = [
                 WorkflowNode(
                     id=r.id,
@@ -378,7 +378,8 @@ class Workflows(Admin):
             locked = self.q.lock_workflow_jobs(c, id=workflow_id)
             own = {r.id: State(r.state.value) for r in locked if not r.outside}
             edges = [
-                (e.child_id, e.parent_id, e.done) for e in self.q.workflow_edges(c, id=workflow_id)
+                (e.child_id, e.parent_id, e.done)
+                for e in self.q.workflow_edges(c, id=workflow_id, max_rows=None)
             ]
             todo = retry_plan(own, edges)
             if not todo.retried:

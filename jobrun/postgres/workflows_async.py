@@ -288,8 +288,8 @@ class AsyncWorkflows(AsyncAdmin):
             head = await self.q.get_workflow(c, id=workflow_id)
             if head is None:
                 raise NotFound("workflow", workflow_id)
-            rows = await self.q.workflow_nodes(c, id=workflow_id)
-            edges = await self.q.workflow_edges(c, id=workflow_id)
+            rows = await self.q.workflow_nodes(c, id=workflow_id, max_rows=None)
+            edges = await self.q.workflow_edges(c, id=workflow_id, max_rows=None)
             nodes = [
                 WorkflowNode(
                     id=r.id,
@@ -381,7 +381,7 @@ class AsyncWorkflows(AsyncAdmin):
             own = {r.id: State(r.state.value) for r in locked if not r.outside}
             edges = [
                 (e.child_id, e.parent_id, e.done)
-                for e in await self.q.workflow_edges(c, id=workflow_id)
+                for e in await self.q.workflow_edges(c, id=workflow_id, max_rows=None)
             ]
             todo = retry_plan(own, edges)
             if not todo.retried:

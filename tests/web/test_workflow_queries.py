@@ -26,6 +26,7 @@ from bench.plan import scans
 from jobrun.job.model import DEFAULT_BACKOFF
 from jobrun.postgres.sqlc import stats as sq
 from jobrun.postgres.sqlc import web as wq
+from jobrun.postgres.sqlc import workflows as fq
 from jobrun.postgres.store import Store
 from jobrun.postgres.web import MAX_EDGES_READ, DashboardReads
 from tests.web.test_web_queries import explain, explain_generic, seq_scans
@@ -88,9 +89,12 @@ STATEMENTS: dict[str, tuple[str, tuple[Any, ...]]] = {
     # WebWorkflowsPage: (before, max_rows); ClusterRecentWorkflows: (window_seconds, max_rows)
     "workflows-first": (wq.WEB_WORKFLOWS_PAGE, (None, 51)),
     "workflows-deep": (wq.WEB_WORKFLOWS_PAGE, (SOME, 51)),
-    "workflow": (wq.WEB_WORKFLOW, (SOME,)),
-    "workflow-jobs": (wq.WEB_WORKFLOW_JOBS, (SOME, 100_000)),
-    "workflow-edges": (wq.WEB_WORKFLOW_EDGES, (SOME, MAX_EDGES_READ)),
+    # One workflow's page: the store's reads (workflows.sql), bounded or not.
+    "workflow": (fq.GET_WORKFLOW, (SOME,)),
+    "workflow-jobs": (fq.WORKFLOW_NODES, (SOME, 100_000)),
+    "workflow-jobs-all": (fq.WORKFLOW_NODES, (SOME, None)),
+    "workflow-edges": (fq.WORKFLOW_EDGES, (SOME, MAX_EDGES_READ)),
+    "workflow-edges-all": (fq.WORKFLOW_EDGES, (SOME, None)),
     "recent-workflows": (sq.CLUSTER_RECENT_WORKFLOWS, (3600.0, 10_001)),
 }
 

@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from jobrun.postgres.sqlc._schema import QueriesBase
-from jobrun.postgres.sqlc.models import Job, JobState, Workflow
+from jobrun.postgres.sqlc.models import Job, JobState
 
 WEB_SCAN_JOBS: Final = """\
 
@@ -264,50 +264,6 @@ FROM jobrun.workflows AS w
 WHERE w.id BETWEEN $1::uuid AND $2::uuid
 ORDER BY w.id
 LIMIT $3"""
-
-
-WEB_WORKFLOW: Final = """\
-SELECT w.id, w.name, w.created_at
-FROM jobrun.workflows AS w
-WHERE w.id = $1"""
-
-
-WEB_WORKFLOW_JOBS: Final = """\
-SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
-       jobs.max_attempts, jobs.created_at, jobs.finished_at, jobs.last_error
-FROM jobrun.jobs AS jobs
-WHERE jobs.workflow_id = $1
-ORDER BY jobs.id
-LIMIT $2"""
-
-
-@dataclasses.dataclass(slots=True, kw_only=True)
-class WebWorkflowJobsRow:
-    id: uuid.UUID
-    workflow_node: str | None
-    type: str
-    queue: str
-    state: JobState
-    attempts: int
-    max_attempts: int
-    created_at: datetime.datetime
-    finished_at: datetime.datetime | None
-    last_error: str | None
-
-
-WEB_WORKFLOW_EDGES: Final = """\
-SELECT d.child_id, d.parent_id
-FROM jobrun.jobs AS jobs
-JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
-WHERE jobs.workflow_id = $1
-ORDER BY d.child_id, d.parent_id
-LIMIT $2"""
-
-
-@dataclasses.dataclass(slots=True, kw_only=True)
-class WebWorkflowEdgesRow:
-    child_id: uuid.UUID
-    parent_id: uuid.UUID
 
 
 class Queries(QueriesBase):
@@ -749,7 +705,9 @@ class Queries(QueriesBase):
         from the counts below (one rule for the CLI, the dashboard and the
         metrics). A workflow's jobs are found by jobs.workflow_id (its index,
         jobs_workflow_idx of migration 0018): a row costs an index scan of its own
-        jobs (tests/web/test_workflow_queries.py EXPLAINs these).
+        jobs (tests/web/test_workflow_queries.py EXPLAINs these). One workflow's
+        page reads it as the store's workflow() does (GetWorkflow, WorkflowNodes,
+        WorkflowEdges of workflows.sql), at most as many rows as it draws.
         Workflows newest first (created_at, then id), older than the workflow
         before when given (keyset: no OFFSET), at most max_rows, each with its
         jobs by state and its last finish (its created_at while none has
@@ -791,55 +749,3 @@ class Queries(QueriesBase):
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(WEB_WORKFLOW_IDS_IN_RANGE), (id_low, id_high, max_rows))
             return [r[0] for r in cur.fetchall()]
-
-    def web_workflow(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Workflow | None:
-        """One workflow's row (its jobs are read by WebWorkflowJobs)."""
-        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(WEB_WORKFLOW), (id,))
-            r = cur.fetchone()
-        if r is None:
-            return None
-        return Workflow(id=r[0], name=r[1], created_at=r[2])
-
-    def web_workflow_jobs(
-        self,
-        conn: psycopg.Connection[Any],
-        *,
-        workflow_id: uuid.UUID | None,
-        max_rows: int,
-    ) -> list[WebWorkflowJobsRow]:
-        """A workflow's jobs, what its graph and its table show (not their payloads
-        nor results), in id order (the order they were enqueued in), at most
-        max_rows.
-        """
-        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(WEB_WORKFLOW_JOBS), (workflow_id, max_rows))
-            return [
-                WebWorkflowJobsRow(
-                    id=r[0],
-                    workflow_node=r[1],
-                    type=r[2],
-                    queue=r[3],
-                    state=JobState(r[4]),
-                    attempts=r[5],
-                    max_attempts=r[6],
-                    created_at=r[7],
-                    finished_at=r[8],
-                    last_error=r[9],
-                )
-                for r in cur.fetchall()
-            ]
-
-    def web_workflow_edges(
-        self,
-        conn: psycopg.Connection[Any],
-        *,
-        workflow_id: uuid.UUID | None,
-        max_rows: int,
-    ) -> list[WebWorkflowEdgesRow]:
-        """The edges into a workflow's jobs (child, parent), parents outside the
-        workflow included: through job_dependencies' primary key (child_id first).
-        """
-        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(WEB_WORKFLOW_EDGES), (workflow_id, max_rows))
-            return [WebWorkflowEdgesRow(child_id=r[0], parent_id=r[1]) for r in cur.fetchall()]

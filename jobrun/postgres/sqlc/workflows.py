@@ -139,10 +139,11 @@ FOR UPDATE"""
 
 WORKFLOW_NODES: Final = """\
 SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
-       jobs.last_error, jobs.finished_at
+       jobs.max_attempts, jobs.created_at, jobs.last_error, jobs.finished_at
 FROM jobrun.jobs AS jobs
 WHERE jobs.workflow_id = $1
-ORDER BY jobs.id"""
+ORDER BY jobs.id
+LIMIT $2::int8"""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -153,6 +154,8 @@ class WorkflowNodesRow:
     queue: str
     state: JobState
     attempts: int
+    max_attempts: int
+    created_at: datetime.datetime
     last_error: str | None
     finished_at: datetime.datetime | None
 
@@ -161,7 +164,9 @@ WORKFLOW_EDGES: Final = """\
 SELECT d.child_id, d.parent_id, d.done
 FROM jobrun.jobs AS jobs
 JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
-WHERE jobs.workflow_id = $1"""
+WHERE jobs.workflow_id = $1
+ORDER BY d.child_id, d.parent_id
+LIMIT $2::int8"""
 
 
 LOCK_WORKFLOW_JOBS: Final = """\
@@ -415,6 +420,7 @@ class Queries(QueriesBase):
             ]
 
     def get_workflow(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Workflow | None:
+        """One workflow's row (the store's workflow() and the dashboard's page)."""
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(GET_WORKFLOW), (id,))
             r = cur.fetchone()
@@ -438,9 +444,14 @@ class Queries(QueriesBase):
         conn: psycopg.Connection[Any],
         *,
         id: uuid.UUID | None,
+        max_rows: int | None,
     ) -> list[WorkflowNodesRow]:
+        """A workflow's jobs in id order (the order they were enqueued in), without
+        their payloads or results, at most max_rows (NULL: all): the store's
+        workflow() reads them all, the dashboard's page as many as it draws.
+        """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(WORKFLOW_NODES), (id,))
+            cur.execute(self.sql(WORKFLOW_NODES), (id, max_rows))
             return [
                 WorkflowNodesRow(
                     id=r[0],
@@ -449,8 +460,10 @@ class Queries(QueriesBase):
                     queue=r[3],
                     state=JobState(r[4]),
                     attempts=r[5],
-                    last_error=r[6],
-                    finished_at=r[7],
+                    max_attempts=r[6],
+                    created_at=r[7],
+                    last_error=r[8],
+                    finished_at=r[9],
                 )
                 for r in cur.fetchall()
             ]
@@ -460,12 +473,14 @@ class Queries(QueriesBase):
         conn: psycopg.Connection[Any],
         *,
         id: uuid.UUID | None,
+        max_rows: int | None,
     ) -> list[JobDependency]:
         """Every edge whose child is a job of the workflow (the parent may be a job
-        outside it), read through the edges' primary key.
+        outside it), read through the edges' primary key (child_id first), in
+        (child, parent) order, at most max_rows (NULL: all).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(WORKFLOW_EDGES), (id,))
+            cur.execute(self.sql(WORKFLOW_EDGES), (id, max_rows))
             return [JobDependency(child_id=r[0], parent_id=r[1], done=r[2]) for r in cur.fetchall()]
 
     def lock_workflow_jobs(

@@ -11,7 +11,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from jobrun.postgres.sqlc._schema import QueriesBase
-from jobrun.postgres.sqlc.models import Job, JobState, Workflow
+from jobrun.postgres.sqlc.models import Job, JobState
 from jobrun.postgres.sqlc.web import (
     WEB_DEAD_JOBS_PAGE,
     WEB_EFFECT,
@@ -25,10 +25,7 @@ from jobrun.postgres.sqlc.web import (
     WEB_SCHEDULES,
     WEB_THROUGHPUT,
     WEB_WAITING_BY_QUEUE,
-    WEB_WORKFLOW,
-    WEB_WORKFLOW_EDGES,
     WEB_WORKFLOW_IDS_IN_RANGE,
-    WEB_WORKFLOW_JOBS,
     WEB_WORKFLOWS_PAGE,
     WebEffectRow,
     WebJobIdNeighboursRow,
@@ -37,8 +34,6 @@ from jobrun.postgres.sqlc.web import (
     WebSchedulesRow,
     WebThroughputRow,
     WebWaitingByQueueRow,
-    WebWorkflowEdgesRow,
-    WebWorkflowJobsRow,
     WebWorkflowsPageRow,
 )
 
@@ -506,7 +501,9 @@ class AsyncQueries(QueriesBase):
         from the counts below (one rule for the CLI, the dashboard and the
         metrics). A workflow's jobs are found by jobs.workflow_id (its index,
         jobs_workflow_idx of migration 0018): a row costs an index scan of its own
-        jobs (tests/web/test_workflow_queries.py EXPLAINs these).
+        jobs (tests/web/test_workflow_queries.py EXPLAINs these). One workflow's
+        page reads it as the store's workflow() does (GetWorkflow, WorkflowNodes,
+        WorkflowEdges of workflows.sql), at most as many rows as it draws.
         Workflows newest first (created_at, then id), older than the workflow
         before when given (keyset: no OFFSET), at most max_rows, each with its
         jobs by state and its last finish (its created_at while none has
@@ -548,62 +545,3 @@ class AsyncQueries(QueriesBase):
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(WEB_WORKFLOW_IDS_IN_RANGE), (id_low, id_high, max_rows))
             return [r[0] for r in await cur.fetchall()]
-
-    async def web_workflow(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        *,
-        id: uuid.UUID,
-    ) -> Workflow | None:
-        """One workflow's row (its jobs are read by WebWorkflowJobs)."""
-        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(WEB_WORKFLOW), (id,))
-            r = await cur.fetchone()
-        if r is None:
-            return None
-        return Workflow(id=r[0], name=r[1], created_at=r[2])
-
-    async def web_workflow_jobs(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        *,
-        workflow_id: uuid.UUID | None,
-        max_rows: int,
-    ) -> list[WebWorkflowJobsRow]:
-        """A workflow's jobs, what its graph and its table show (not their payloads
-        nor results), in id order (the order they were enqueued in), at most
-        max_rows.
-        """
-        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(WEB_WORKFLOW_JOBS), (workflow_id, max_rows))
-            return [
-                WebWorkflowJobsRow(
-                    id=r[0],
-                    workflow_node=r[1],
-                    type=r[2],
-                    queue=r[3],
-                    state=JobState(r[4]),
-                    attempts=r[5],
-                    max_attempts=r[6],
-                    created_at=r[7],
-                    finished_at=r[8],
-                    last_error=r[9],
-                )
-                for r in await cur.fetchall()
-            ]
-
-    async def web_workflow_edges(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        *,
-        workflow_id: uuid.UUID | None,
-        max_rows: int,
-    ) -> list[WebWorkflowEdgesRow]:
-        """The edges into a workflow's jobs (child, parent), parents outside the
-        workflow included: through job_dependencies' primary key (child_id first).
-        """
-        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(WEB_WORKFLOW_EDGES), (workflow_id, max_rows))
-            return [
-                WebWorkflowEdgesRow(child_id=r[0], parent_id=r[1]) for r in await cur.fetchall()
-            ]

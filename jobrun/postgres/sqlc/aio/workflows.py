@@ -217,6 +217,7 @@ class AsyncQueries(QueriesBase):
         *,
         id: uuid.UUID,
     ) -> Workflow | None:
+        """One workflow's row (the store's workflow() and the dashboard's page)."""
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(GET_WORKFLOW), (id,))
             r = await cur.fetchone()
@@ -245,9 +246,14 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         id: uuid.UUID | None,
+        max_rows: int | None,
     ) -> list[WorkflowNodesRow]:
+        """A workflow's jobs in id order (the order they were enqueued in), without
+        their payloads or results, at most max_rows (NULL: all): the store's
+        workflow() reads them all, the dashboard's page as many as it draws.
+        """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(WORKFLOW_NODES), (id,))
+            await cur.execute(self.sql(WORKFLOW_NODES), (id, max_rows))
             return [
                 WorkflowNodesRow(
                     id=r[0],
@@ -256,8 +262,10 @@ class AsyncQueries(QueriesBase):
                     queue=r[3],
                     state=JobState(r[4]),
                     attempts=r[5],
-                    last_error=r[6],
-                    finished_at=r[7],
+                    max_attempts=r[6],
+                    created_at=r[7],
+                    last_error=r[8],
+                    finished_at=r[9],
                 )
                 for r in await cur.fetchall()
             ]
@@ -267,12 +275,14 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         id: uuid.UUID | None,
+        max_rows: int | None,
     ) -> list[JobDependency]:
         """Every edge whose child is a job of the workflow (the parent may be a job
-        outside it), read through the edges' primary key.
+        outside it), read through the edges' primary key (child_id first), in
+        (child, parent) order, at most max_rows (NULL: all).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(WORKFLOW_EDGES), (id,))
+            await cur.execute(self.sql(WORKFLOW_EDGES), (id, max_rows))
             return [
                 JobDependency(child_id=r[0], parent_id=r[1], done=r[2])
                 for r in await cur.fetchall()
