@@ -888,6 +888,13 @@ SET state = 'queued', run_at = now(), attempts = CASE WHEN state = 'queued' THEN
 WHERE id = sqlc.arg(id) AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
 RETURNING *;
 
+-- name: LockPurges :exec
+-- The first statement of a purge's transaction: purges run one after the
+-- other (a transaction-level advisory lock, jobrun's namespace 0x6A6F62 and
+-- purpose 4: 1 is the migrations', 2 the leader's, 3 the demo's), so that
+-- PurgeJobs, the next statement, sees every purge before it committed.
+SELECT pg_advisory_xact_lock(6975330, 4);
+
 -- name: PurgeJobs :execrows
 -- Terminal jobs finished longer ago than the age, oldest first, at most
 -- max_jobs per call (short locks; the caller loops), with their durable
@@ -899,9 +906,9 @@ RETURNING *;
 -- lookup). A workflow whose last jobs go goes with them (its row in
 -- workflows, and its workflow signals of migration 0019), found through
 -- jobs_workflow_idx (migration 0018): the jobs of its own still there are
--- read with this statement's snapshot, so two purges at once, each
--- deleting half of one workflow's last jobs, may both leave its row (the
--- scheduler's purge runs on its leader alone). A workflow's job takes its
+-- read with this statement's snapshot, which LockPurges makes exact (else
+-- two purges at once, each deleting half of one workflow's last jobs, would
+-- both see the other's half and leave its row). A workflow's job takes its
 -- deliveries of workflow signals with it.
 WITH victims AS (
     SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents, jobs.workflow_id

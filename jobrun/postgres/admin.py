@@ -226,12 +226,18 @@ class Admin(Enqueue):
     # -- housekeeping ---------------------------------------------------------------
 
     def purge(self, older_than: dt.timedelta, limit: int) -> int:
-        """Delete up to ``limit`` terminal jobs that finished more than ``older_than`` ago."""
+        """Delete up to ``limit`` terminal jobs that finished more than ``older_than`` ago.
+
+        One purge at a time (LockPurges): a workflow whose last jobs two
+        purges share between them loses its row to the second."""
         validate.delay(older_than, "older_than")
         validate.batch_limit(limit)
-        return self._on_pool(
-            lambda c: self.q.purge_jobs(c, age_seconds=older_than.total_seconds(), max_jobs=limit)
-        )
+
+        def purge(c: Conn) -> int:
+            self.q.lock_purges(c)
+            return self.q.purge_jobs(c, age_seconds=older_than.total_seconds(), max_jobs=limit)
+
+        return self._with_tx(purge)
 
     def purgeable(
         self, older_than: dt.timedelta

@@ -228,12 +228,20 @@ class AsyncAdmin(AsyncEnqueue):
     # -- housekeeping ---------------------------------------------------------------
 
     async def purge(self, older_than: dt.timedelta, limit: int) -> int:
-        """Delete up to ``limit`` terminal jobs that finished more than ``older_than`` ago."""
+        """Delete up to ``limit`` terminal jobs that finished more than ``older_than`` ago.
+
+        One purge at a time (LockPurges): a workflow whose last jobs two
+        purges share between them loses its row to the second."""
         validate.delay(older_than, "older_than")
         validate.batch_limit(limit)
-        return await self._on_pool(
-            lambda c: self.q.purge_jobs(c, age_seconds=older_than.total_seconds(), max_jobs=limit)
-        )
+
+        async def purge(c: AsyncConn) -> int:
+            await self.q.lock_purges(c)
+            return await self.q.purge_jobs(
+                c, age_seconds=older_than.total_seconds(), max_jobs=limit
+            )
+
+        return await self._with_tx(purge)
 
     async def purgeable(
         self, older_than: dt.timedelta

@@ -304,6 +304,39 @@ def test_purge_deletes_a_workflows_row_with_its_last_jobs(store: Store, conn: An
     assert rows == [(running.id,)]
 
 
+def test_two_purges_sharing_a_workflows_last_jobs_leave_no_row(
+    store: Store, conn: Any, dsn: str
+) -> None:
+    # Purge A deletes one of the workflow's two finished jobs and has not
+    # committed; purge B, the store's, takes the other. Each alone sees the
+    # other's job still there; B waits for A (LockPurges) and then sees
+    # none left, so the workflow's row goes with B.
+    client = jobrun.Client(store)
+    flow = jobrun.Workflow("pair")
+    flow.group([NewJob(type="a", queue="qa"), NewJob(type="b", queue="qb")])
+    pair = client.enqueue_workflow(flow)
+    for job in pair:
+        run(store, job.id)
+    with psycopg.connect(dsn) as a:
+        a.execute("SELECT pg_advisory_xact_lock(6975330, 4)")  # as LockPurges
+        purged = a.execute(
+            "DELETE FROM jobrun.jobs WHERE id = (SELECT id FROM jobrun.jobs"
+            " WHERE workflow_id = %s ORDER BY finished_at LIMIT 1 FOR UPDATE) RETURNING id",
+            (pair.id,),
+        ).fetchall()
+        assert len(purged) == 1
+        got: list[int] = []
+        b = threading.Thread(target=lambda: got.append(store.purge(dt.timedelta(0), 1)))
+        b.start()
+        b.join(0.5)
+        assert b.is_alive()  # waiting for purge A
+        a.commit()
+        b.join(30)
+    assert got == [1]
+    assert conn.execute("SELECT count(*) FROM jobrun.jobs").fetchone() == (0,)
+    assert conn.execute("SELECT id FROM jobrun.workflows").fetchall() == []
+
+
 def test_the_claim_plan_stays_on_its_index_beside_the_workflow_index(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(

@@ -909,6 +909,9 @@ WHERE id = $1 AND state IN ('queued', 'succeeded', 'dead', 'cancelled')
 RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node"""
 
 
+LOCK_PURGES: Final = "SELECT pg_advisory_xact_lock(6975330, 4)"
+
+
 PURGE_JOBS: Final = """\
 WITH victims AS (
     SELECT jobs.id, jobs.on_parent_failure IS NOT NULL AS had_parents, jobs.workflow_id
@@ -2885,6 +2888,15 @@ class Queries(QueriesBase):
             workflow_node=r[34],
         )
 
+    def lock_purges(self, conn: psycopg.Connection[Any]) -> None:
+        """The first statement of a purge's transaction: purges run one after the
+        other (a transaction-level advisory lock, jobrun's namespace 0x6A6F62 and
+        purpose 4: 1 is the migrations', 2 the leader's, 3 the demo's), so that
+        PurgeJobs, the next statement, sees every purge before it committed.
+        """
+        with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
+            cur.execute(self.sql(LOCK_PURGES))
+
     def purge_jobs(
         self,
         conn: psycopg.Connection[Any],
@@ -2902,9 +2914,9 @@ class Queries(QueriesBase):
         lookup). A workflow whose last jobs go goes with them (its row in
         workflows, and its workflow signals of migration 0019), found through
         jobs_workflow_idx (migration 0018): the jobs of its own still there are
-        read with this statement's snapshot, so two purges at once, each
-        deleting half of one workflow's last jobs, may both leave its row (the
-        scheduler's purge runs on its leader alone). A workflow's job takes its
+        read with this statement's snapshot, which LockPurges makes exact (else
+        two purges at once, each deleting half of one workflow's last jobs, would
+        both see the other's half and leave its row). A workflow's job takes its
         deliveries of workflow signals with it.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:

@@ -44,6 +44,7 @@ from jobrun.postgres.sqlc.jobs import (
     LIST_JOBS,
     LIST_QUEUE_LIMITS,
     LOCK_JOB,
+    LOCK_PURGES,
     LOCK_QUEUE_LIMITS,
     LOCK_QUEUE_LIMITS_ROW,
     NOTIFY,
@@ -1864,6 +1865,15 @@ class AsyncQueries(QueriesBase):
             workflow_node=r[34],
         )
 
+    async def lock_purges(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The first statement of a purge's transaction: purges run one after the
+        other (a transaction-level advisory lock, jobrun's namespace 0x6A6F62 and
+        purpose 4: 1 is the migrations', 2 the leader's, 3 the demo's), so that
+        PurgeJobs, the next statement, sees every purge before it committed.
+        """
+        async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
+            await cur.execute(self.sql(LOCK_PURGES))
+
     async def purge_jobs(
         self,
         conn: psycopg.AsyncConnection[Any],
@@ -1881,9 +1891,9 @@ class AsyncQueries(QueriesBase):
         lookup). A workflow whose last jobs go goes with them (its row in
         workflows, and its workflow signals of migration 0019), found through
         jobs_workflow_idx (migration 0018): the jobs of its own still there are
-        read with this statement's snapshot, so two purges at once, each
-        deleting half of one workflow's last jobs, may both leave its row (the
-        scheduler's purge runs on its leader alone). A workflow's job takes its
+        read with this statement's snapshot, which LockPurges makes exact (else
+        two purges at once, each deleting half of one workflow's last jobs, would
+        both see the other's half and leave its row). A workflow's job takes its
         deliveries of workflow signals with it.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
