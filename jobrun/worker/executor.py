@@ -91,10 +91,16 @@ class Executor:
         for thread in self.handlers:
             thread.start()
 
-    def stop_threads(self) -> None:
-        """End every handler thread once it is done with its job."""
+    def stop_threads(self, wait: float = 0.0) -> None:
+        """End every handler thread once it is done with its job, waiting up to
+        ``wait`` seconds in all for them to end (a worker whose handlers all
+        returned leaves no thread behind once it is stopped)."""
         for _ in self.handlers:
             self._work.put(None)
+        deadline = time.monotonic() + wait
+        for thread in self.handlers:
+            if thread.is_alive():
+                thread.join(max(deadline - time.monotonic(), 0.0))
 
     def run_here(self, job: Job) -> None:
         """Run one job in the calling thread (an async one on the loop, waited for)."""

@@ -365,7 +365,8 @@ class Worker(Service):
             for r in running:
                 r.ctx.cancel("worker shutting down")
             drained = self._leases.wait_idle(time.monotonic() + min(5.0, max(grace, 1.0)))
-        self._executor.stop_threads()
+        # Idle handler threads end at once; those of abandoned handlers are not waited for.
+        self._executor.stop_threads(wait=5.0 if drained else 0.0)
         self._completer.stop(30)  # it flushes what it holds first
         self._executor.stop_loop(5.0)  # coroutines that ignored cancellation are abandoned
         if not drained:
