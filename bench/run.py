@@ -83,6 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         extra[name.strip()] = value.strip()
     if args.statements:
         extra.setdefault("shared_preload_libraries", "pg_stat_statements")
+        extra.setdefault("pg_stat_statements.track_planning", "on")
     args.extra_settings = extra
     return args
 

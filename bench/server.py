@@ -85,15 +85,23 @@ class Database:
             return []
         rows = self.execute(
             "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 160), calls,"
-            " round(mean_exec_time::numeric, 4), round(total_exec_time::numeric, 1), rows"
+            " round(mean_exec_time::numeric, 4), round(total_exec_time::numeric, 1), rows,"
+            " round(total_plan_time::numeric, 1)"
             " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database"
             " WHERE datname = current_database())"
             " ORDER BY total_exec_time DESC LIMIT %s",
             [limit],
         )
         return [
-            {"query": q, "calls": c, "mean_ms": float(m), "total_ms": float(t), "rows": r}
-            for q, c, m, t, r in rows
+            {
+                "query": q,
+                "calls": c,
+                "mean_ms": float(m),
+                "total_ms": float(t),
+                "rows": r,
+                "plan_ms": float(p),
+            }
+            for q, c, m, t, r, p in rows
         ]
 
     def execute(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:

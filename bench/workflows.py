@@ -134,7 +134,11 @@ def _drain(ctx: Context, enqueue: Callable[[jobrun.Client], int], concurrency: i
         worker1, server1 = w.cpu_seconds(), ctx.db.server_cpu_seconds()
         for top in ctx.db.top_statements(6):  # with --statements only
             per_node = top["total_ms"] / nodes * 1000
-            ctx.say(f"    {per_node:7.1f} µs/node {top['calls']:>7} calls  {top['query'][:110]}")
+            plan = top["plan_ms"] / nodes * 1000
+            ctx.say(
+                f"    {per_node:7.1f} µs/node (+{plan:5.1f} planning) {top['calls']:>7} calls"
+                f"  {top['query'][:100]}"
+            )
     first, last, done, left = ctx.db.execute(
         "SELECT (SELECT min(at) FROM jobrun.job_events WHERE kind = 'claimed'),"
         " (SELECT max(finished_at) FROM jobrun.jobs WHERE queue = %s),"
