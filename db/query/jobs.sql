@@ -209,18 +209,7 @@ WITH next AS (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    -- Every column, backoff as its text: the worker parses one policy text
-    -- once (convert.backoff_from_row's cache), not a jsonb object per row.
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state,
-              jobs.attempts, jobs.max_attempts, jobs.backoff::text AS backoff,
-              jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at,
-              jobs.cancel_requested, jobs.idempotency_key, jobs.last_error,
-              jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token,
-              jobs.result, jobs.notify_finished, jobs.trace_context,
-              jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message,
-              jobs.progress_at, jobs.started_at, jobs.releases, jobs.pending_parents,
-              jobs.has_dependents, jobs.on_parent_failure, jobs.workflow_id,
-              jobs.workflow_node
+    RETURNING jobs.*
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
     SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
@@ -372,18 +361,7 @@ WITH lim AS MATERIALIZED (
         updated_at = now()
     FROM next
     WHERE jobs.id = next.id
-    -- Every column, backoff as its text: the worker parses one policy text
-    -- once (convert.backoff_from_row's cache), not a jsonb object per row.
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state,
-              jobs.attempts, jobs.max_attempts, jobs.backoff::text AS backoff,
-              jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at,
-              jobs.cancel_requested, jobs.idempotency_key, jobs.last_error,
-              jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token,
-              jobs.result, jobs.notify_finished, jobs.trace_context,
-              jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message,
-              jobs.progress_at, jobs.started_at, jobs.releases, jobs.pending_parents,
-              jobs.has_dependents, jobs.on_parent_failure, jobs.workflow_id,
-              jobs.workflow_node
+    RETURNING jobs.*
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
     SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),

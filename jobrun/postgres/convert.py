@@ -45,23 +45,19 @@ from jobrun.postgres.sqlc import models
 
 UTC = dt.UTC
 
-_backoffs: dict[Any, Backoff] = {}
+_backoffs: dict[tuple[Any, ...], Backoff] = {}
 
 
-def backoff_from_row(data: Mapping[str, Any] | str) -> Backoff:
+def backoff_from_row(data: Mapping[str, Any]) -> Backoff:
     """The policy stored in a row; cached, because a claim converts many identical ones.
 
-    The claims return it as text (``backoff::text``): parsing a jsonb object
-    for every claimed row was a third of the claimer thread's decoding, and
-    the text of one policy is the same string every time, so the cache is
-    keyed by it and a hit parses nothing. A row read as jsonb (a dict) is
-    keyed by its items in their stored order (jsonb keeps one order for the
+    Keyed by the items in their stored order (jsonb keeps one order for the
     same keys): no sort per row, and another order is only a cache miss.
     """
-    key = data if isinstance(data, str) else tuple(data.items())
+    key = tuple(data.items())
     policy = _backoffs.get(key)
     if policy is None:
-        policy = Backoff.from_json(json.loads(data) if isinstance(data, str) else data)
+        policy = Backoff.from_json(data)
         if len(_backoffs) < 1024:
             _backoffs[key] = policy
     return policy
