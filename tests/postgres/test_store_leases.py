@@ -61,6 +61,25 @@ def test_claim_lease_expiry_is_the_database_clock_plus_ttl(store: Store, conn: A
     assert job.lease_expires_at == updated_at + dt.timedelta(seconds=45)
 
 
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+def test_claimed_jobs_carry_their_own_backoff_policies(store: Store, limited: bool) -> None:
+    # The claims return the policy as text, parsed once per distinct text:
+    # each job must still get its own, default or not, key order aside.
+    if limited:
+        store.set_queue_limits("default", concurrency=10)
+    policies = [
+        Backoff(),
+        Backoff(kind="constant", base=600.0, jitter=0.0),
+        Backoff(kind="linear", base=2.5, factor=3.0, jitter=0.5, max_delay=90.0),
+    ]
+    jobs = [store.enqueue(new_job(backoff=policies[i % 3], priority=i)) for i in range(9)]
+    claimed = {job.id: job for job in store.claim(OWNER, ["default"], 9, TTL)}
+    assert {job.id: claimed[job.id].backoff for job in jobs} == {
+        job.id: policies[i % 3] for i, job in enumerate(jobs)
+    }
+    assert all(store.get(job.id).backoff == claimed[job.id].backoff for job in jobs)
+
+
 def test_claim_returns_at_most_limit_jobs(store: Store) -> None:
     store.enqueue_batch([new_job() for _ in range(10)])
     assert len(store.claim(OWNER, ["default"], 4, TTL)) == 4
