@@ -63,8 +63,9 @@ def test_claim_lease_expiry_is_the_database_clock_plus_ttl(store: Store, conn: A
 
 @pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
 def test_claimed_jobs_carry_their_own_backoff_policies(store: Store, limited: bool) -> None:
-    # The claims return the policy as text, parsed once per distinct text:
-    # each job must still get its own, default or not, key order aside.
+    # A claim's rows go through JsonbValues, which answers a repeated jsonb
+    # text from a cache, and backoff_from_row caches the policies: each job
+    # must still get its own, the default or not.
     if limited:
         store.set_queue_limits("default", concurrency=10)
     policies = [
