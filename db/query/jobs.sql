@@ -176,58 +176,20 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- commits synchronously and flushes the WAL up to it, claim included, so no
 -- durable completion can rest on a lost claim, and the effect ledger still
 -- keeps the transactional path exactly-once.
-WITH next AS (
-    SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS nth
-    FROM unnest(sqlc.arg(queues)::text[]) AS q(name)
-    CROSS JOIN LATERAL (
-        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
-        WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
-          AND (COALESCE(jobs.type = ANY((SELECT w.types FROM jobrun.workers AS w
-                                         WHERE w.id = sqlc.arg(owner)::text)::text[]), true)
-               OR NOT EXISTS (SELECT 1 FROM jobrun.workers AS w
-                              WHERE jobs.type = ANY(w.types) AND jobs.queue = ANY(w.queues)
-                                AND w.last_seen_at
-                                    > now() - make_interval(secs => w.lease_ttl_seconds)))
-        ORDER BY jobs.priority, jobs.run_at, jobs.id
-        LIMIT sqlc.arg(max_jobs)
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
-      AND NOT EXISTS (SELECT 1 FROM jobrun.queue_limits l WHERE l.queue = q.name)
-      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
-    ORDER BY c.priority, c.run_at, c.id
-    LIMIT sqlc.arg(max_jobs)
-), claimed AS (
-    UPDATE jobrun.jobs AS jobs
-    SET state = 'leased',
-        attempts = jobs.attempts + (next.nth <= sqlc.arg(start)::int8)::int4,
-        started_at = CASE WHEN next.nth <= sqlc.arg(start)::int8 THEN now() END,
-        lease_owner = sqlc.arg(owner)::text,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => sqlc.arg(ttl_seconds)::float8),
-        progress = NULL, progress_message = NULL, progress_at = NULL,
-        updated_at = now()
-    FROM next
-    WHERE jobs.id = next.id
-    RETURNING jobs.*
-), ev AS (
-    INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
-    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
-           CASE WHEN claimed.started_at IS NULL THEN '{"started": false}'::jsonb END
-    FROM claimed
-    WHERE sqlc.arg(write_events)::boolean
-)
-SELECT claimed.*,
+SELECT c.*,
        -- A job with parents (on_parent_failure set, migration 0016) gets
        -- their outcomes, read through the edges' primary key; a plain job
        -- pays this CASE only.
-       CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
+       CASE WHEN c.on_parent_failure IS NOT NULL THEN (
            SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
                                                'state', p.state, 'result', p.result,
                                                'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
-           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
-FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
+           WHERE d.child_id = c.id) END::jsonb AS parent_results
+FROM jobrun.claim_jobs(sqlc.arg(queues)::text[], sqlc.arg(owner)::text, sqlc.arg(max_jobs)::int8,
+                       sqlc.arg(start)::int8, sqlc.arg(ttl_seconds)::float8,
+                       sqlc.arg(write_events)::boolean) AS c
+ORDER BY c.priority, c.run_at, c.id;
 
 -- name: ClaimLimitedJobs :many
 -- @deferred

@@ -44,8 +44,9 @@ FROM generate_series(1, %(queued)s) g
 
 
 @pytest.fixture
-def big(dsn: str) -> Any:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+def big(admin_dsn: str) -> Any:
+    # The superuser's: explain_claim loads auto_explain.
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
         params = {
             "backoff": json.dumps(DEFAULT_BACKOFF.to_json()),
             "finished": FINISHED,
@@ -76,13 +77,22 @@ def test_explain_changes_nothing(big: psycopg.Connection[Any]) -> None:
     assert big.execute("SELECT count(*) FROM jobrun.job_events").fetchone() == (0,)
 
 
-def test_the_check_sees_a_seq_scan_when_there_is_one(dsn: str) -> None:
-    """The assertion above is not vacuous: with index scans off, the same check fails."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+def test_the_check_sees_a_seq_scan_when_there_is_one(admin_dsn: str) -> None:
+    """The assertion above is not vacuous: with index scans off, the same check fails.
+
+    Index scans are turned off for the session (the calling statement) and,
+    in the rolled-back transaction, for the claim function's body, which
+    otherwise sets its own planner settings (migration 0021).
+    """
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute("SET enable_indexscan = off")
         conn.execute("SET enable_bitmapscan = off")
         conn.execute("SET enable_indexonlyscan = off")
-        plan = explain_claim(conn, ["default"], 10)
+        body = (
+            "ALTER FUNCTION jobrun.claim_jobs(text[], text, int8, int8, float8, boolean)"
+            " SET enable_seqscan = on SET enable_indexscan = off SET enable_indexonlyscan = off"
+        )
+        plan = explain_claim(conn, ["default"], 10, setup=[body])
     assert plan.seq_scans_on_jobs >= 1, plan.summary()
     assert not plan.uses_claim_index
 

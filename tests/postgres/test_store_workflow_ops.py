@@ -337,8 +337,9 @@ def test_two_purges_sharing_a_workflows_last_jobs_leave_no_row(
     assert conn.execute("SELECT id FROM jobrun.workflows").fetchall() == []
 
 
-def test_the_claim_plan_stays_on_its_index_beside_the_workflow_index(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
+def test_the_claim_plan_stays_on_its_index_beside_the_workflow_index(admin_dsn: str) -> None:
+    # The superuser's: explain_claim loads auto_explain.
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
         c.execute(
             "INSERT INTO jobrun.workflows (id, name) SELECT gen_random_uuid(), 'w' "
             "FROM generate_series(1, 100)"

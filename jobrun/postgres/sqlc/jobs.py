@@ -169,58 +169,20 @@ COPY_JOBS_COPY_TYPES: Final = (
 
 
 CLAIM_JOBS: Final = """\
-WITH next AS (
-    SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS nth
-    FROM unnest($1::text[]) AS q(name)
-    CROSS JOIN LATERAL (
-        SELECT jobs.id, jobs.priority, jobs.run_at FROM jobrun.jobs AS jobs
-        WHERE jobs.state = 'queued' AND jobs.queue = q.name AND jobs.run_at <= now()
-          AND (COALESCE(jobs.type = ANY((SELECT w.types FROM jobrun.workers AS w
-                                         WHERE w.id = $2::text)::text[]), true)
-               OR NOT EXISTS (SELECT 1 FROM jobrun.workers AS w
-                              WHERE jobs.type = ANY(w.types) AND jobs.queue = ANY(w.queues)
-                                AND w.last_seen_at
-                                    > now() - make_interval(secs => w.lease_ttl_seconds)))
-        ORDER BY jobs.priority, jobs.run_at, jobs.id
-        LIMIT $3
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM jobrun.queue_pauses p WHERE p.queue = q.name)
-      AND NOT EXISTS (SELECT 1 FROM jobrun.queue_limits l WHERE l.queue = q.name)
-      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
-    ORDER BY c.priority, c.run_at, c.id
-    LIMIT $3
-), claimed AS (
-    UPDATE jobrun.jobs AS jobs
-    SET state = 'leased',
-        attempts = jobs.attempts + (next.nth <= $4::int8)::int4,
-        started_at = CASE WHEN next.nth <= $4::int8 THEN now() END,
-        lease_owner = $2::text,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => $5::float8),
-        progress = NULL, progress_message = NULL, progress_at = NULL,
-        updated_at = now()
-    FROM next
-    WHERE jobs.id = next.id
-    RETURNING jobs.id, jobs.queue, jobs.type, jobs.payload, jobs.priority, jobs.state, jobs.attempts, jobs.max_attempts, jobs.backoff, jobs.run_at, jobs.lease_owner, jobs.lease_token, jobs.lease_expires_at, jobs.cancel_requested, jobs.idempotency_key, jobs.last_error, jobs.created_at, jobs.updated_at, jobs.finished_at, jobs.finished_token, jobs.result, jobs.notify_finished, jobs.trace_context, jobs.concurrency_key, jobs.snoozes, jobs.progress, jobs.progress_message, jobs.progress_at, jobs.started_at, jobs.releases, jobs.pending_parents, jobs.has_dependents, jobs.on_parent_failure, jobs.workflow_id, jobs.workflow_node
-), ev AS (
-    INSERT INTO jobrun.job_events (job_id, kind, attempt, at, detail)
-    SELECT claimed.id, 'claimed', claimed.attempts, statement_timestamp(),
-           CASE WHEN claimed.started_at IS NULL THEN '{"started": false}'::jsonb END
-    FROM claimed
-    WHERE $6::boolean
-)
-SELECT claimed.id, claimed.queue, claimed.type, claimed.payload, claimed.priority, claimed.state, claimed.attempts, claimed.max_attempts, claimed.backoff, claimed.run_at, claimed.lease_owner, claimed.lease_token, claimed.lease_expires_at, claimed.cancel_requested, claimed.idempotency_key, claimed.last_error, claimed.created_at, claimed.updated_at, claimed.finished_at, claimed.finished_token, claimed.result, claimed.notify_finished, claimed.trace_context, claimed.concurrency_key, claimed.snoozes, claimed.progress, claimed.progress_message, claimed.progress_at, claimed.started_at, claimed.releases, claimed.pending_parents, claimed.has_dependents, claimed.on_parent_failure, claimed.workflow_id, claimed.workflow_node,
+SELECT c.id, c.queue, c.type, c.payload, c.priority, c.state, c.attempts, c.max_attempts, c.backoff, c.run_at, c.lease_owner, c.lease_token, c.lease_expires_at, c.cancel_requested, c.idempotency_key, c.last_error, c.created_at, c.updated_at, c.finished_at, c.finished_token, c.result, c.notify_finished, c.trace_context, c.concurrency_key, c.snoozes, c.progress, c.progress_message, c.progress_at, c.started_at, c.releases, c.pending_parents, c.has_dependents, c.on_parent_failure, c.workflow_id, c.workflow_node,
        -- A job with parents (on_parent_failure set, migration 0016) gets
        -- their outcomes, read through the edges' primary key; a plain job
        -- pays this CASE only.
-       CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
+       CASE WHEN c.on_parent_failure IS NOT NULL THEN (
            SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
                                                'state', p.state, 'result', p.result,
                                                'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
-           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
-FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
+           WHERE d.child_id = c.id) END::jsonb AS parent_results
+FROM jobrun.claim_jobs($1::text[], $2::text, $3::int8,
+                       $4::int8, $5::float8,
+                       $6::boolean) AS c
+ORDER BY c.priority, c.run_at, c.id"""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
