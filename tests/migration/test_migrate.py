@@ -235,6 +235,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0019.workflow_signals",
         "0020.release_by_statement",
         "0021.claim_function",
+        "0022.dependency_churn",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before

@@ -409,3 +409,31 @@ def test_why_says_a_waiting_job_waits_for_its_parents(store: Store) -> None:
     (reason,) = Diagnose(store).why(child.id).reasons
     assert reason.hold is Hold.PARENTS
     assert "2 of its parents have not finished" in reason.text
+
+
+def test_a_finished_parents_edges_are_marked_done_without_new_index_entries(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    """Migration 0022: job_dependencies leaves half of each page free, so an
+    edge's one update (done) stays on its page, a HOT update: no entry in the
+    primary key or the parent index. Filled pages (fillfactor 100) made
+    nearly every one a new index entry in both."""
+    client = jobrun.Client(store)
+    flow = jobrun.Workflow("wide")
+    children = flow.group([NewJob(type="step", queue="qw") for _ in range(1000)])
+    flow.add(NewJob(type="fan.in", queue="qf"), after=children, name="fan-in")
+    fan_in = client.enqueue_workflow(flow)["fan-in"]
+    ids = [j.id for j in claim(store, "qw", 1000)]
+    assert len(ids) == 1000
+    with conn.transaction():
+        conn.execute(
+            "UPDATE jobrun.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL,"
+            " lease_token = NULL, lease_expires_at = NULL WHERE id = ANY(%s)",
+            [ids],
+        )
+        row = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+            " WHERE relid = 'jobrun.job_dependencies'::regclass"
+        ).fetchone()
+    assert row == (1000, 1000)
+    assert store.get(fan_in.id).state is State.QUEUED

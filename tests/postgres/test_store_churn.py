@@ -121,6 +121,8 @@ def test_the_tables_carry_storage_parameters_for_a_queues_churn(conn: Any) -> No
         "autovacuum_vacuum_threshold": "500",
     }
     assert options["processed_effects"] == {}
+    # Migration 0022: room for each edge's one update (done), a HOT update.
+    assert options["job_dependencies"] == {"fillfactor": "50"}
 
 
 def test_most_starts_are_hot_updates_on_pages_with_room(store: Store, dsn: str) -> None:
