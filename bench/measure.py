@@ -129,7 +129,9 @@ class Sizes:
     """The worker's threads for the peak and the run; 0: the highest of drain_concurrency."""
     wf_concurrency: int = 32
     """The worker's threads for the workflow figures (bench/workflows.py)."""
-    wf_plain_jobs: int = 10_000
+    wf_plain_jobs: int = 32_000
+    """The baseline drain: as many jobs as the chains have nodes (32 x 1,000), so that
+    both drains last about as long and share the server's background work alike."""
     wf_fanout: int = 10_000
     wf_chains: int = 32
     """Chains side by side (each ``wf_chain_length`` jobs, one after the other): one per

@@ -118,8 +118,15 @@ class Database:
                 " jobrun.queue_pauses, jobrun.queue_limits, jobrun.queue_starts, bench_sink,"
                 " bench_pickup, bench_ceiling_jobs, bench_ceiling_log"
             )
-            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-                conn.execute("CHECKPOINT")
+        self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Flush what is written so far (a role that may not: nothing)."""
+        with (
+            psycopg.connect(self.dsn, autocommit=True) as conn,
+            contextlib.suppress(psycopg.errors.InsufficientPrivilege),
+        ):
+            conn.execute("CHECKPOINT")
 
     def server_cpu_seconds(self) -> float | None:
         """CPU seconds used so far by the embedded server: the postmaster, its live

@@ -125,6 +125,9 @@ def _drain(ctx: Context, enqueue: Callable[[jobrun.Client], int], concurrency: i
     ctx.store.pause_queue(QUEUE)
     nodes = enqueue(client)
     ctx.db.execute("VACUUM ANALYZE jobrun.jobs, jobrun.job_events, jobrun.job_dependencies")
+    # The writes so far (the enqueue, the vacuum) flushed now, not by a checkpoint
+    # that would land in one drain's window and not another's.
+    ctx.db.checkpoint()
     with measure.workers(ctx, QUEUE, concurrency, 1) as w:
         w.wait_ready()
         ctx.db.reset_statements()
