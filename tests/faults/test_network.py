@@ -93,7 +93,8 @@ def test_a_claim_whose_reply_is_lost_runs_on_its_worker_long_before_its_lease_ex
     """
     jobs = [store.enqueue(NewJob(type="tx.work", backoff=QUICK_RETRY)) for _ in range(2)]
     oracle.enqueued(jobs)
-    drop = proxy.drop_reply("WITH next AS", role="jobrun-worker")  # the claim statement
+    # The claim statement (its body is the function of migration 0021).
+    drop = proxy.drop_reply("jobrun.claim_jobs(", role="jobrun-worker")
     worker = workers.start(
         url=proxy.conninfo,
         concurrency=2,
