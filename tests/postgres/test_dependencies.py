@@ -195,28 +195,40 @@ def test_parents_finished_by_one_statement_release_their_child_once(store: Store
     assert len(claim(store, "qc", 10)) == 2
 
 
-def test_a_fan_ins_row_is_updated_once_per_statement_finishing_its_parents(
-    store: Store, conn: psycopg.Connection[Any]
-) -> None:
-    """A batch of a fan-out's children finishing in one statement decrements
-    the fan-in's counter once, by the batch's size (one new row version, not
-    one per child)."""
-    client = jobrun.Client(store)
+def _fan_out_finished_by_one_statement(
+    store: Store, conn: psycopg.Connection[Any], children: int, stats: str
+) -> tuple[Job, Any]:
+    """A fan-out of ``children`` (queue qw) into one fan-in (qf), its children
+    claimed and finished by one UPDATE: (the fan-in, the row ``stats`` reads in
+    that UPDATE's transaction)."""
     flow = jobrun.Workflow("wide")
-    children = flow.group([NewJob(type="step", queue="qw") for _ in range(50)])
-    flow.add(NewJob(type="fan.in", queue="qf"), after=children, name="fan-in")
-    enqueued = client.enqueue_workflow(flow)
-    fan_in = enqueued["fan-in"]
-    ids = [j.id for j in claim(store, "qw", 50)]
+    group = flow.group([NewJob(type="step", queue="qw") for _ in range(children)])
+    flow.add(NewJob(type="fan.in", queue="qf"), after=group, name="fan-in")
+    fan_in = jobrun.Client(store).enqueue_workflow(flow)["fan-in"]
+    ids = [j.id for j in claim(store, "qw", children)]
+    assert len(ids) == children
     with conn.transaction():
         conn.execute(
             "UPDATE jobrun.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL,"
             " lease_token = NULL, lease_expires_at = NULL WHERE id = ANY(%s)",
             [ids],
         )
-        row = conn.execute(
-            "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'jobrun.jobs'::regclass"
-        ).fetchone()
+        row = conn.execute(stats).fetchone()
+    return fan_in, row
+
+
+def test_a_fan_ins_row_is_updated_once_per_statement_finishing_its_parents(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    """A batch of a fan-out's children finishing in one statement decrements
+    the fan-in's counter once, by the batch's size (one new row version, not
+    one per child)."""
+    fan_in, row = _fan_out_finished_by_one_statement(
+        store,
+        conn,
+        50,
+        "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'jobrun.jobs'::regclass",
+    )
     # The 50 children, and the fan-in once (released), not once per child.
     assert row == (51,)
     assert store.get(fan_in.id).state is State.QUEUED
@@ -418,22 +430,12 @@ def test_a_finished_parents_edges_are_marked_done_without_new_index_entries(
     edge's one update (done) stays on its page, a HOT update: no entry in the
     primary key or the parent index. Filled pages (fillfactor 100) made
     nearly every one a new index entry in both."""
-    client = jobrun.Client(store)
-    flow = jobrun.Workflow("wide")
-    children = flow.group([NewJob(type="step", queue="qw") for _ in range(1000)])
-    flow.add(NewJob(type="fan.in", queue="qf"), after=children, name="fan-in")
-    fan_in = client.enqueue_workflow(flow)["fan-in"]
-    ids = [j.id for j in claim(store, "qw", 1000)]
-    assert len(ids) == 1000
-    with conn.transaction():
-        conn.execute(
-            "UPDATE jobrun.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL,"
-            " lease_token = NULL, lease_expires_at = NULL WHERE id = ANY(%s)",
-            [ids],
-        )
-        row = conn.execute(
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
-            " WHERE relid = 'jobrun.job_dependencies'::regclass"
-        ).fetchone()
+    fan_in, row = _fan_out_finished_by_one_statement(
+        store,
+        conn,
+        1000,
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+        " WHERE relid = 'jobrun.job_dependencies'::regclass",
+    )
     assert row == (1000, 1000)
     assert store.get(fan_in.id).state is State.QUEUED
