@@ -228,7 +228,10 @@ def test_long_jobs_are_not_claimed_ahead(
     make_worker: Callable[..., Worker],
 ) -> None:
     # Warm the estimate with a few runs first: Ahead sizes nothing until it saw one.
-    jobs = [NewJob(type="work", payload={"sleep": 0.3}, backoff=NO_WAIT) for _ in range(12)]
+    # One-second jobs on two threads buffer one only if a round trip averages
+    # 250 ms (two round trips' work): never, even on a loaded CI machine (0.3 s
+    # jobs did, at 75 ms).
+    jobs = [NewJob(type="work", payload={"sleep": 1.0}, backoff=NO_WAIT) for _ in range(8)]
     store.enqueue_batch(jobs)
     with Unstarted(admin_dsn) as sampler:
         make_worker(concurrency=2, claim_ahead=None)
