@@ -1001,9 +1001,20 @@ SELECT version FROM jobrun.schema_version;
 -- notify the finish channel (the client LISTENs first). Returns the job as it
 -- stands; a job that has already finished needs no waiting. Waits for a
 -- Complete in flight (it holds the row), so the answer is never stale.
-UPDATE jobrun.jobs AS jobs SET notify_finished = true
-WHERE id = sqlc.arg(id)
-RETURNING *;
+-- A runnable job's queue is woken at COMMIT: a claim passes by the row while
+-- this holds it (SKIP LOCKED), and its worker would otherwise sleep until
+-- its next poll (docs/architecture.md, "Who holds a runnable row wakes its
+-- queue"). A job not yet due is not claimed anyway.
+WITH watched AS (
+    UPDATE jobrun.jobs AS jobs SET notify_finished = true
+    WHERE id = sqlc.arg(id)
+    RETURNING *
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, watched.queue) FROM watched
+    WHERE watched.state = 'queued' AND watched.run_at <= clock_timestamp()
+      AND pg_notification_queue_usage() < sqlc.arg(max_notify_usage)::float8
+)
+SELECT watched.* FROM watched WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: ReleaseJob :one
 -- Give a claimed job back without counting its attempt (a worker that has no

@@ -10,16 +10,25 @@
 -- finish committed first and is read here (its state terminal: the enqueue
 -- settles it, SettleFinishedParents), or the finish waits for this
 -- transaction and its trigger then sees the new edges. A parent missing from
--- the rows returned does not exist.
+-- the rows returned does not exist. The queues of the runnable parents
+-- (queued and due) are woken at COMMIT: claims pass them by while this
+-- transaction (perhaps the caller's, of any length) holds them.
 WITH locked AS (
     SELECT jobs.id FROM jobrun.jobs AS jobs
     WHERE jobs.id = ANY(sqlc.arg(ids)::uuid[])
     ORDER BY jobs.id
     FOR NO KEY UPDATE
+), marked AS (
+    UPDATE jobrun.jobs AS jobs SET has_dependents = true
+    FROM locked WHERE jobs.id = locked.id
+    RETURNING jobs.id, jobs.state, jobs.queue, jobs.run_at
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, queued.queue)
+    FROM (SELECT DISTINCT marked.queue FROM marked
+          WHERE marked.state = 'queued' AND marked.run_at <= clock_timestamp()) AS queued
+    WHERE pg_notification_queue_usage() < sqlc.arg(max_notify_usage)::float8
 )
-UPDATE jobrun.jobs AS jobs SET has_dependents = true
-FROM locked WHERE jobs.id = locked.id
-RETURNING jobs.id, jobs.state;
+SELECT marked.id, marked.state FROM marked WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: InsertWorkflow :one
 -- No row back: the id is taken (an enqueue retried after its COMMIT reply

@@ -151,6 +151,10 @@ class Admin(Enqueue):
                 self._record(c, [EventRow(job_id, EventKind.SIGNAL_SENT, row.attempts, detail)])
             if woke:
                 self._notify(c, sent.woke_queue)
+            elif row.state == models.JobState.QUEUED:
+                # Claims pass the row by while this holds it: wake them after
+                # (at its run_at, by the database clock, when it is not due).
+                self._notify(c, row.queue, row.run_at)
             return SignalSent(job_id, name, key, sent.sent, woke)
 
         return self._with_tx(run)
@@ -197,7 +201,14 @@ class Admin(Enqueue):
         A job already finished is returned as it is (nothing will be sent).
         """
         check_id(job_id)
-        row = self._on_pool(lambda c: self.q.watch_job(c, id=job_id))
+        row = self._on_pool(
+            lambda c: self.q.watch_job(
+                c,
+                id=job_id,
+                channel=self.notify_channel,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
+        )
         if row is None:
             raise NotFound("job", job_id)
         return job_from_row(row)

@@ -71,7 +71,7 @@ from jobrun.postgres.convert import (
     trace_json,
 )
 from jobrun.postgres.events import EventMode, EventRow
-from jobrun.postgres.plans import MAX_LIST_LIMIT, BatchWakeups
+from jobrun.postgres.plans import MAX_LIST_LIMIT, MAX_NOTIFY_QUEUE_USAGE, BatchWakeups
 from jobrun.postgres.sqlc.workflows import ListWorkflowsRow
 from jobrun.postgres.transactions import Conn
 
@@ -150,7 +150,13 @@ class Workflows(Admin):
         outside = sorted({p for node in order for p in node.parents})
         finished: list[uuid.UUID] = []
         if outside:
-            found = {row.id: row.state for row in self.q.lock_parents(conn, ids=outside)}
+            locked = self.q.lock_parents(
+                conn,
+                ids=outside,
+                channel=self.notify_channel,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
+            found = {row.id: row.state for row in locked}
             missing = [p for p in outside if p not in found]
             if missing:
                 raise ValidationError(
@@ -332,7 +338,8 @@ class Workflows(Admin):
         def run(c: Conn) -> WorkflowCancelled:
             if self.q.lock_workflow(c, id=workflow_id) is None:
                 raise NotFound("workflow", workflow_id)
-            own = [r for r in self.q.lock_workflow_jobs(c, id=workflow_id) if not r.outside]
+            locked = self.q.lock_workflow_jobs(c, id=workflow_id)
+            own = [r for r in locked if not r.outside]
             stop = [r.id for r in own if r.state.value in ("waiting", "queued")]
             running = [r.id for r in own if r.state.value == "leased" and not r.cancel_requested]
             detail = {"via": "cancel", "workflow": str(workflow_id)}
@@ -349,6 +356,11 @@ class Workflows(Admin):
                     )
                     requested += 1
             self._record(c, events)
+            # Queued parents outside it stay queued: claims passed them by meanwhile.
+            for queue in sorted(
+                {r.queue for r in locked if r.outside and r.state.value == "queued"}
+            ):
+                self._notify(c, queue)
             return WorkflowCancelled(
                 id=workflow_id,
                 cancelled=cancelled,
@@ -406,8 +418,11 @@ class Workflows(Admin):
                 for r in rows
             ]
             self._record(c, events)
-            queued = sorted({r.queue for r in rows if r.state.value == "queued"})
-            for queue in queued:
+            # The retried jobs queued now, and the queued ones this held (claims
+            # passed them by meanwhile).
+            queued = {r.queue for r in rows if r.state.value == "queued"}
+            queued.update(r.queue for r in locked if r.state.value == "queued")
+            for queue in sorted(queued):
                 self._notify(c, queue)
             waiting = sum(1 for r in rows if r.state.value == "waiting")
             return WorkflowRetried(

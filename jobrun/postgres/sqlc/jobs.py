@@ -1024,9 +1024,16 @@ SCHEMA_VERSION: Final = "SELECT version FROM jobrun.schema_version"
 
 
 WATCH_JOB: Final = """\
-UPDATE jobrun.jobs AS jobs SET notify_finished = true
-WHERE id = $1
-RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node"""
+WITH watched AS (
+    UPDATE jobrun.jobs AS jobs SET notify_finished = true
+    WHERE id = $1
+    RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
+), wake AS (
+    SELECT pg_notify($2::text, watched.queue) FROM watched
+    WHERE watched.state = 'queued' AND watched.run_at <= clock_timestamp()
+      AND pg_notification_queue_usage() < $3::float8
+)
+SELECT watched.id, watched.queue, watched.type, watched.payload, watched.priority, watched.state, watched.attempts, watched.max_attempts, watched.backoff, watched.run_at, watched.lease_owner, watched.lease_token, watched.lease_expires_at, watched.cancel_requested, watched.idempotency_key, watched.last_error, watched.created_at, watched.updated_at, watched.finished_at, watched.finished_token, watched.result, watched.notify_finished, watched.trace_context, watched.concurrency_key, watched.snoozes, watched.progress, watched.progress_message, watched.progress_at, watched.started_at, watched.releases, watched.pending_parents, watched.has_dependents, watched.on_parent_failure, watched.workflow_id, watched.workflow_node FROM watched WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 RELEASE_JOB: Final = """\
@@ -3007,14 +3014,25 @@ class Queries(QueriesBase):
         value: int = r[0]
         return value
 
-    def watch_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
+    def watch_job(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        id: uuid.UUID,
+        channel: str,
+        max_notify_usage: float,
+    ) -> Job | None:
         """A client is about to wait for the job: ask every transition that ends it to
         notify the finish channel (the client LISTENs first). Returns the job as it
         stands; a job that has already finished needs no waiting. Waits for a
         Complete in flight (it holds the row), so the answer is never stale.
+        A runnable job's queue is woken at COMMIT: a claim passes by the row while
+        this holds it (SKIP LOCKED), and its worker would otherwise sleep until
+        its next poll (docs/architecture.md, "Who holds a runnable row wakes its
+        queue"). A job not yet due is not claimed anyway.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(WATCH_JOB), (id,))
+            cur.execute(self.sql(WATCH_JOB), (id, channel, max_notify_usage))
             r = cur.fetchone()
         if r is None:
             return None

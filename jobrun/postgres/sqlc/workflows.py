@@ -23,10 +23,17 @@ WITH locked AS (
     WHERE jobs.id = ANY($1::uuid[])
     ORDER BY jobs.id
     FOR NO KEY UPDATE
+), marked AS (
+    UPDATE jobrun.jobs AS jobs SET has_dependents = true
+    FROM locked WHERE jobs.id = locked.id
+    RETURNING jobs.id, jobs.state, jobs.queue, jobs.run_at
+), wake AS (
+    SELECT pg_notify($2::text, queued.queue)
+    FROM (SELECT DISTINCT marked.queue FROM marked
+          WHERE marked.state = 'queued' AND marked.run_at <= clock_timestamp()) AS queued
+    WHERE pg_notification_queue_usage() < $3::float8
 )
-UPDATE jobrun.jobs AS jobs SET has_dependents = true
-FROM locked WHERE jobs.id = locked.id
-RETURNING jobs.id, jobs.state"""
+SELECT marked.id, marked.state FROM marked WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -264,6 +271,8 @@ class Queries(QueriesBase):
         conn: psycopg.Connection[Any],
         *,
         ids: list[uuid.UUID],
+        channel: str,
+        max_notify_usage: float,
     ) -> list[LockParentsRow]:
         """Dependencies and workflows: enqueueing a graph of jobs (migration 0016).
         The release of a waiting job is the trigger's (jobrun.parent_finished);
@@ -275,10 +284,12 @@ class Queries(QueriesBase):
         finish committed first and is read here (its state terminal: the enqueue
         settles it, SettleFinishedParents), or the finish waits for this
         transaction and its trigger then sees the new edges. A parent missing from
-        the rows returned does not exist.
+        the rows returned does not exist. The queues of the runnable parents
+        (queued and due) are woken at COMMIT: claims pass them by while this
+        transaction (perhaps the caller's, of any length) holds them.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(LOCK_PARENTS), (ids,))
+            cur.execute(self.sql(LOCK_PARENTS), (ids, channel, max_notify_usage))
             return [LockParentsRow(id=r[0], state=JobState(r[1])) for r in cur.fetchall()]
 
     def insert_workflow(

@@ -2025,14 +2025,25 @@ class AsyncQueries(QueriesBase):
         value: int = r[0]
         return value
 
-    async def watch_job(self, conn: psycopg.AsyncConnection[Any], *, id: uuid.UUID) -> Job | None:
+    async def watch_job(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        id: uuid.UUID,
+        channel: str,
+        max_notify_usage: float,
+    ) -> Job | None:
         """A client is about to wait for the job: ask every transition that ends it to
         notify the finish channel (the client LISTENs first). Returns the job as it
         stands; a job that has already finished needs no waiting. Waits for a
         Complete in flight (it holds the row), so the answer is never stale.
+        A runnable job's queue is woken at COMMIT: a claim passes by the row while
+        this holds it (SKIP LOCKED), and its worker would otherwise sleep until
+        its next poll (docs/architecture.md, "Who holds a runnable row wakes its
+        queue"). A job not yet due is not claimed anyway.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(WATCH_JOB), (id,))
+            await cur.execute(self.sql(WATCH_JOB), (id, channel, max_notify_usage))
             r = await cur.fetchone()
         if r is None:
             return None

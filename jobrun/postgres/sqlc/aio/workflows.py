@@ -56,6 +56,8 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         ids: list[uuid.UUID],
+        channel: str,
+        max_notify_usage: float,
     ) -> list[LockParentsRow]:
         """Dependencies and workflows: enqueueing a graph of jobs (migration 0016).
         The release of a waiting job is the trigger's (jobrun.parent_finished);
@@ -67,10 +69,12 @@ class AsyncQueries(QueriesBase):
         finish committed first and is read here (its state terminal: the enqueue
         settles it, SettleFinishedParents), or the finish waits for this
         transaction and its trigger then sees the new edges. A parent missing from
-        the rows returned does not exist.
+        the rows returned does not exist. The queues of the runnable parents
+        (queued and due) are woken at COMMIT: claims pass them by while this
+        transaction (perhaps the caller's, of any length) holds them.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(LOCK_PARENTS), (ids,))
+            await cur.execute(self.sql(LOCK_PARENTS), (ids, channel, max_notify_usage))
             return [LockParentsRow(id=r[0], state=JobState(r[1])) for r in await cur.fetchall()]
 
     async def insert_workflow(
