@@ -1531,12 +1531,10 @@ class Queries(QueriesBase):
         call, run_jobs) takes every type. Paused queues are skipped, and so are limited
         queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
         lock, claims those. This statement is the lock-free path of every queue
-        without limits; it stays this small because PostgreSQL plans it anew on
-        every call (custom plans), and the limited one costs several times more
-        to plan. Planned once (the queues and max_jobs read through scalar
-        subqueries, so that the plan cache keeps a generic plan) it was 5 times
-        slower in a one-thread drain of a freshly seeded database: a generic plan
-        cannot see max_jobs, and chose a plan for many rows.
+        without limits. Its body is the function jobrun.claim_jobs (migration
+        0021), which PL/pgSQL plans once per session with a generic plan kept on
+        the index; planned afresh on every call, as it was before, the claim
+        spent as much server time planning as executing.
 
         The claim commits asynchronously (synchronous_commit off for this
         transaction only): if the server crashes before the claim reaches disk, the
@@ -1622,12 +1620,10 @@ class Queries(QueriesBase):
         call, run_jobs) takes every type. Paused queues are skipped, and so are limited
         queues (a row in queue_limits): only ClaimLimitedJobs, after the queue's
         lock, claims those. This statement is the lock-free path of every queue
-        without limits; it stays this small because PostgreSQL plans it anew on
-        every call (custom plans), and the limited one costs several times more
-        to plan. Planned once (the queues and max_jobs read through scalar
-        subqueries, so that the plan cache keeps a generic plan) it was 5 times
-        slower in a one-thread drain of a freshly seeded database: a generic plan
-        cannot see max_jobs, and chose a plan for many rows.
+        without limits. Its body is the function jobrun.claim_jobs (migration
+        0021), which PL/pgSQL plans once per session with a generic plan kept on
+        the index; planned afresh on every call, as it was before, the claim
+        spent as much server time planning as executing.
 
         The claim commits asynchronously (synchronous_commit off for this
         transaction only): if the server crashes before the claim reaches disk, the
