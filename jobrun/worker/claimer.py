@@ -207,7 +207,9 @@ class Claimer(WorkerLoop):
         what started. (jobs asked for, jobs claimed). On any error the
         completions go to the completer, which retries them alone."""
         threads = self._leases.take_threads(claim.start)
-        ahead = claim.jobs - claim.start if claim.ahead else 0
+        # The plan sized the ahead from a reading the other lanes may have
+        # changed since: reserved now, within the bound on leases.
+        ahead = self._leases.take_ahead(claim.jobs - claim.start) if claim.ahead else 0
         n = min(threads + ahead, validate.MAX_CLAIM_LIMIT)
         finished = self._leases.take(self._queue_names, self.config.complete_batch_size)
         if not n and not finished:
@@ -215,7 +217,6 @@ class Claimer(WorkerLoop):
             return 0, []
         jobs = [done.job for done in finished]
         results = {d.job.id: d.result for d in finished if d.result is not None} or None
-        self._leases.claiming(ahead)
         self._leases.sent_claim()
         sent = time.monotonic()
         try:
@@ -235,17 +236,16 @@ class Claimer(WorkerLoop):
                 completed=len(jobs),
             )
         except BaseException:
+            self._leases.claiming(-ahead)
             self._leases.to_completer(finished)
             self._leases.release_threads(threads)
             raise
-        finally:
-            self._leases.claiming(-ahead)
         self._ahead.round_trip(time.monotonic() - sent)
+        fresh = got.claimed
+        self._leases.buffer([job for job in fresh if not job.started], asked=ahead)
         if got.completed is not None:
             self._outcomes.account(got.completed, finished)
             self._leases.flushed(finished)
-        fresh = got.claimed
-        self._leases.buffer([job for job in fresh if not job.started])
         self._executor.dispatch([job for job in fresh if job.started])
         self._leases.release_threads(threads)
         return n, fresh

@@ -252,23 +252,45 @@ class Leases:
         if n:
             self._wake_starter()
 
+    def take_ahead(self, most: int) -> int:
+        """Reserve up to ``most`` jobs to claim ahead, within the bound on leases
+        (``concurrency`` plus the allowance); how many were reserved. Counted
+        under this lock with what every round on its way may bring back (its
+        threads and its ahead), so that two claim lanes planning at once do not
+        both fill the same room. :meth:`claiming` ``(-n)`` gives it back."""
+        with self._lock:
+            held = (
+                self._inflight
+                + len(self._buffered)
+                + len(self._unflushed)
+                + self._reserved
+                + self._claiming_ahead
+            )
+            granted = max(min(most, self._concurrency + self._allowance - held), 0)
+            self._claiming_ahead += granted
+            return granted
+
     def claiming(self, ahead: int) -> None:
         """A claim asks for ``ahead`` jobs into the buffer (negative: it is back)."""
         with self._lock:
             self._claiming_ahead += ahead
 
-    def buffer(self, jobs: Sequence[Job]) -> None:
-        """Hold claimed jobs that no thread is free for yet (not started)."""
-        if not jobs:
+    def buffer(self, jobs: Sequence[Job], *, asked: int = 0) -> None:
+        """Hold claimed jobs that no thread is free for yet (not started), and
+        give back the ``asked`` the claim reserved (:meth:`take_ahead`) at the
+        same moment: never counted twice, nor in neither place."""
+        if not jobs and not asked:
             return
         lease_from = self.claim_sent or time.monotonic()
         with self._lock:
+            self._claiming_ahead -= asked
             for job in jobs:
                 claim = token(job)
                 self._buffered[claim] = job
                 self._lease_until.setdefault(claim, lease_from + self._ttl)
                 self._inflight_by_queue[job.queue] = self._inflight_by_queue.get(job.queue, 0) + 1
-        self.thread_freed.set()
+        if jobs:
+            self.thread_freed.set()
 
     def _wake_starter(self) -> None:
         """A thread is free: the starter wants to know only while jobs wait in
