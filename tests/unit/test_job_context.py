@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
-import uuid
 
-from jobrun.job.model import Backoff, Job, State
+from jobrun.job.model import Job
 from jobrun.worker.context import JobContext
+from tests.support.jobs import leased_job
 
 
 def _job() -> Job:
-    now = dt.datetime.now(dt.UTC)
-    return Job(
-        id=uuid.uuid4(), queue="q", type="t", payload={}, priority=0, state=State.LEASED,
-        attempts=1, max_attempts=3, backoff=Backoff(), run_at=now, lease_owner="o",
-        lease_token=uuid.uuid4(), lease_expires_at=now, cancel_requested=False,
-        idempotency_key=None, last_error=None, created_at=now, updated_at=now, finished_at=None,
-    )  # fmt: skip
+    return leased_job()
 
 
 def test_an_event_asked_for_after_the_cancel_is_set() -> None:

@@ -11,13 +11,10 @@ for 8 threads and an allowance of 200), with two lanes and a deep buffer.
 
 from __future__ import annotations
 
-import datetime as dt
-import uuid
-
-from jobrun.job.model import Backoff, Job, State
+from jobrun.job.model import Job, State
 from jobrun.worker.leases import Leases
+from tests.support.jobs import leased_job
 
-NOW = dt.datetime(2026, 12, 4, tzinfo=dt.UTC)
 THREADS, ALLOWANCE = 8, 200
 
 
@@ -26,30 +23,7 @@ def leases() -> Leases:
 
 
 def leased(n: int) -> list[Job]:
-    return [
-        Job(
-            id=uuid.UUID(int=i + 1),
-            queue="q",
-            type="t",
-            payload={},
-            priority=0,
-            state=State.LEASED,
-            attempts=0,
-            max_attempts=3,
-            backoff=Backoff(),
-            run_at=NOW,
-            lease_owner="w",
-            lease_token=uuid.UUID(int=10_000 + i),
-            lease_expires_at=NOW,
-            cancel_requested=False,
-            idempotency_key=None,
-            last_error=None,
-            created_at=NOW,
-            updated_at=NOW,
-            finished_at=None,
-        )
-        for i in range(n)
-    ]
+    return [leased_job(state=State.LEASED, attempts=0) for _ in range(n)]
 
 
 def test_two_lanes_sending_at_once_share_one_bound() -> None:

@@ -4,29 +4,21 @@ and the steps of a context made by hand (a unit test of a handler), in memory.""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import datetime as dt
 import uuid
 
 import pytest
 
 from jobrun.job.errors import ValidationError
-from jobrun.job.model import Backoff, Job, State
+from jobrun.job.model import Job
 from jobrun.job.steps import MAX_STEP_NAME_CHARS, idempotency_key, step_name
 from jobrun.worker.context import JobContext
+from tests.support.jobs import leased_job
 
 JOB_ID = uuid.UUID("01a23d32-b08e-7000-9c77-184bfe93faeb")
 
 
 def _job(**fields: object) -> Job:
-    now = dt.datetime.now(dt.UTC)
-    job = Job(
-        id=JOB_ID, queue="q", type="order.charge", payload={}, priority=0, state=State.LEASED,
-        attempts=1, max_attempts=3, backoff=Backoff(), run_at=now, lease_owner="o",
-        lease_token=uuid.uuid4(), lease_expires_at=now, cancel_requested=False,
-        idempotency_key=None, last_error=None, created_at=now, updated_at=now, finished_at=None,
-    )  # fmt: skip
-    return dataclasses.replace(job, **fields)  # type: ignore[arg-type]
+    return leased_job(**{"id": JOB_ID, "type": "order.charge", **fields})
 
 
 def test_the_keys_are_pinned_forever() -> None:

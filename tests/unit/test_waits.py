@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from jobrun.job.errors import JobrunError, ValidationError
-from jobrun.job.model import Backoff, Job, State
+from jobrun.job.model import Job
 from jobrun.job.signals import (
     MAX_SIGNAL_NAME_CHARS,
     Parked,
@@ -23,32 +23,13 @@ from jobrun.job.signals import (
     wait_seconds,
 )
 from jobrun.worker.context import JobContext
+from tests.support.jobs import leased_job
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def _job() -> Job:
-    return Job(
-        id=uuid.UUID(int=7),
-        queue="default",
-        type="signup",
-        payload={},
-        priority=0,
-        state=State.LEASED,
-        attempts=1,
-        max_attempts=3,
-        backoff=Backoff(),
-        run_at=NOW,
-        lease_owner="w",
-        lease_token=uuid.UUID(int=8),
-        lease_expires_at=NOW,
-        cancel_requested=False,
-        idempotency_key=None,
-        last_error=None,
-        created_at=NOW,
-        updated_at=NOW,
-        finished_at=None,
-    )
+    return leased_job(queue="default", type="signup")
 
 
 @pytest.mark.parametrize("bad", ["", "x" * (MAX_SIGNAL_NAME_CHARS + 1), "a\x00b", 7, None, b"x"])
