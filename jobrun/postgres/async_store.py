@@ -32,6 +32,7 @@ from jobrun.postgres.pool import (
     DEFAULT_POOL_TIMEOUT,
     DEFAULT_POOLER,
     PING,
+    PING_ATTEMPTS,
     check_pool_args,
     conninfo_with,
     describe,
@@ -53,14 +54,20 @@ async def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
     """Connect once; a clear, password-free TransientError if that fails. Whether a
     pooler answers (see :func:`jobrun.postgres.pool.ping`)."""
     full = conninfo_with(conninfo, application_name=application_name)
-    try:
-        async with await psycopg.AsyncConnection.connect(full, prepare_threshold=None) as conn:
-            cur = await conn.execute(PING)
-            cur.nextset()
-            row = await cur.fetchone()
-            return row is not None and row[0] != conn.info.backend_pid
-    except psycopg.OperationalError as exc:
-        failure = ping_failure(conninfo, exc)
+    for attempt in range(PING_ATTEMPTS):
+        try:
+            async with await psycopg.AsyncConnection.connect(full, prepare_threshold=None) as conn:
+                cur = await conn.execute(PING)
+                cur.nextset()
+                row = await cur.fetchone()
+                return row is not None and row[0] != conn.info.backend_pid
+        except psycopg.errors.QueryCanceled as exc:
+            failure = ping_failure(conninfo, exc)
+            if attempt + 1 < PING_ATTEMPTS:
+                continue
+        except psycopg.OperationalError as exc:
+            failure = ping_failure(conninfo, exc)
+        break
     raise failure
 
 

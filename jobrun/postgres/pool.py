@@ -98,6 +98,12 @@ PING = "SET LOCAL statement_timeout = 0; SELECT pg_backend_pid()"
 session, guarded as the pools' session set-up is against a tiny role- or
 database-wide statement_timeout (LOCAL: nothing stays behind a pooler)."""
 
+PING_ATTEMPTS = 3
+"""How many cold sessions a ping tries when its statement is cancelled: the
+guard is itself a statement, which a timeout of a millisecond or so cancels
+now and then on a loaded server (each statement of the string is timed on
+its own). Other failures (refused, bad password) are reported at once."""
+
 
 def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
     """Connect once and run one statement; a clear, password-free error if that fails.
@@ -107,14 +113,20 @@ def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
     startup (see the module docs).
     """
     full = conninfo_with(conninfo, application_name=application_name)
-    try:
-        with psycopg.connect(full, prepare_threshold=None) as conn:
-            cur = conn.execute(PING)
-            cur.nextset()
-            row = cur.fetchone()
-            return row is not None and row[0] != conn.info.backend_pid
-    except psycopg.OperationalError as exc:
-        failure = ping_failure(conninfo, exc)
+    for attempt in range(PING_ATTEMPTS):
+        try:
+            with psycopg.connect(full, prepare_threshold=None) as conn:
+                cur = conn.execute(PING)
+                cur.nextset()
+                row = cur.fetchone()
+                return row is not None and row[0] != conn.info.backend_pid
+        except psycopg.errors.QueryCanceled as exc:
+            failure = ping_failure(conninfo, exc)
+            if attempt + 1 < PING_ATTEMPTS:
+                continue
+        except psycopg.OperationalError as exc:
+            failure = ping_failure(conninfo, exc)
+        break
     # Raised outside the except block: the driver's error is not chained to it.
     raise failure
 
