@@ -553,7 +553,20 @@ WITH lease AS (
 SELECT started.id, started.attempts, started.started_at::timestamptz AS started_at FROM started;
 
 -- name: LockJob :one
-SELECT * FROM jobrun.jobs AS jobs WHERE id = sqlc.arg(id) FOR UPDATE;
+-- The job locked for an admin change (cancel, retry, signal). With a
+-- channel, a runnable job's queue (queued and due) is woken at COMMIT: a
+-- claim passes by the row while this holds it (docs/architecture.md, "Who
+-- holds a runnable row wakes its queue"). Without one (a cancel, or a retry
+-- that wakes the queue itself once the job is requeued), no wake-up.
+WITH locked AS (
+    SELECT * FROM jobrun.jobs AS jobs WHERE id = sqlc.arg(id) FOR UPDATE
+), wake AS (
+    SELECT pg_notify(sqlc.narg(channel)::text, locked.queue) FROM locked
+    WHERE sqlc.narg(channel)::text IS NOT NULL
+      AND locked.state = 'queued' AND locked.run_at <= clock_timestamp()
+      AND pg_notification_queue_usage() < sqlc.arg(max_notify_usage)::float8
+)
+SELECT locked.* FROM locked WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: CompleteBegin :one
 -- The first statement of Complete, after BEGIN and the transaction's

@@ -156,17 +156,32 @@ LIMIT sqlc.narg(max_rows)::int8;
 -- (as LockJob locks one job): a job of it or a parent finishing meanwhile
 -- waits for this transaction, and its trigger then sees the edges as this
 -- transaction leaves them. outside marks a parent that is not of the
--- workflow.
-SELECT jobs.id, jobs.state, jobs.queue, jobs.attempts, jobs.cancel_requested,
-       (jobs.workflow_id IS DISTINCT FROM sqlc.arg(id)::uuid)::boolean AS outside
-FROM jobrun.jobs AS jobs
-WHERE jobs.id IN (SELECT m.id FROM jobrun.jobs AS m WHERE m.workflow_id = sqlc.arg(id)::uuid
-                  UNION
-                  SELECT d.parent_id FROM jobrun.jobs AS m
-                  JOIN jobrun.job_dependencies AS d ON d.child_id = m.id
-                  WHERE m.workflow_id = sqlc.arg(id)::uuid)
-ORDER BY jobs.id
-FOR UPDATE OF jobs;
+-- workflow. Claims pass the locked rows by, so the queues of the runnable
+-- ones (queued and due) are woken at COMMIT: those of the parents outside it
+-- always (they stay queued), those of its own jobs when wake_own (a retry
+-- leaves them queued; a cancel ends them).
+WITH locked AS (
+    SELECT jobs.id, jobs.state, jobs.queue, jobs.attempts, jobs.cancel_requested, jobs.run_at,
+           (jobs.workflow_id IS DISTINCT FROM sqlc.arg(id)::uuid)::boolean AS outside
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.id IN (SELECT m.id FROM jobrun.jobs AS m WHERE m.workflow_id = sqlc.arg(id)::uuid
+                      UNION
+                      SELECT d.parent_id FROM jobrun.jobs AS m
+                      JOIN jobrun.job_dependencies AS d ON d.child_id = m.id
+                      WHERE m.workflow_id = sqlc.arg(id)::uuid)
+    ORDER BY jobs.id
+    FOR UPDATE OF jobs
+), wake AS (
+    SELECT pg_notify(sqlc.arg(channel)::text, queued.queue)
+    FROM (SELECT DISTINCT locked.queue FROM locked
+          WHERE locked.state = 'queued' AND locked.run_at <= clock_timestamp()
+            AND (locked.outside OR sqlc.arg(wake_own)::boolean)) AS queued
+    WHERE pg_notification_queue_usage() < sqlc.arg(max_notify_usage)::float8
+)
+SELECT locked.id, locked.state, locked.queue, locked.attempts, locked.cancel_requested,
+       locked.outside
+FROM locked WHERE (SELECT count(*) FROM wake) >= 0
+ORDER BY locked.id;
 
 -- name: CancelJobs :many
 -- Waiting or queued jobs (locked) cancelled at once, waking the clients

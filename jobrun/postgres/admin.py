@@ -68,7 +68,9 @@ class Admin(Enqueue):
         check_id(job_id)
 
         def run(c: Conn) -> Job:
-            row = self.q.lock_job(c, id=job_id)
+            row = self.q.lock_job(
+                c, id=job_id, channel=None, max_notify_usage=MAX_NOTIFY_QUEUE_USAGE
+            )
             if row is None:
                 raise NotFound("job", job_id)
             if row.state in (models.JobState.QUEUED, models.JobState.WAITING):
@@ -94,7 +96,9 @@ class Admin(Enqueue):
         check_id(job_id)
 
         def run(c: Conn) -> Job:
-            row = self.q.lock_job(c, id=job_id)
+            row = self.q.lock_job(
+                c, id=job_id, channel=None, max_notify_usage=MAX_NOTIFY_QUEUE_USAGE
+            )
             if row is None:
                 raise NotFound("job", job_id)
             if row.state in (models.JobState.LEASED, models.JobState.WAITING):
@@ -138,7 +142,14 @@ class Admin(Enqueue):
         value = None if text is None else raw_json(text)
 
         def run(c: Conn) -> SignalSent:
-            row = self.q.lock_job(c, id=job_id)
+            # A queued, due job's queue is woken at COMMIT: claims pass its
+            # row by while this holds it.
+            row = self.q.lock_job(
+                c,
+                id=job_id,
+                channel=self.notify_channel,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
             if row is None:
                 return self._signal_workflow(c, job_id, name, key, value)
             if row.state not in (models.JobState.QUEUED, models.JobState.LEASED):
@@ -151,10 +162,6 @@ class Admin(Enqueue):
                 self._record(c, [EventRow(job_id, EventKind.SIGNAL_SENT, row.attempts, detail)])
             if woke:
                 self._notify(c, sent.woke_queue)
-            elif row.state == models.JobState.QUEUED:
-                # Claims pass the row by while this holds it: wake them after
-                # (at its run_at, by the database clock, when it is not due).
-                self._notify(c, row.queue, row.run_at)
             return SignalSent(job_id, name, key, sent.sent, woke)
 
         return self._with_tx(run)

@@ -66,7 +66,9 @@ class AsyncAdmin(AsyncEnqueue):
         check_id(job_id)
 
         async def run(c: AsyncConn) -> Job:
-            row = await self.q.lock_job(c, id=job_id)
+            row = await self.q.lock_job(
+                c, id=job_id, channel=None, max_notify_usage=MAX_NOTIFY_QUEUE_USAGE
+            )
             if row is None:
                 raise NotFound("job", job_id)
             if row.state in (models.JobState.QUEUED, models.JobState.WAITING):
@@ -94,7 +96,9 @@ class AsyncAdmin(AsyncEnqueue):
         check_id(job_id)
 
         async def run(c: AsyncConn) -> Job:
-            row = await self.q.lock_job(c, id=job_id)
+            row = await self.q.lock_job(
+                c, id=job_id, channel=None, max_notify_usage=MAX_NOTIFY_QUEUE_USAGE
+            )
             if row is None:
                 raise NotFound("job", job_id)
             if row.state in (models.JobState.LEASED, models.JobState.WAITING):
@@ -138,7 +142,14 @@ class AsyncAdmin(AsyncEnqueue):
         value = None if text is None else raw_json(text)
 
         async def run(c: AsyncConn) -> SignalSent:
-            row = await self.q.lock_job(c, id=job_id)
+            # A queued, due job's queue is woken at COMMIT: claims pass its
+            # row by while this holds it.
+            row = await self.q.lock_job(
+                c,
+                id=job_id,
+                channel=self.notify_channel,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
             if row is None:
                 return await self._signal_workflow(c, job_id, name, key, value)
             if row.state not in (models.JobState.QUEUED, models.JobState.LEASED):
@@ -153,10 +164,6 @@ class AsyncAdmin(AsyncEnqueue):
                 )
             if woke:
                 await self._notify(c, sent.woke_queue)
-            elif row.state == models.JobState.QUEUED:
-                # Claims pass the row by while this holds it: wake them after
-                # (at its run_at, by the database clock, when it is not due).
-                await self._notify(c, row.queue, row.run_at)
             return SignalSent(job_id, name, key, sent.sent, woke)
 
         return await self._with_tx(run)

@@ -338,7 +338,15 @@ class AsyncWorkflows(AsyncAdmin):
         async def run(c: AsyncConn) -> WorkflowCancelled:
             if await self.q.lock_workflow(c, id=workflow_id) is None:
                 raise NotFound("workflow", workflow_id)
-            locked = await self.q.lock_workflow_jobs(c, id=workflow_id)
+            # Queued parents outside it stay queued, and their queues are woken
+            # (claims pass them by while this holds them).
+            locked = await self.q.lock_workflow_jobs(
+                c,
+                id=workflow_id,
+                channel=self.notify_channel,
+                wake_own=False,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
             own = [r for r in locked if not r.outside]
             stop = [r.id for r in own if r.state.value in ("waiting", "queued")]
             running = [r.id for r in own if r.state.value == "leased" and not r.cancel_requested]
@@ -358,11 +366,6 @@ class AsyncWorkflows(AsyncAdmin):
                     )
                     requested += 1
             await self._record(c, events)
-            # Queued parents outside it stay queued: claims passed them by meanwhile.
-            for queue in sorted(
-                {r.queue for r in locked if r.outside and r.state.value == "queued"}
-            ):
-                await self._notify(c, queue)
             return WorkflowCancelled(
                 id=workflow_id,
                 cancelled=cancelled,
@@ -389,7 +392,15 @@ class AsyncWorkflows(AsyncAdmin):
         async def run(c: AsyncConn) -> WorkflowRetried:
             if await self.q.lock_workflow(c, id=workflow_id) is None:
                 raise NotFound("workflow", workflow_id)
-            locked = await self.q.lock_workflow_jobs(c, id=workflow_id)
+            # The queued jobs it holds stay queued, and their queues are woken
+            # (claims pass them by while this holds them).
+            locked = await self.q.lock_workflow_jobs(
+                c,
+                id=workflow_id,
+                channel=self.notify_channel,
+                wake_own=True,
+                max_notify_usage=MAX_NOTIFY_QUEUE_USAGE,
+            )
             own = {r.id: State(r.state.value) for r in locked if not r.outside}
             edges = [
                 (e.child_id, e.parent_id, e.done)
@@ -420,11 +431,7 @@ class AsyncWorkflows(AsyncAdmin):
                 for r in rows
             ]
             await self._record(c, events)
-            # The retried jobs queued now, and the queued ones this held (claims
-            # passed them by meanwhile).
-            queued = {r.queue for r in rows if r.state.value == "queued"}
-            queued.update(r.queue for r in locked if r.state.value == "queued")
-            for queue in sorted(queued):
+            for queue in sorted({r.queue for r in rows if r.state.value == "queued"}):
                 await self._notify(c, queue)
             waiting = sum(1 for r in rows if r.state.value == "waiting")
             return WorkflowRetried(

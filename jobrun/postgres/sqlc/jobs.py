@@ -588,7 +588,16 @@ class StartJobsRow:
     started_at: datetime.datetime
 
 
-LOCK_JOB: Final = "SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE"
+LOCK_JOB: Final = """\
+WITH locked AS (
+    SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node FROM jobrun.jobs AS jobs WHERE id = $1 FOR UPDATE
+), wake AS (
+    SELECT pg_notify($2::text, locked.queue) FROM locked
+    WHERE $2::text IS NOT NULL
+      AND locked.state = 'queued' AND locked.run_at <= clock_timestamp()
+      AND pg_notification_queue_usage() < $3::float8
+)
+SELECT locked.id, locked.queue, locked.type, locked.payload, locked.priority, locked.state, locked.attempts, locked.max_attempts, locked.backoff, locked.run_at, locked.lease_owner, locked.lease_token, locked.lease_expires_at, locked.cancel_requested, locked.idempotency_key, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.finished_token, locked.result, locked.notify_finished, locked.trace_context, locked.concurrency_key, locked.snoozes, locked.progress, locked.progress_message, locked.progress_at, locked.started_at, locked.releases, locked.pending_parents, locked.has_dependents, locked.on_parent_failure, locked.workflow_id, locked.workflow_node FROM locked WHERE (SELECT count(*) FROM wake) >= 0"""
 
 
 COMPLETE_BEGIN: Final = """\
@@ -2165,9 +2174,22 @@ class Queries(QueriesBase):
 
         return rows
 
-    def lock_job(self, conn: psycopg.Connection[Any], *, id: uuid.UUID) -> Job | None:
+    def lock_job(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        id: uuid.UUID,
+        channel: str | None,
+        max_notify_usage: float,
+    ) -> Job | None:
+        """The job locked for an admin change (cancel, retry, signal). With a
+        channel, a runnable job's queue (queued and due) is woken at COMMIT: a
+        claim passes by the row while this holds it (docs/architecture.md, "Who
+        holds a runnable row wakes its queue"). Without one (a cancel, or a retry
+        that wakes the queue itself once the job is requeued), no wake-up.
+        """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(LOCK_JOB), (id,))
+            cur.execute(self.sql(LOCK_JOB), (id, channel, max_notify_usage))
             r = cur.fetchone()
         if r is None:
             return None

@@ -177,16 +177,28 @@ LIMIT $2::int8"""
 
 
 LOCK_WORKFLOW_JOBS: Final = """\
-SELECT jobs.id, jobs.state, jobs.queue, jobs.attempts, jobs.cancel_requested,
-       (jobs.workflow_id IS DISTINCT FROM $1::uuid)::boolean AS outside
-FROM jobrun.jobs AS jobs
-WHERE jobs.id IN (SELECT m.id FROM jobrun.jobs AS m WHERE m.workflow_id = $1::uuid
-                  UNION
-                  SELECT d.parent_id FROM jobrun.jobs AS m
-                  JOIN jobrun.job_dependencies AS d ON d.child_id = m.id
-                  WHERE m.workflow_id = $1::uuid)
-ORDER BY jobs.id
-FOR UPDATE OF jobs"""
+WITH locked AS (
+    SELECT jobs.id, jobs.state, jobs.queue, jobs.attempts, jobs.cancel_requested, jobs.run_at,
+           (jobs.workflow_id IS DISTINCT FROM $1::uuid)::boolean AS outside
+    FROM jobrun.jobs AS jobs
+    WHERE jobs.id IN (SELECT m.id FROM jobrun.jobs AS m WHERE m.workflow_id = $1::uuid
+                      UNION
+                      SELECT d.parent_id FROM jobrun.jobs AS m
+                      JOIN jobrun.job_dependencies AS d ON d.child_id = m.id
+                      WHERE m.workflow_id = $1::uuid)
+    ORDER BY jobs.id
+    FOR UPDATE OF jobs
+), wake AS (
+    SELECT pg_notify($2::text, queued.queue)
+    FROM (SELECT DISTINCT locked.queue FROM locked
+          WHERE locked.state = 'queued' AND locked.run_at <= clock_timestamp()
+            AND (locked.outside OR $3::boolean)) AS queued
+    WHERE pg_notification_queue_usage() < $4::float8
+)
+SELECT locked.id, locked.state, locked.queue, locked.attempts, locked.cancel_requested,
+       locked.outside
+FROM locked WHERE (SELECT count(*) FROM wake) >= 0
+ORDER BY locked.id"""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -499,15 +511,21 @@ class Queries(QueriesBase):
         conn: psycopg.Connection[Any],
         *,
         id: uuid.UUID,
+        channel: str,
+        wake_own: bool,
+        max_notify_usage: float,
     ) -> list[LockWorkflowJobsRow]:
         """The jobs of a workflow and their parents outside it, locked in id order
         (as LockJob locks one job): a job of it or a parent finishing meanwhile
         waits for this transaction, and its trigger then sees the edges as this
         transaction leaves them. outside marks a parent that is not of the
-        workflow.
+        workflow. Claims pass the locked rows by, so the queues of the runnable
+        ones (queued and due) are woken at COMMIT: those of the parents outside it
+        always (they stay queued), those of its own jobs when wake_own (a retry
+        leaves them queued; a cancel ends them).
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
-            cur.execute(self.sql(LOCK_WORKFLOW_JOBS), (id,))
+            cur.execute(self.sql(LOCK_WORKFLOW_JOBS), (id, channel, wake_own, max_notify_usage))
             return [
                 LockWorkflowJobsRow(
                     id=r[0],

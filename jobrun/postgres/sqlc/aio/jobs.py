@@ -1166,9 +1166,22 @@ class AsyncQueries(QueriesBase):
 
         return rows
 
-    async def lock_job(self, conn: psycopg.AsyncConnection[Any], *, id: uuid.UUID) -> Job | None:
+    async def lock_job(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        id: uuid.UUID,
+        channel: str | None,
+        max_notify_usage: float,
+    ) -> Job | None:
+        """The job locked for an admin change (cancel, retry, signal). With a
+        channel, a runnable job's queue (queued and due) is woken at COMMIT: a
+        claim passes by the row while this holds it (docs/architecture.md, "Who
+        holds a runnable row wakes its queue"). Without one (a cancel, or a retry
+        that wakes the queue itself once the job is requeued), no wake-up.
+        """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(LOCK_JOB), (id,))
+            await cur.execute(self.sql(LOCK_JOB), (id, channel, max_notify_usage))
             r = await cur.fetchone()
         if r is None:
             return None

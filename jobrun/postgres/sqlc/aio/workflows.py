@@ -297,15 +297,24 @@ class AsyncQueries(QueriesBase):
         conn: psycopg.AsyncConnection[Any],
         *,
         id: uuid.UUID,
+        channel: str,
+        wake_own: bool,
+        max_notify_usage: float,
     ) -> list[LockWorkflowJobsRow]:
         """The jobs of a workflow and their parents outside it, locked in id order
         (as LockJob locks one job): a job of it or a parent finishing meanwhile
         waits for this transaction, and its trigger then sees the edges as this
         transaction leaves them. outside marks a parent that is not of the
-        workflow.
+        workflow. Claims pass the locked rows by, so the queues of the runnable
+        ones (queued and due) are woken at COMMIT: those of the parents outside it
+        always (they stay queued), those of its own jobs when wake_own (a retry
+        leaves them queued; a cancel ends them).
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
-            await cur.execute(self.sql(LOCK_WORKFLOW_JOBS), (id,))
+            await cur.execute(
+                self.sql(LOCK_WORKFLOW_JOBS),
+                (id, channel, wake_own, max_notify_usage),
+            )
             return [
                 LockWorkflowJobsRow(
                     id=r[0],
