@@ -82,6 +82,11 @@ class AsyncClient:
     """Enqueue and inspect jobs through an AsyncStore (usually from :meth:`connect`)."""
 
     def __init__(self, store: AsyncStore, *, owns_pool: bool = False) -> None:
+        if isinstance(store, (str, bytes)):  # a URL where a store belongs: say so now
+            raise ValidationError(
+                "store",
+                "AsyncClient takes an AsyncStore; for a URL use await AsyncClient.connect(url)",
+            )
         self.store = store
         self._owns_pool = owns_pool
 

@@ -88,6 +88,10 @@ class Client(Closing):
     """Enqueue and administer jobs through a Store (usually from :meth:`connect`)."""
 
     def __init__(self, store: Store, *, owns_pool: bool = False) -> None:
+        if isinstance(store, (str, bytes)):  # a URL where a Store belongs: say so now
+            raise ValidationError(
+                "store", "Client takes a Store; for a URL use Client.connect(url)"
+            )
         self.store = store
         self._owns_pool = owns_pool
 

@@ -21,6 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
+import jobrun
+from jobrun.aio import AsyncClient
 from jobrun.job import validate
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import NewJob, ScheduleSpec
@@ -522,3 +524,13 @@ def test_the_largest_int_and_disguised_values_round_trip_through_postgres(store:
     )
     assert schedule.payload == {"n": largest, "d": {"a": 1}}
     assert store.get_schedule("s").payload == {"n": largest, "d": {"a": 1}}
+
+
+@pytest.mark.parametrize("url", ["postgresql://localhost/app", b"postgresql://localhost/app"])
+def test_a_client_built_from_a_url_says_to_connect(url: Any) -> None:
+    """``Client(url)`` was accepted and failed later on its first call with an
+    AttributeError; a URL is the likely mistake, and the error says what to use."""
+    with pytest.raises(ValidationError, match=r"store: .*Client\.connect\(url\)"):
+        jobrun.Client(url)
+    with pytest.raises(ValidationError, match=r"store: .*AsyncClient\.connect\(url\)"):
+        AsyncClient(url)
