@@ -36,6 +36,7 @@ from jobrun.postgres.pool import (
     check_pool_args,
     conninfo_with,
     describe,
+    ping_again,
     ping_failure,
     pool_options,
 )
@@ -61,12 +62,10 @@ async def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
                 cur.nextset()
                 row = await cur.fetchone()
                 return row is not None and row[0] != conn.info.backend_pid
-        except psycopg.errors.QueryCanceled as exc:
-            failure = ping_failure(conninfo, exc)
-            if attempt + 1 < PING_ATTEMPTS:
-                continue
         except psycopg.OperationalError as exc:
             failure = ping_failure(conninfo, exc)
+            if ping_again(exc, attempt):
+                continue
         break
     raise failure
 

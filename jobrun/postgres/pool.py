@@ -120,15 +120,19 @@ def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
                 cur.nextset()
                 row = cur.fetchone()
                 return row is not None and row[0] != conn.info.backend_pid
-        except psycopg.errors.QueryCanceled as exc:
-            failure = ping_failure(conninfo, exc)
-            if attempt + 1 < PING_ATTEMPTS:
-                continue
         except psycopg.OperationalError as exc:
             failure = ping_failure(conninfo, exc)
+            if ping_again(exc, attempt):
+                continue
         break
     # Raised outside the except block: the driver's error is not chained to it.
     raise failure
+
+
+def ping_again(exc: psycopg.OperationalError, attempt: int) -> bool:
+    """Whether a ping that failed with ``exc`` on its ``attempt`` (from 0) tries a
+    new session: only when a statement timeout cancelled it (PING_ATTEMPTS)."""
+    return isinstance(exc, psycopg.errors.QueryCanceled) and attempt + 1 < PING_ATTEMPTS
 
 
 def ping_failure(conninfo: str, exc: psycopg.OperationalError) -> TransientError:
