@@ -6,7 +6,7 @@ Options::
                           system in turn for each workload, the order reversed
                           on every other run
     --quick               tiny sizes (a smoke test)
-    --only NAME[,NAME]    enqueue_one, enqueue_many, drain_best, drain_2x8,
+    --only NAME[,NAME]    enqueue_one, enqueue_many, drain_best, drain_2_best, drain_2x8,
                           drain_c1, pickup
     --systems NAME[,...]  jobrun, pgqueuer, procrastinate, raw (default: all)
     --jobs N              jobs queued for each drain (default 20,000; --quick 1,000)
@@ -63,7 +63,15 @@ from jobrun.postgres.embedded import LocalCluster, embedded_bindir, throwaway_cl
 RESULTS = ROOT / "bench" / "results"
 DEBIAN_PG15 = Path("/usr/lib/postgresql/15/bin")
 SERVER_SETTINGS = {"fsync": "on", "synchronous_commit": "on", "max_connections": "300"}
-WORKLOADS = ("enqueue_one", "enqueue_many", "drain_best", "drain_2x8", "drain_c1", "pickup")
+WORKLOADS = (
+    "enqueue_one",
+    "enqueue_many",
+    "drain_best",
+    "drain_2_best",
+    "drain_2x8",
+    "drain_c1",
+    "pickup",
+)
 SYSTEMS = ("jobrun", "pgqueuer", "procrastinate", "raw")
 RAW_FOR = {"enqueue_one": "insert_one", "enqueue_many": "copy", "drain_best": "ceiling"}
 """The raw limit measured in each workload's slot (the ceiling once per run, for every drain)."""
@@ -622,6 +630,11 @@ def raw_limit(ctx: Context, workload: str) -> list[Sample]:
     return [Sample(f"raw.{command}", "raw", "", jobs / got["seconds"], unit, got)]
 
 
+def two_processes(setting: Setting) -> Setting:
+    """A single-process setting run as two processes side by side (drain_2_best)."""
+    return dataclasses.replace(setting, label=f"2 x {setting.label}", procs=2)
+
+
 def measure(ctx: Context, workload: str, name: str) -> list[Sample]:
     """One system's (or raw's) turn at one workload: every setting the workload has."""
     if name == "raw":
@@ -635,6 +648,7 @@ def measure(ctx: Context, workload: str, name: str) -> list[Sample]:
         return pickup(ctx, system)
     settings = {
         "drain_best": list(system.best),
+        "drain_2_best": [two_processes(s) for s in system.best],
         "drain_2x8": [system.two_by_eight],
         "drain_c1": [system.one],
     }[workload]
@@ -702,6 +716,7 @@ ROWS = (
     ("enqueue_one", "enqueue, one job per call", "raw.insert_one"),
     ("enqueue_many", "enqueue_many", "raw.copy"),
     ("drain_best", "drain, 1 process, best setting", "raw.ceiling"),
+    ("drain_2_best", "drain, 2 processes, best setting", "raw.ceiling"),
     ("drain_2x8", "drain, 2 processes x 8", "raw.ceiling"),
     ("drain_c1", "drain, 1 process, one at a time", "raw.ceiling"),
 )
@@ -766,7 +781,7 @@ def summary(figures: dict[tuple[str, str, str], Figure], sizes: Sizes) -> list[d
     size = {
         "enqueue_one": f"{sizes.enqueue_one_jobs:,} calls",
         "enqueue_many": f"{sizes.batch_jobs:,} jobs, built in the call",
-        **dict.fromkeys(("drain_best", "drain_2x8", "drain_c1"), drains),
+        **dict.fromkeys(("drain_best", "drain_2_best", "drain_2x8", "drain_c1"), drains),
     }
     raw_what = {
         "raw.insert_one": "INSERT + COMMIT loop",
