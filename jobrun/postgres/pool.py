@@ -122,9 +122,8 @@ def ping(conninfo: str, *, application_name: str = "jobrun-pool") -> bool:
                 return row is not None and row[0] != conn.info.backend_pid
         except psycopg.OperationalError as exc:
             failure = ping_failure(conninfo, exc)
-            if ping_again(exc, attempt):
-                continue
-        break
+            if not ping_again(exc, attempt):
+                break
     # Raised outside the except block: the driver's error is not chained to it.
     raise failure
 
