@@ -368,8 +368,11 @@ FROM (
 -- Which of the queues have limits (the store routes their claims through
 -- LockQueueLimits), with each one's global concurrency (NULL: none): a
 -- worker that alone holds that many leases of a queue knows, without a
--- claim, that a claim of it would get nothing.
-SELECT queue, concurrency FROM jobrun.queue_limits
+-- claim, that a claim of it would get nothing. frees_slots: a job that
+-- finishes frees a slot of a limit (concurrency or per key), where a rate
+-- limit counts starts and a completion frees nothing of it.
+SELECT queue, concurrency, (concurrency IS NOT NULL OR per_key IS NOT NULL) AS frees_slots
+FROM jobrun.queue_limits
 WHERE queue = ANY(sqlc.arg(queues)::text[]) ORDER BY queue;
 
 -- name: LimitsHoldBack :one

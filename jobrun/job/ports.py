@@ -200,6 +200,11 @@ class Store(Schedules, StepStore, WaitStore, Protocol):
         possibly a second old)."""
         ...
 
+    def slot_limited_queues(self, queues: Sequence[str]) -> frozenset[str]:
+        """The queues among ``queues`` with a limit whose slots a finished job
+        frees (concurrency, global or per key; not a rate), cached likewise."""
+        ...
+
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:
         """After a short claim: None when no queue limit held back ready jobs of
         ``queues`` (the claim was short for want of work), else the seconds

@@ -50,8 +50,10 @@ _LIMITED_CLAIM_IDLE_TIMEOUT = (
 class Limits(Admin):
     """The queue-limits half of the Store (see the module docstring)."""
 
-    _limited: dict[tuple[str, ...], tuple[float, dict[str, int | None]]]
-    """What was last read of which queues have limits, per list of queues."""
+    _limited: dict[tuple[str, ...], tuple[float, dict[str, int | None], frozenset[str]]]
+    """What was last read of which queues have limits, per list of queues:
+    (until when it is trusted, each one's global concurrency, those whose
+    slots a finished job frees)."""
 
     def _limited_claim(
         self,
@@ -83,24 +85,27 @@ class Limits(Admin):
         return claimed
 
     def _any_limited(self, names: builtins.list[str]) -> bool:
-        """Whether a limit applies to one of the queues (cached, see _limits_of)."""
-        return bool(self._limits_of(names))
+        """Whether a limit applies to one of the queues (cached, see _read_limits)."""
+        return bool(self._read_limits(names)[0])
 
-    def _limits_of(self, names: builtins.list[str]) -> dict[str, int | None]:
+    def _read_limits(
+        self, names: builtins.list[str]
+    ) -> tuple[dict[str, int | None], frozenset[str]]:
         """The limited queues among ``names``, each with its global concurrency
-        (None: not limited that way), read at most every LIMITED_QUEUES_TTL
-        seconds per list of queues."""
+        (None: not limited that way), and those whose slots a finished job
+        frees; read at most every LIMITED_QUEUES_TTL seconds per list of queues."""
         key = tuple(names)
         now = time.monotonic()
         cached = self._limited.get(key)
         if cached is not None and cached[0] > now:
-            return cached[1]
+            return cached[1], cached[2]
         rows = self._on_pool_read(lambda c: self.q.limited_queues(c, queues=names))
         limits = {row.queue: row.concurrency for row in rows}
+        slots = frozenset(row.queue for row in rows if row.frees_slots)
         if len(self._limited) > 1024:
             self._limited.clear()
-        self._limited[key] = (now + LIMITED_QUEUES_TTL, limits)
-        return limits
+        self._limited[key] = (now + LIMITED_QUEUES_TTL, limits, slots)
+        return limits, slots
 
     def queues_limited(self, queues: Sequence[str]) -> bool:
         """Whether a limit applies to one of ``queues``, as this store last read
@@ -113,7 +118,14 @@ class Limits(Admin):
         them (at most LIMITED_QUEUES_TTL seconds ago, or since this store last
         changed a limit): no round trip most times."""
         names = [validate.queue_name(name, "queues") for name in queues]
-        return self._limits_of(names) if names else {}
+        return self._read_limits(names)[0] if names else {}
+
+    def slot_limited_queues(self, queues: Sequence[str]) -> frozenset[str]:
+        """The queues among ``queues`` with a limit whose slots a finished job
+        frees (a concurrency limit, global or per key; not a rate), cached like
+        :meth:`limited_queues`."""
+        names = [validate.queue_name(name, "queues") for name in queues]
+        return self._read_limits(names)[1] if names else frozenset()
 
     def limits_hold_back(self, queues: Sequence[str]) -> float | None:
         """Whether a limit (not a lack of work) holds back ready jobs of ``queues``.

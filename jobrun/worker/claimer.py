@@ -10,12 +10,20 @@ nothing), at once when its own completer frees a slot.
 
 Complete-and-claim: a lease lasts until its success is recorded, so a worker
 whose completions and claims alternate holds far fewer leases than a limit
-allows. The plain successes of limited queues therefore wait for the
-claimer's next claim of their queue (:class:`~jobrun.worker.leases.Leases`
-routes them), which completes them in the same transaction
-(``Store.complete_and_claim``) and claims the freed slots again at once. The
-claimer hands what it holds to the completer whenever it is about to wait
-for anything other than a freed slot (no work, a fault, the stop).
+allows. The plain successes of a limited queue whose slots *bind* therefore
+wait for the claimer's next claim of their queue
+(:class:`~jobrun.worker.leases.Leases` routes them), which completes them in
+the same transaction (``Store.complete_and_claim``) and claims the freed
+slots again at once. A limit binds when this worker's own leases of the
+queue and its free threads could fill the queue's global concurrency, or
+when a claim of it came back short because of a limit within the last
+``BINDING_HOLD`` seconds. A limit that does not bind (a rate far above what
+runs, one job per key over many keys, a concurrency no claim reaches)
+leaves the queue on the ordinary path: successes batched by the completer
+and claims that commit asynchronously, since a round that completes must
+wait for the WAL. The claimer hands what it holds to the completer whenever
+it is about to wait for anything other than a freed slot (no work, a fault,
+the stop).
 
 Lost claims: a claim whose connection died (``OutcomeUnknown``) may still
 have committed, now or when a dead link heals, leaving jobs leased to this
@@ -37,7 +45,7 @@ from jobrun.job.model import Job, State
 from jobrun.job.ports import Waiter
 from jobrun.worker.ahead import Ahead
 from jobrun.worker.executor import Executor
-from jobrun.worker.leases import FLUSH_NOW, token
+from jobrun.worker.leases import FLUSH_NOW, Holdings, token
 from jobrun.worker.outcomes import DB_RETRY_BACKOFF
 from jobrun.worker.parts import Parts, WorkerLoop
 from jobrun.worker.stall_watch import Activity
@@ -46,6 +54,9 @@ LIMITED_RECLAIM = 0.05
 """Seconds a claimer whose claim a queue limit held back waits for a slot of
 its own to free before it claims again (another worker's freed slot, or a
 rate window moving on, sends no wake-up)."""
+BINDING_HOLD = 1.0
+"""Seconds a queue counts as binding after a claim of it that a limit held
+back (its successes ride with the claims meanwhile)."""
 CLAIM_COALESCE = 0.002  # seconds a busy worker waits to claim several jobs at once
 LOST_CLAIM_DELIVERY = 30.0
 """Seconds after a claim's connection died during which the server may still
@@ -89,6 +100,9 @@ class Claimer(WorkerLoop):
         claims and gives the buffer back; they claim beside it while work is
         plentiful (``work``), and sleep when a claim of theirs comes back short."""
         self._slots = self._leases.slot_freed if primary is None else self._leases.watch_slots()
+        self._binding_until: dict[str, float] = {} if primary is None else primary._binding_until
+        """Limited queue -> until when it binds, for a claim a limit held back
+        (shared by the lanes)."""
         self.work: threading.Event = threading.Event() if primary is None else primary.work
         """Set while the first lane's claims come back full: the other lanes claim too."""
         self.waiter: Waiter | None = None
@@ -198,6 +212,9 @@ class Claimer(WorkerLoop):
                 wait = self._held_back_by_limits(claim.queues)
                 if wait is not None:
                     held_back = wait if held_back is None else min(held_back, wait)
+                    if wait == 0:  # a slot, not a rate window: freed slots count
+                        until = time.monotonic() + BINDING_HOLD
+                        self._binding_until.update(dict.fromkeys(claim.queues, until))
         return drained, held_back, claimed
 
     def _exchange(self, claim: Claim) -> tuple[int, list[Job]]:
@@ -297,9 +314,10 @@ class Claimer(WorkerLoop):
         (the limit as the store last read it, at most a second old: a limit
         raised since is seen within that second). Limited queues never claim
         ahead: a buffered job would hold a slot another worker could run.
+        Which limited queues bind (their successes ride with the claims) is
+        decided here too (:meth:`_binding`).
         """
         limits = self._queue_limits()
-        self._leases.limited = frozenset(limits)
         held = self._leases.holdings()
         full = {
             name
@@ -311,6 +329,7 @@ class Claimer(WorkerLoop):
         allowance = max(self.config.concurrency, self.config.complete_batch_size)
         backlog = max(held.unflushed - allowance, 0)
         free = self.config.concurrency - held.inflight - held.reserved - backlog - held.buffered
+        self._leases.binding = self._binding(limits, self._slot_limited(), held, free)
         plan: list[Claim] = []
         unlimited: list[str] = []
         for name, limit in self.config.queues.items():
@@ -331,6 +350,40 @@ class Claimer(WorkerLoop):
             if free + ahead > 0:
                 plan.append(Claim(unlimited, max(free, 0) + ahead, max(free, 0), ahead=True))
         return plan
+
+    def _binding(
+        self,
+        limits: Mapping[str, int | None],
+        slot_limited: frozenset[str],
+        held: Holdings,
+        free: int,
+    ) -> frozenset[str]:
+        """The limited queues whose slots bind now, among those a finished job
+        frees slots of (``slot_limited``: not a rate alone): this worker alone
+        could fill the global concurrency (its leases of the queue, running or
+        waiting for the completer, plus its free threads), or a claim of the
+        queue came back short because of a limit within ``BINDING_HOLD``."""
+        now = time.monotonic()
+
+        def fills(name: str, limit: int | None) -> bool:
+            own = held.inflight_by_queue.get(name, 0) + held.unflushed_by_queue.get(name, 0)
+            return limit is not None and own + max(free, 0) >= limit
+
+        return frozenset(
+            name
+            for name, limit in limits.items()
+            if name in slot_limited
+            and (fills(name, limit) or self._binding_until.get(name, 0.0) > now)
+        )
+
+    def _slot_limited(self) -> frozenset[str]:
+        """The worker's queues whose limits a finished job frees slots of (as
+        the store last read them; none known when it cannot tell)."""
+        try:
+            return self.store.slot_limited_queues(self._queue_names)
+        except JobrunError as exc:
+            self._log.debug("reading the queues' limits failed: %s", exc)
+            return frozenset()
 
     def _queue_limits(self) -> Mapping[str, int | None]:
         """The limited queues among this worker's, each with its global

@@ -4,8 +4,8 @@ A success is not recorded by the thread that ran it: plain results are
 completed many at a time (``complete_many``: one statement, one commit for a
 batch), commit callables together in one transaction (``complete_many_tx``;
 the callables run on this thread, so keep them to a few statements). A batch
-is flushed when it fills or a few milliseconds pass, at once when a limited
-queue's slots wait for it. Until then the jobs keep being heartbeated.
+is flushed when it fills or a few milliseconds pass, at once when the
+slots of a queue whose limit binds wait for it. Until then the jobs keep being heartbeated.
 
 Each try of a completion is bounded by the first end among its jobs' leases
 (by this worker's reckoning: see :mod:`jobrun.worker.leases`), so a
@@ -76,10 +76,10 @@ class Completer(WorkerLoop):
             else:
                 assert isinstance(first, Finished)
                 batch = [first]
-            # A limited queue's slots wait for it, and jobs wait for a parent
+            # A binding limit's slots wait for it, and jobs wait for a parent
             # (a chain's next link): then flush what has come by now.
             eager = isinstance(first, Finished) and (
-                first.job.has_dependents or first.job.queue in self._leases.limited
+                first.job.has_dependents or first.job.queue in self._leases.binding
             )
             deadline = time.monotonic() + (0.0 if eager else flush_after)
             while len(batch) < size:

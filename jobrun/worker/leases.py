@@ -12,12 +12,14 @@ them. So the counts, the lease ends and the one lock that guards them live in
 one object, and the other parts ask it rather than share its dicts.
 
 It also decides where a success goes (:meth:`Leases.finished`): a plain
-success of a limited queue, while the claimer is claiming, waits for the
-claimer's next round (one transaction completes it and claims the slot it
-frees again); everything else goes to the completer's queue. Not every
-queue's: a round that completes commits synchronously, and a claim that
-waits for the WAL to reach disk measured slower than a claim and a
-completion sent side by side on two connections (docs/performance.md).
+success of a limited queue whose slots bind (``binding``), while the
+claimer is claiming, waits for the claimer's next round (one transaction
+completes it and claims the slot it frees again); everything else goes to
+the completer's queue. Not every queue's: a round that completes commits
+synchronously, and a claim that waits for the WAL to reach disk measured
+slower than a claim and a completion sent side by side on two connections
+(docs/performance.md), so a limit that does not bind (a rate, a key's or a
+queue's limit far above what runs) costs its queue nothing here.
 The claimer hands what it holds back to the completer whenever it is about
 to wait for anything other than a freed slot.
 
@@ -154,10 +156,10 @@ class Leases:
         self._claimer_completes = False
         self.claim_sent = 0.0
         """When the claimer's latest claim was sent (the leases it grants start after)."""
-        self.limited: frozenset[str] = frozenset()
-        """The limited queues among the worker's, as the store last read them:
-        their plain successes ride with the claims, or the completer flushes
-        them at once (their slots are what claims wait for)."""
+        self.binding: frozenset[str] = frozenset()
+        """The limited queues whose slots bind now (the claimer decides): their
+        plain successes ride with the claims, or the completer flushes them at
+        once (their slots are what claims wait for)."""
         self.completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         """The completer's queue."""
         self.slot_freed = threading.Event()
@@ -329,13 +331,13 @@ class Leases:
 
     def finished(self, done: Finished) -> None:
         """A success to record: the claimer's next claim takes it along (a plain
-        success of a limited queue while it claims), else the completer."""
+        success of a queue whose limit binds, while it claims), else the completer."""
         job = done.job
         with self._lock:
             self._unflushed[token(job)] = job
             self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
             to_claimer = (
-                done.commit is None and self._claimer_completes and job.queue in self.limited
+                done.commit is None and self._claimer_completes and job.queue in self.binding
             )
             if to_claimer:
                 self._claimer_done.append(done)
@@ -362,7 +364,7 @@ class Leases:
     # -- the claimer's completions (complete-and-claim) ----------------------------
 
     def claimer_completes(self) -> None:
-        """From now on plain successes of limited queues wait for the claimer."""
+        """From now on plain successes of binding queues wait for the claimer."""
         with self._lock:
             self._claimer_completes = True
 

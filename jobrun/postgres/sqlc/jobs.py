@@ -415,7 +415,8 @@ FROM (
 
 
 LIMITED_QUEUES: Final = """\
-SELECT queue, concurrency FROM jobrun.queue_limits
+SELECT queue, concurrency, (concurrency IS NOT NULL OR per_key IS NOT NULL) AS frees_slots
+FROM jobrun.queue_limits
 WHERE queue = ANY($1::text[]) ORDER BY queue"""
 
 
@@ -423,6 +424,7 @@ WHERE queue = ANY($1::text[]) ORDER BY queue"""
 class LimitedQueuesRow:
     queue: str
     concurrency: int | None
+    frees_slots: bool | None
 
 
 LIMITS_HOLD_BACK: Final = """\
@@ -1895,11 +1897,16 @@ class Queries(QueriesBase):
         """Which of the queues have limits (the store routes their claims through
         LockQueueLimits), with each one's global concurrency (NULL: none): a
         worker that alone holds that many leases of a queue knows, without a
-        claim, that a claim of it would get nothing.
+        claim, that a claim of it would get nothing. frees_slots: a job that
+        finishes frees a slot of a limit (concurrency or per key), where a rate
+        limit counts starts and a completion frees nothing of it.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(LIMITED_QUEUES), (queues,))
-            return [LimitedQueuesRow(queue=r[0], concurrency=r[1]) for r in cur.fetchall()]
+            return [
+                LimitedQueuesRow(queue=r[0], concurrency=r[1], frees_slots=r[2])
+                for r in cur.fetchall()
+            ]
 
     def limits_hold_back(self, conn: psycopg.Connection[Any], *, queues: list[str]) -> float | None:
         """After a short claim: does a limit hold back ready jobs of these queues,

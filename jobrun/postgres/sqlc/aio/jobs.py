@@ -876,11 +876,16 @@ class AsyncQueries(QueriesBase):
         """Which of the queues have limits (the store routes their claims through
         LockQueueLimits), with each one's global concurrency (NULL: none): a
         worker that alone holds that many leases of a queue knows, without a
-        claim, that a claim of it would get nothing.
+        claim, that a claim of it would get nothing. frees_slots: a job that
+        finishes frees a slot of a limit (concurrency or per key), where a rate
+        limit counts starts and a completion frees nothing of it.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(LIMITED_QUEUES), (queues,))
-            return [LimitedQueuesRow(queue=r[0], concurrency=r[1]) for r in await cur.fetchall()]
+            return [
+                LimitedQueuesRow(queue=r[0], concurrency=r[1], frees_slots=r[2])
+                for r in await cur.fetchall()
+            ]
 
     async def limits_hold_back(
         self,
