@@ -81,7 +81,7 @@ class Completer(WorkerLoop):
             eager = isinstance(first, Finished) and (
                 first.job.has_dependents or first.job.queue in self._leases.binding
             )
-            deadline = time.monotonic() + (0.0 if eager else flush_after)
+            deadline = time.monotonic() + (0.0 if eager or closing else flush_after)
             while len(batch) < size:
                 wait = deadline - time.monotonic()
                 try:

@@ -588,3 +588,29 @@ def test_a_slow_completer_bounds_the_leases_a_worker_holds(
         worker.stop(30)
     assert most <= 2 * 4
     assert conn.execute("SELECT count(*) FROM side").fetchone() == (300,)
+
+
+def _batching_worker(store: Store, registry: Registry) -> Worker:
+    """A worker whose completion batches wait a minute (or the stop) to flush."""
+    return Worker(
+        store,
+        registry,
+        WorkerConfig(
+            concurrency=4,
+            lease_ttl=dt.timedelta(seconds=120),
+            heartbeat_interval=dt.timedelta(seconds=10),
+            complete_batch_size=1000,
+            complete_flush_interval=dt.timedelta(seconds=60),
+        ),
+    )
+
+
+def test_an_idle_completer_ends_with_the_stop_whatever_its_batch_window(
+    store: Store, registry: Registry
+) -> None:
+    # The stop's None used to open a batch window of its own when the
+    # completer held nothing: a minute's window outlived the stop's wait.
+    worker = _batching_worker(store, registry)
+    worker.start()
+    worker.stop(10)
+    assert "jobrun-completer" not in {t.name for t in threading.enumerate()}
