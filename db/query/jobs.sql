@@ -183,7 +183,16 @@ SELECT c.*,
                                                'state', p.state, 'result', p.result,
                                                'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
-           WHERE d.child_id = c.id) END::jsonb AS parent_results
+           WHERE d.child_id = c.id) END::jsonb AS parent_results,
+       -- A job others wait for gets the fewest parents one of them still
+       -- waits for (1: its finish releases that one), read through the
+       -- edges' parent index: the worker records its success at once when
+       -- it releases a dependent soon, in a batch when it is one of many.
+       CASE WHEN c.has_dependents THEN (
+           SELECT min(w.pending_parents)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS w ON w.id = d.child_id
+           WHERE d.parent_id = c.id AND NOT d.done AND w.state = 'waiting') END::int4
+           AS dependents_pending
 FROM jobrun.claim_jobs(sqlc.arg(queues)::text[], sqlc.arg(owner)::text, sqlc.arg(max_jobs)::int8,
                        sqlc.arg(start)::int8, sqlc.arg(ttl_seconds)::float8,
                        sqlc.arg(write_events)::boolean) AS c
@@ -347,7 +356,13 @@ SELECT claimed.*,
                                                'state', p.state, 'result', p.result,
                                                'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
-           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
+           WHERE d.child_id = claimed.id) END::jsonb AS parent_results,
+       -- As in ClaimJobs: the fewest parents a job waiting for it still waits for.
+       CASE WHEN claimed.has_dependents THEN (
+           SELECT min(w.pending_parents)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS w ON w.id = d.child_id
+           WHERE d.parent_id = claimed.id AND NOT d.done AND w.state = 'waiting') END::int4
+           AS dependents_pending
 FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: LockQueueLimits :exec

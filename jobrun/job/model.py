@@ -355,7 +355,13 @@ class Job:
     """While waiting: how many of its parents have not finished yet."""
     has_dependents: bool = False
     """Whether jobs wait for it (set when the first is enqueued): its finish
-    releases them, so a worker records it without waiting for a batch."""
+    may release them."""
+    dependents_pending: int | None = None
+    """For a job others wait for, read by a claim: the fewest parents one of
+    them still waited for at the claim, this job included (1: its finish
+    releases that one). A worker records such a success at once when this is
+    at most its concurrency, in a batch when the job is one of many parents
+    (a wide fan-in). None: no job waits for it, or not read by a claim."""
     workflow_id: uuid.UUID | None = None
     """The workflow it was enqueued in (None: alone)."""
     workflow_node: str | None = None

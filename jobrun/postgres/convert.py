@@ -182,6 +182,7 @@ def job_from_row(row: JobRow) -> Job:
         workflow_node=row.workflow_node,
         # Only a claim's rows carry it (ClaimJobs), and only for a job with parents.
         parent_results=_parents(getattr(row, "parent_results", None)),
+        dependents_pending=getattr(row, "dependents_pending", None),
     )
 
 

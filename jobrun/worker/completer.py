@@ -5,7 +5,8 @@ completed many at a time (``complete_many``: one statement, one commit for a
 batch), commit callables together in one transaction (``complete_many_tx``;
 the callables run on this thread, so keep them to a few statements). A batch
 is flushed when it fills or a few milliseconds pass, at once when the
-slots of a queue whose limit binds wait for it. Until then the jobs keep being heartbeated.
+slots of a queue whose limit binds wait for it or a dependent may be
+released by it soon. Until then the jobs keep being heartbeated.
 
 Each try of a completion is bounded by the first end among its jobs' leases
 (by this worker's reckoning: see :mod:`jobrun.worker.leases`), so a
@@ -48,6 +49,16 @@ class Completer(WorkerLoop):
     def wake(self) -> None:
         self._leases.completions.put(None)  # flush what came before, then end
 
+    def _releases_soon(self, job: Job) -> bool:
+        """Whether a job's success may release a dependent soon: one waits for
+        it and for at most as many parents as this worker runs at once (a
+        chain's next link, a small fan-in), or the claim did not say. A child
+        of a wide fan-in (thousands of parents) is recorded in a batch like a
+        plain job: flushing each at once cost the fan-out twice a plain
+        job's CPU per node, for a release that waits for the last of them."""
+        pending = job.dependents_pending
+        return job.has_dependents and (pending is None or pending <= self.config.concurrency)
+
     def flush_queued(self) -> None:
         """Flush the successes queued so far, in the calling thread (drain())."""
         pending: list[Finished] = []
@@ -76,10 +87,10 @@ class Completer(WorkerLoop):
             else:
                 assert isinstance(first, Finished)
                 batch = [first]
-            # A binding limit's slots wait for it, and jobs wait for a parent
-            # (a chain's next link): then flush what has come by now.
+            # A binding limit's slots wait for it, and a job waits for a
+            # parent (a chain's next link): then flush what has come by now.
             eager = isinstance(first, Finished) and (
-                first.job.has_dependents or first.job.queue in self._leases.binding
+                self._releases_soon(first.job) or first.job.queue in self._leases.binding
             )
             deadline = time.monotonic() + (0.0 if eager or closing else flush_after)
             while len(batch) < size:
@@ -99,7 +110,7 @@ class Completer(WorkerLoop):
                 if isinstance(item, FlushNow):
                     break  # the claimer waits on the slots this batch holds
                 batch.append(item)
-                if item.job.has_dependents:
+                if self._releases_soon(item.job):
                     deadline = 0.0  # what has come by now, and no more waiting
             if batch:
                 self.flush(batch)

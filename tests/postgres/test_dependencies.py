@@ -439,3 +439,27 @@ def test_a_finished_parents_edges_are_marked_done_without_new_index_entries(
     )
     assert row == (1000, 1000)
     assert store.get(fan_in.id).state is State.QUEUED
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_a_claim_says_how_few_parents_its_jobs_dependents_still_wait_for(
+    store: Store, limited: bool
+) -> None:
+    # The worker records a success at once when it may release a dependent
+    # soon (a chain's next link), in a batch when it is one of many parents.
+    if limited:
+        store.set_queue_limits("default", concurrency=100)
+    client = jobrun.Client(store)
+    link = client.enqueue("step")
+    parents = [client.enqueue("part") for _ in range(3)]
+    client.enqueue("next", after=[link], queue="later")
+    client.enqueue("fan.in", after=parents, queue="later")
+    plain = client.enqueue("plain")
+    got = {job.id: job for job in claim(store, n=2)}
+    assert got[link.id].dependents_pending == 1
+    (first_parent,) = [got[p.id] for p in parents if p.id in got]
+    assert first_parent.dependents_pending == 3
+    store.complete(first_parent)
+    got = {job.id: job for job in claim(store)}
+    assert [got[p.id].dependents_pending for p in parents if p.id in got] == [2, 2]
+    assert got[plain.id].dependents_pending is None

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+import jobrun
 from jobrun.job.errors import ValidationError
 from jobrun.job.model import Backoff, Job, NewJob, State
 from jobrun.postgres.notify import Notifier
@@ -603,6 +604,43 @@ def _batching_worker(store: Store, registry: Registry) -> Worker:
             complete_flush_interval=dt.timedelta(seconds=60),
         ),
     )
+
+
+def test_a_chain_link_is_recorded_at_once(store: Store, registry: Registry) -> None:
+    # Its success releases the next link: it skips the batch window. (The
+    # next link is on a queue the worker does not serve.)
+    registry.register("t", lambda ctx, job: None)
+    client = jobrun.Client(store)
+    link = client.enqueue("t")
+    client.enqueue("t", after=[link], queue="later")
+    worker = _batching_worker(store, registry)
+    worker.start()
+    try:
+        wait_for(lambda: store.get(link.id).state is State.SUCCEEDED, timeout=45)
+    finally:
+        worker.stop(10)
+
+
+def test_the_parents_of_a_wide_fan_in_are_recorded_in_a_batch(
+    store: Store, registry: Registry
+) -> None:
+    # Each waits with 11 others for a fan-in, more than the worker runs at
+    # once: flushing each at once would cost a batch per parent for a
+    # release that waits for the last of them.
+    ran: list[Job] = []
+    registry.register("t", lambda ctx, job: ran.append(job))
+    client = jobrun.Client(store)
+    parents = [client.enqueue("t") for _ in range(12)]
+    client.enqueue("t", after=parents, queue="later")
+    worker = _batching_worker(store, registry)
+    worker.start()
+    try:
+        wait_for(lambda: len(ran) == 12)
+        time.sleep(0.5)  # an eager flush would have recorded some by now
+        assert {store.get(p.id).state for p in parents} == {State.LEASED}
+    finally:
+        worker.stop(10)
+    assert {store.get(p.id).state for p in parents} == {State.SUCCEEDED}  # the stop flushed them
 
 
 def test_an_idle_completer_ends_with_the_stop_whatever_its_batch_window(

@@ -178,7 +178,16 @@ SELECT c.id, c.queue, c.type, c.payload, c.priority, c.state, c.attempts, c.max_
                                                'state', p.state, 'result', p.result,
                                                'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
-           WHERE d.child_id = c.id) END::jsonb AS parent_results
+           WHERE d.child_id = c.id) END::jsonb AS parent_results,
+       -- A job others wait for gets the fewest parents one of them still
+       -- waits for (1: its finish releases that one), read through the
+       -- edges' parent index: the worker records its success at once when
+       -- it releases a dependent soon, in a batch when it is one of many.
+       CASE WHEN c.has_dependents THEN (
+           SELECT min(w.pending_parents)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS w ON w.id = d.child_id
+           WHERE d.parent_id = c.id AND NOT d.done AND w.state = 'waiting') END::int4
+           AS dependents_pending
 FROM jobrun.claim_jobs($1::text[], $2::text, $3::int8,
                        $4::int8, $5::float8,
                        $6::boolean) AS c
@@ -223,6 +232,7 @@ class ClaimJobsRow:
     workflow_id: uuid.UUID | None
     workflow_node: str | None
     parent_results: Any
+    dependents_pending: int
 
 
 CLAIM_LIMITED_JOBS: Final = """\
@@ -360,7 +370,13 @@ SELECT claimed.id, claimed.queue, claimed.type, claimed.payload, claimed.priorit
                                                'state', p.state, 'result', p.result,
                                                'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
-           WHERE d.child_id = claimed.id) END::jsonb AS parent_results
+           WHERE d.child_id = claimed.id) END::jsonb AS parent_results,
+       -- As in ClaimJobs: the fewest parents a job waiting for it still waits for.
+       CASE WHEN claimed.has_dependents THEN (
+           SELECT min(w.pending_parents)
+           FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS w ON w.id = d.child_id
+           WHERE d.parent_id = claimed.id AND NOT d.done AND w.state = 'waiting') END::int4
+           AS dependents_pending
 FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id"""
 
 
@@ -402,6 +418,7 @@ class ClaimLimitedJobsRow:
     workflow_id: uuid.UUID | None
     workflow_node: str | None
     parent_results: Any
+    dependents_pending: int
 
 
 LOCK_QUEUE_LIMITS: Final = """\
@@ -1597,6 +1614,7 @@ class Queries(QueriesBase):
                     workflow_id=r[33],
                     workflow_node=r[34],
                     parent_results=r[35],
+                    dependents_pending=r[36],
                 )
                 for r in cur.fetchall()
             ]
@@ -1696,6 +1714,7 @@ class Queries(QueriesBase):
                         workflow_id=r[33],
                         workflow_node=r[34],
                         parent_results=r[35],
+                        dependents_pending=r[36],
                     )
                     for r in cur.fetchall()
                 ]
@@ -1780,6 +1799,7 @@ class Queries(QueriesBase):
                     workflow_id=r[33],
                     workflow_node=r[34],
                     parent_results=r[35],
+                    dependents_pending=r[36],
                 )
                 for r in cur.fetchall()
             ]
@@ -1872,6 +1892,7 @@ class Queries(QueriesBase):
                         workflow_id=r[33],
                         workflow_node=r[34],
                         parent_results=r[35],
+                        dependents_pending=r[36],
                     )
                     for r in cur.fetchall()
                 ]

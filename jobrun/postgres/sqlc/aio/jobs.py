@@ -571,6 +571,7 @@ class AsyncQueries(QueriesBase):
                     workflow_id=r[33],
                     workflow_node=r[34],
                     parent_results=r[35],
+                    dependents_pending=r[36],
                 )
                 for r in await cur.fetchall()
             ]
@@ -670,6 +671,7 @@ class AsyncQueries(QueriesBase):
                         workflow_id=r[33],
                         workflow_node=r[34],
                         parent_results=r[35],
+                        dependents_pending=r[36],
                     )
                     for r in await cur.fetchall()
                 ]
@@ -754,6 +756,7 @@ class AsyncQueries(QueriesBase):
                     workflow_id=r[33],
                     workflow_node=r[34],
                     parent_results=r[35],
+                    dependents_pending=r[36],
                 )
                 for r in await cur.fetchall()
             ]
@@ -846,6 +849,7 @@ class AsyncQueries(QueriesBase):
                         workflow_id=r[33],
                         workflow_node=r[34],
                         parent_results=r[35],
+                        dependents_pending=r[36],
                     )
                     for r in await cur.fetchall()
                 ]
