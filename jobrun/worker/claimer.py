@@ -163,9 +163,11 @@ class Claimer(WorkerLoop):
             if held_back is not None:
                 self._wait_for_limits(held_back, held_streak)
             elif drained and self._primary is None:
+                if self._leases.holding():
+                    continue  # successes came during the round: complete them, claim again
                 self._leases.hand_over()  # the wait ends on new work, not on them
                 self._wait_for_work()
-        self._leases.hand_over()
+        self._leases.hand_over(for_good=self._primary is None)
         if self._primary is None:
             self.give_back_unstarted(self._leases.all_buffered())
 

@@ -50,14 +50,9 @@ class Completer(WorkerLoop):
         self._leases.completions.put(None)  # flush what came before, then end
 
     def _releases_soon(self, job: Job) -> bool:
-        """Whether a job's success may release a dependent soon: one waits for
-        it and for at most as many parents as this worker runs at once (a
-        chain's next link, a small fan-in), or the claim did not say. A child
-        of a wide fan-in (thousands of parents) is recorded in a batch like a
-        plain job: flushing each at once cost the fan-out twice a plain
-        job's CPU per node, for a release that waits for the last of them."""
-        pending = job.dependents_pending
-        return job.has_dependents and (pending is None or pending <= self.config.concurrency)
+        """A success the claimer did not take that may release a dependent soon
+        (:meth:`Leases.releases_soon`): flushed at once, not after the window."""
+        return self._leases.releases_soon(job)
 
     def flush_queued(self) -> None:
         """Flush the successes queued so far, in the calling thread (drain())."""

@@ -19,7 +19,10 @@ the completer's queue. Not every queue's: a round that completes commits
 synchronously, and a claim that waits for the WAL to reach disk measured
 slower than a claim and a completion sent side by side on two connections
 (docs/performance.md), so a limit that does not bind (a rate, a key's or a
-queue's limit far above what runs) costs its queue nothing here.
+queue's limit far above what runs) costs its queue nothing here. A success
+that may release a dependent soon (:meth:`Leases.releases_soon`) goes to the
+claimer too, whatever it is doing, and wakes it: its round completes it and
+claims in one transaction, which takes the released job (the continuation).
 The claimer hands what it holds back to the completer whenever it is about
 to wait for anything other than a freed slot.
 
@@ -40,7 +43,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from jobrun.job.model import Job
@@ -154,6 +157,10 @@ class Leases:
         self._claiming_ahead = 0  # jobs the claims in flight ask for ahead
         self._claimer_done: list[Finished] = []
         self._claimer_completes = False
+        self._claimer_gone = False  # stopped: nothing more rides with its claims
+        self.wake_claimer: Callable[[], None] | None = None
+        """Wakes the claimer from any wait (set by the worker): a success that
+        may release a dependent soon is taken to it to complete and claim."""
         self.claim_sent = 0.0
         """When the claimer's latest claim was sent (the leases it grants start after)."""
         self.binding: frozenset[str] = frozenset()
@@ -333,16 +340,32 @@ class Leases:
         """A success to record: the claimer's next claim takes it along (a plain
         success of a queue whose limit binds, while it claims), else the completer."""
         job = done.job
+        continuation = False
         with self._lock:
             self._unflushed[token(job)] = job
             self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
-            to_claimer = (
-                done.commit is None and self._claimer_completes and job.queue in self.binding
-            )
+            if done.commit is None and not self._claimer_gone:
+                continuation = self.releases_soon(job) and self.wake_claimer is not None
+                to_claimer = continuation or (self._claimer_completes and job.queue in self.binding)
+            else:
+                to_claimer = False
             if to_claimer:
                 self._claimer_done.append(done)
         if not to_claimer:
             self.completions.put(done)
+        elif continuation and self.wake_claimer is not None:
+            self.wake_claimer()
+
+    def releases_soon(self, job: Job) -> bool:
+        """Whether a job's success may release a dependent soon: one waits for
+        it and for at most as many parents as this worker runs at once (a
+        chain's next link, a small fan-in), or its claim did not say. Such a
+        success is completed by the claimer's next round, which claims in the
+        same transaction (the continuation: the released job starts here
+        without a wake-up and a claim of its own), or by the completer at once;
+        a child of a wide fan-in is recorded in a batch like a plain job."""
+        pending = job.dependents_pending
+        return job.has_dependents and (pending is None or pending <= self._concurrency)
 
     def flushed(self, batch: Sequence[Finished]) -> None:
         """These results are recorded (or given up on): their leases no longer
@@ -393,12 +416,15 @@ class Leases:
             self._claimer_done = kept
             return taken
 
-    def hand_over(self) -> None:
+    def hand_over(self, *, for_good: bool = False) -> None:
         """Give the completer what the claimer holds, and what handlers finish
         from now on, until the claimer claims again (it is about to wait for
-        something other than a freed slot, to fail over, or to stop)."""
+        something other than a freed slot, to fail over, or to stop). Even
+        then a success that releases soon is taken to the claimer, which it
+        wakes, unless the claimer stopped (``for_good``)."""
         with self._lock:
             self._claimer_completes = False
+            self._claimer_gone = self._claimer_gone or for_good
             held, self._claimer_done = self._claimer_done, []
         self.to_completer(held)
 

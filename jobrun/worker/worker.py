@@ -206,6 +206,10 @@ class Worker(Service):
         self._warn_contradictions()
         if self.dispatcher is not None:
             self._claimer.waiter = self.dispatcher.subscribe(self._queue_names)
+            # Woken from its wait for work, the claimer completes a success
+            # that releases a dependent together with its next claim (polling,
+            # it would not wake: the completer records such successes then).
+            self._leases.wake_claimer = self._claimer.wake
             probe = getattr(self.dispatcher, "activity", None)
             if callable(probe):
                 self._stalls.track_probe("jobrun-listener", probe)

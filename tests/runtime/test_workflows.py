@@ -8,6 +8,7 @@ a child's handler reads its parents' results, loaded with its claim.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import time
 from typing import Any
 
@@ -158,21 +159,23 @@ def test_a_typed_tasks_job_waits_for_a_job_enqueued_before_it(
 def test_the_fan_in_is_woken_by_its_last_parents_commit_not_by_polling(
     store: Store, registry: Registry, make_worker: Any, notifier: Any
 ) -> None:
-    """The worker polls every 30 s; the child starts within a second of its
-    parent's finish because the trigger's wake-up reaches the listener."""
+    """The workers poll every 30 s; the child, on a queue only the second
+    worker serves, starts within a second of its parent's finish on the
+    first because the trigger's wake-up reaches the listener."""
 
     @registry.task("wake.parent")
     def parent() -> int:
         return 1
 
-    @registry.task("wake.child")
+    @registry.task("wake.child", queue="children")
     def child(ctx: JobContext) -> int:
         return ctx.parent_results().of(parent)[0] + 1
 
     client = jobrun.Client(store)
     worker_poll = dt.timedelta(seconds=30)
     make_worker(dispatcher=notifier, poll_interval=worker_poll)
-    time.sleep(0.5)  # the worker's first claim (of nothing) is behind it
+    make_worker(dispatcher=notifier, poll_interval=worker_poll, queues={"children": None})
+    time.sleep(0.5)  # the workers' first claims (of nothing) are behind them
     wf = jobrun.Workflow("wake")
     first = wf.add(parent.new_job())
     second = wf.add(child.new_job(), after=[first])
@@ -183,6 +186,27 @@ def test_the_fan_in_is_woken_by_its_last_parents_commit_not_by_polling(
     finished = store.get(first.id).finished_at
     assert started is not None and finished is not None
     assert started - finished < dt.timedelta(seconds=1)
+    assert store.get(second.id).lease_owner is None and done.queue == "children"
+
+
+def test_a_chains_next_link_starts_in_the_transaction_that_records_its_parent(
+    store: Store, registry: Registry, make_worker: Any, notifier: Any
+) -> None:
+    """The continuation: a success that releases a job is completed by the
+    claimer's next round, whose claim takes the released job in the same
+    transaction (no wake-up, no claim of its own): the link's start and its
+    parent's finish carry one transaction timestamp."""
+    registry.register("link", lambda ctx, job: job.payload["n"])
+    client = jobrun.Client(store)
+    wf = jobrun.Workflow("continued")
+    links = wf.chain(*[jobrun.NewJob(type="link", payload={"n": n}) for n in range(5)])
+    client.enqueue_workflow(wf)
+    make_worker(dispatcher=notifier, concurrency=2)
+    client.wait(links[-1].id, timeout=20)
+    jobs = [store.get(link.id) for link in links]
+    assert [job.state for job in jobs] == [State.SUCCEEDED] * 5
+    for parent, link in itertools.pairwise(jobs):
+        assert link.started_at == parent.finished_at
 
 
 def test_a_workflow_enqueued_again_is_a_replay_and_another_with_its_id_is_refused(
