@@ -357,6 +357,9 @@ class Worker(Service):
         grace = self.config.shutdown_grace.total_seconds() if timeout is None else timeout
         deadline = time.monotonic() + grace
         for lane in self._lanes:
+            lane.request_stop()
+        self._claimer.work.set()  # idle lanes wait for work: let them see the stop
+        for lane in self._lanes:
             lane.stop(max(deadline - time.monotonic(), 0.0) + 2.0)
         self._starter.stop(max(deadline - time.monotonic(), 0.0) + 2.0)
         self._claimer.stop(max(deadline - time.monotonic(), 0.0) + 2.0)  # gives the buffer back

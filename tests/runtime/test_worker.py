@@ -652,3 +652,15 @@ def test_an_idle_completer_ends_with_the_stop_whatever_its_batch_window(
     worker.start()
     worker.stop(10)
     assert "jobrun-completer" not in {t.name for t in threading.enumerate()}
+
+
+def test_a_stop_ends_every_claim_lane_whatever_the_poll_interval(
+    store: Store, registry: Registry, make_worker: Callable[..., Worker]
+) -> None:
+    # An idle second lane waits for work up to the poll interval: the stop
+    # used to leave it waiting, and the join gave up on it.
+    worker = make_worker(concurrency=10, poll_interval=dt.timedelta(seconds=60))
+    assert worker.config.claim_lanes == 2
+    time.sleep(0.3)  # both lanes idle
+    worker.stop(2)
+    assert not {"jobrun-claimer", "jobrun-claimer-2"} & {t.name for t in threading.enumerate()}
