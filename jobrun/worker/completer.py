@@ -49,11 +49,6 @@ class Completer(WorkerLoop):
     def wake(self) -> None:
         self._leases.completions.put(None)  # flush what came before, then end
 
-    def _releases_soon(self, job: Job) -> bool:
-        """A success the claimer did not take that may release a dependent soon
-        (:meth:`Leases.releases_soon`): flushed at once, not after the window."""
-        return self._leases.releases_soon(job)
-
     def flush_queued(self) -> None:
         """Flush the successes queued so far, in the calling thread (drain())."""
         pending: list[Finished] = []
@@ -85,7 +80,7 @@ class Completer(WorkerLoop):
             # A binding limit's slots wait for it, and a job waits for a
             # parent (a chain's next link): then flush what has come by now.
             eager = isinstance(first, Finished) and (
-                self._releases_soon(first.job) or first.job.queue in self._leases.binding
+                self._leases.releases_soon(first.job) or first.job.queue in self._leases.binding
             )
             deadline = time.monotonic() + (0.0 if eager or closing else flush_after)
             while len(batch) < size:
@@ -105,7 +100,7 @@ class Completer(WorkerLoop):
                 if isinstance(item, FlushNow):
                     break  # the claimer waits on the slots this batch holds
                 batch.append(item)
-                if self._releases_soon(item.job):
+                if self._leases.releases_soon(item.job):
                     deadline = 0.0  # what has come by now, and no more waiting
             if batch:
                 self.flush(batch)

@@ -340,21 +340,24 @@ class Leases:
         """A success to record: the claimer's next claim takes it along (a plain
         success of a queue whose limit binds, while it claims), else the completer."""
         job = done.job
-        continuation = False
+        wake: Callable[[], None] | None = None  # set: the continuation's
         with self._lock:
             self._unflushed[token(job)] = job
             self._unflushed_by_queue[job.queue] = self._unflushed_by_queue.get(job.queue, 0) + 1
             if done.commit is None and not self._claimer_gone:
-                continuation = self.releases_soon(job) and self.wake_claimer is not None
-                to_claimer = continuation or (self._claimer_completes and job.queue in self.binding)
+                if self.releases_soon(job):
+                    wake = self.wake_claimer  # None for a polling worker
+                to_claimer = wake is not None or (
+                    self._claimer_completes and job.queue in self.binding
+                )
             else:
                 to_claimer = False
             if to_claimer:
                 self._claimer_done.append(done)
         if not to_claimer:
             self.completions.put(done)
-        elif continuation and self.wake_claimer is not None:
-            self.wake_claimer()
+        elif wake is not None:
+            wake()
 
     def releases_soon(self, job: Job) -> bool:
         """Whether a job's success may release a dependent soon: one waits for

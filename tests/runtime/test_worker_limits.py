@@ -222,6 +222,16 @@ def _succeeded_once_each(conn: psycopg.Connection[Any], n: int) -> None:
     assert {(attempts, succeeded) for attempts, succeeded in rows} == {(1, 1)}
 
 
+def _drain_300(store: Store, registry: Registry, conn: psycopg.Connection[Any]) -> None:
+    """Run the 300 jobs of queue q on one worker of 4 threads until all succeeded."""
+    worker = Worker(store, registry, WorkerConfig(queues={"q": None}, concurrency=4, **FAST))
+    worker.start()
+    try:
+        wait_for(lambda: states(conn, queue="q") == {"succeeded": 300}, timeout=DEADLINE)
+    finally:
+        worker.stop(timeout=5)
+
+
 @pytest.mark.parametrize(
     ("limits", "fail_every"),
     [
@@ -245,12 +255,7 @@ def test_a_worker_on_a_limited_queue_completes_its_jobs_with_its_claims(
     store.enqueue_batch(
         [NewJob(type="t", queue="q", concurrency_key=f"k{n % 7}") for n in range(300)]
     )
-    worker = Worker(store, registry, WorkerConfig(queues={"q": None}, concurrency=4, **FAST))
-    worker.start()
-    try:
-        wait_for(lambda: states(conn, queue="q") == {"succeeded": 300}, timeout=DEADLINE)
-    finally:
-        worker.stop(timeout=5)
+    _drain_300(store, registry, conn)
     assert store.completed > 0  # most rode with claims; the rest went to the completer
     if fail_every:
         assert store.failed > 0  # and the completions of a failed one were not lost
@@ -285,12 +290,7 @@ def test_a_limit_that_does_not_bind_leaves_the_successes_to_the_completer(
     registry.register("t", lambda ctx, job: None)
     store.set_queue_limits("q", **limits)
     store.enqueue_batch([NewJob(type="t", queue="q") for _ in range(300)])
-    worker = Worker(store, registry, WorkerConfig(queues={"q": None}, concurrency=4, **FAST))
-    worker.start()
-    try:
-        wait_for(lambda: states(conn, queue="q") == {"succeeded": 300}, timeout=DEADLINE)
-    finally:
-        worker.stop(timeout=5)
+    _drain_300(store, registry, conn)
     assert store.completed <= most_riding
     assert conn.execute("SELECT * FROM public.limit_violations").fetchall() == []
     _succeeded_once_each(conn, 300)
