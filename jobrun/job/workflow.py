@@ -23,6 +23,7 @@ import collections
 import dataclasses
 import datetime
 import enum
+import json
 import uuid
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, overload
@@ -210,28 +211,56 @@ class ParentResults(Mapping[str, ParentResult]):
     In the order of their ids (the order they were enqueued in).
     """
 
-    __slots__ = ("_by_key", "_list")
+    __slots__ = ("_by_key", "_list", "_text")
 
     def __init__(self, parents: Sequence[ParentResult]) -> None:
-        self._list = tuple(parents)
-        self._by_key = {(p.node if p.node is not None else str(p.id)): p for p in self._list}
+        self._text: str | None = None
+        self._keep(tuple(parents))
+
+    @classmethod
+    def decoded_later(cls, text: str) -> ParentResults:
+        """The parents from their stored form, the JSON array a claim reads, decoded
+        when first read: most handlers never look at them, and decoding every
+        claimed child's parents was a third of what a fan-out's child cost the
+        worker more than a plain job (``make bench``'s workflows rows)."""
+        parents = cls.__new__(cls)
+        parents._text = text
+        return parents
+
+    def _keep(self, parents: tuple[ParentResult, ...]) -> None:
+        self._by_key = {(p.node if p.node is not None else str(p.id)): p for p in parents}
+        self._list = parents  # last: a reader on another thread takes it as the sign
+
+    @property
+    def _parents(self) -> tuple[ParentResult, ...]:
+        try:
+            return self._list
+        except AttributeError:  # decoded_later, not read yet (two first readers: both decode)
+            assert self._text is not None
+            self._keep(tuple(parent_result(item) for item in json.loads(self._text)))
+            return self._list
+
+    @property
+    def _keys(self) -> dict[str, ParentResult]:
+        self._parents  # noqa: B018 (decodes them, if not done yet)
+        return self._by_key
 
     def __getitem__(self, key: str | uuid.UUID) -> ParentResult:
         if isinstance(key, uuid.UUID):
-            for parent in self._list:
+            for parent in self._parents:
                 if parent.id == key:
                     return parent
             raise KeyError(key)
-        return self._by_key[key]
+        return self._keys[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._by_key)
+        return iter(self._keys)
 
     def __len__(self) -> int:
-        return len(self._list)
+        return len(self._parents)
 
     def __repr__(self) -> str:
-        return f"ParentResults({list(self._list)!r})"
+        return f"ParentResults({list(self._parents)!r})"
 
     def result(self, key: str | uuid.UUID) -> JSONValue:
         """The result of one parent (KeyError when there is none by that key)."""
@@ -249,16 +278,16 @@ class ParentResults(Mapping[str, ParentResult]):
         type (an ``async def`` task's too; as JSON brought them back: a tuple
         returned is a list here)."""
         kind = task if isinstance(task, str) else task.type
-        return [p.result for p in self._list if p.ok and p.type == kind]
+        return [p.result for p in self._parents if p.ok and p.type == kind]
 
     @property
     def failed(self) -> list[ParentResult]:
         """The parents that ended dead or cancelled (empty unless policy 'run')."""
-        return [p for p in self._list if not p.ok]
+        return [p for p in self._parents if not p.ok]
 
     @property
     def all(self) -> tuple[ParentResult, ...]:
-        return self._list
+        return self._parents
 
 
 NO_PARENTS = ParentResults(())

@@ -39,7 +39,7 @@ from jobrun.job import propagation
 from jobrun.job.errors import DatabaseError, OutcomeUnknown, PoolerError, TransientError
 from jobrun.job.model import Backoff, Event, EventKind, Job, NewJob, Schedule, State
 from jobrun.job.validate import redact
-from jobrun.job.workflow import ParentResults, parent_result
+from jobrun.job.workflow import ParentResults
 from jobrun.postgres.sqlc import jobs as q
 from jobrun.postgres.sqlc import models
 
@@ -186,11 +186,12 @@ def job_from_row(row: JobRow) -> Job:
     )
 
 
-def _parents(value: Any) -> ParentResults | None:
-    """The claim's aggregate of a job's parents as the domain's (None: no parents)."""
+def _parents(value: str | None) -> ParentResults | None:
+    """The claim's aggregate of a job's parents (its JSON text) as the domain's,
+    decoded when the handler first reads it (None: no parents)."""
     if value is None:
         return None
-    return ParentResults([parent_result(item) for item in value])
+    return ParentResults.decoded_later(value)
 
 
 class InsertedRow(Protocol):

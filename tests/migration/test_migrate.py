@@ -236,6 +236,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0020.release_by_statement",
         "0021.claim_function",
         "0022.dependency_churn",
+        "0023.release_trigger_new_rows",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before

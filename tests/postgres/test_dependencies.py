@@ -344,6 +344,28 @@ def test_a_parent_retried_and_finishing_again_counts_once(store: Store) -> None:
     assert state(store, child.id) is State.WAITING
 
 
+def test_a_finished_parents_row_updated_again_counts_once(
+    store: Store, conn: psycopg.Connection[Any]
+) -> None:
+    # The trigger hands on every finished parent of a statement (migration
+    # 0023), finished before or not: its edges, done, keep it from counting
+    # twice, whatever updates its row later (a dead one set dead again too).
+    client = jobrun.Client(store)
+    a = client.enqueue("step", queue="qa")
+    b = client.enqueue("step", queue="qb")
+    child = client.enqueue("child", after=[a, b], queue="qc")
+    run_to_success(store, a.id)
+    for _ in range(2):
+        conn.execute("UPDATE jobrun.jobs SET updated_at = now() WHERE id = %s", [a.id])
+        conn.execute("UPDATE jobrun.jobs SET state = state WHERE id IN (%s, %s)", [a.id, b.id])
+    assert store.get(child.id).pending_parents == 1
+    assert state(store, child.id) is State.WAITING
+    run_to_success(store, b.id)
+    assert state(store, child.id) is State.QUEUED
+    released = [e for e in store.events(child.id) if e.kind == "released"]
+    assert len(released) == 1
+
+
 def test_a_waiting_job_cancels_but_does_not_retry(store: Store) -> None:
     client = jobrun.Client(store)
     a = client.enqueue("step")
