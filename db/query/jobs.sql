@@ -177,12 +177,13 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 SELECT c.*,
        -- A job with parents (on_parent_failure set, migration 0016) gets
        -- their outcomes, read through the edges' primary key; a plain job
-       -- pays this CASE only. As text: the worker decodes it only if the
-       -- handler reads it (ParentResults.decoded_later).
+       -- pays this CASE only. As JSON text, built as text (json_agg, not
+       -- jsonb's binary form): the worker decodes it only if the handler
+       -- reads it (ParentResults.decoded_later).
        CASE WHEN c.on_parent_failure IS NOT NULL THEN (
-           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
-                                               'state', p.state, 'result', p.result,
-                                               'error', p.last_error) ORDER BY p.id)
+           SELECT json_agg(json_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                             'state', p.state, 'result', p.result,
+                                             'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
            WHERE d.child_id = c.id) END::text AS parent_results,
        -- A job others wait for gets the fewest parents one of them still
@@ -351,12 +352,13 @@ WITH lim AS MATERIALIZED (
 SELECT claimed.*,
        -- A job with parents (on_parent_failure set, migration 0016) gets
        -- their outcomes, read through the edges' primary key; a plain job
-       -- pays this CASE only. As text: the worker decodes it only if the
-       -- handler reads it (ParentResults.decoded_later).
+       -- pays this CASE only. As JSON text, built as text (json_agg, not
+       -- jsonb's binary form): the worker decodes it only if the handler
+       -- reads it (ParentResults.decoded_later).
        CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
-           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
-                                               'state', p.state, 'result', p.result,
-                                               'error', p.last_error) ORDER BY p.id)
+           SELECT json_agg(json_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                             'state', p.state, 'result', p.result,
+                                             'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
            WHERE d.child_id = claimed.id) END::text AS parent_results,
        -- As in ClaimJobs: the fewest parents a job waiting for it still waits for.

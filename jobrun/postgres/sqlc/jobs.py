@@ -172,12 +172,13 @@ CLAIM_JOBS: Final = """\
 SELECT c.id, c.queue, c.type, c.payload, c.priority, c.state, c.attempts, c.max_attempts, c.backoff, c.run_at, c.lease_owner, c.lease_token, c.lease_expires_at, c.cancel_requested, c.idempotency_key, c.last_error, c.created_at, c.updated_at, c.finished_at, c.finished_token, c.result, c.notify_finished, c.trace_context, c.concurrency_key, c.snoozes, c.progress, c.progress_message, c.progress_at, c.started_at, c.releases, c.pending_parents, c.has_dependents, c.on_parent_failure, c.workflow_id, c.workflow_node,
        -- A job with parents (on_parent_failure set, migration 0016) gets
        -- their outcomes, read through the edges' primary key; a plain job
-       -- pays this CASE only. As text: the worker decodes it only if the
-       -- handler reads it (ParentResults.decoded_later).
+       -- pays this CASE only. As JSON text, built as text (json_agg, not
+       -- jsonb's binary form): the worker decodes it only if the handler
+       -- reads it (ParentResults.decoded_later).
        CASE WHEN c.on_parent_failure IS NOT NULL THEN (
-           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
-                                               'state', p.state, 'result', p.result,
-                                               'error', p.last_error) ORDER BY p.id)
+           SELECT json_agg(json_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                             'state', p.state, 'result', p.result,
+                                             'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
            WHERE d.child_id = c.id) END::text AS parent_results,
        -- A job others wait for gets the fewest parents one of them still
@@ -365,12 +366,13 @@ WITH lim AS MATERIALIZED (
 SELECT claimed.id, claimed.queue, claimed.type, claimed.payload, claimed.priority, claimed.state, claimed.attempts, claimed.max_attempts, claimed.backoff, claimed.run_at, claimed.lease_owner, claimed.lease_token, claimed.lease_expires_at, claimed.cancel_requested, claimed.idempotency_key, claimed.last_error, claimed.created_at, claimed.updated_at, claimed.finished_at, claimed.finished_token, claimed.result, claimed.notify_finished, claimed.trace_context, claimed.concurrency_key, claimed.snoozes, claimed.progress, claimed.progress_message, claimed.progress_at, claimed.started_at, claimed.releases, claimed.pending_parents, claimed.has_dependents, claimed.on_parent_failure, claimed.workflow_id, claimed.workflow_node,
        -- A job with parents (on_parent_failure set, migration 0016) gets
        -- their outcomes, read through the edges' primary key; a plain job
-       -- pays this CASE only. As text: the worker decodes it only if the
-       -- handler reads it (ParentResults.decoded_later).
+       -- pays this CASE only. As JSON text, built as text (json_agg, not
+       -- jsonb's binary form): the worker decodes it only if the handler
+       -- reads it (ParentResults.decoded_later).
        CASE WHEN claimed.on_parent_failure IS NOT NULL THEN (
-           SELECT jsonb_agg(jsonb_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
-                                               'state', p.state, 'result', p.result,
-                                               'error', p.last_error) ORDER BY p.id)
+           SELECT json_agg(json_build_object('id', p.id, 'type', p.type, 'node', p.workflow_node,
+                                             'state', p.state, 'result', p.result,
+                                             'error', p.last_error) ORDER BY p.id)
            FROM jobrun.job_dependencies AS d JOIN jobrun.jobs AS p ON p.id = d.parent_id
            WHERE d.child_id = claimed.id) END::text AS parent_results,
        -- As in ClaimJobs: the fewest parents a job waiting for it still waits for.
