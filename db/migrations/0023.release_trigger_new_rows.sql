@@ -1,7 +1,8 @@
 -- depends: 0022.dependency_churn
 
--- The release trigger reads the statement's new rows only (issue 29, the
--- cost per node; issue 27, less work per update of jobs).
+-- The release trigger reads the statement's new rows only, and the release
+-- reads a finished parent's edges once (issue 29, the cost per node; issue
+-- 27, less work per update of jobs).
 --
 -- Migration 0020's trigger kept both transition tables of every UPDATE of
 -- jobs (claims, completions, heartbeats: each row copied twice into a
@@ -21,6 +22,13 @@
 -- at once), or when a retry reopens it for a parent it queues again in the
 -- same transaction (ReopenEdges, RequeueJobs), no statement in between.
 --
+-- jobrun.parents_finished read the finished parents' edges three times
+-- through job_dependencies_parent_idx (to lock their children, to count
+-- them, to mark them done); it now marks them done first and locks and
+-- counts from what that update returned. Only the transaction finishing a
+-- parent writes its edges (a retry reopens them under the workflow's lock),
+-- so updating them before the children are locked orders nothing new.
+--
 -- Locks and time: DROP/CREATE TRIGGER take SHARE ROW EXCLUSIVE on jobs for
 -- a catalog change (no scan): a moment, after the transactions using jobs.
 UPDATE jobrun.schema_version SET at = at
@@ -32,6 +40,103 @@ WHERE set_config('search_path',
                   WHERE n.oid = (SELECT t.typnamespace FROM pg_catalog.pg_type AS t
                                  WHERE t.oid = pg_typeof(NULL::jobrun.job_state)::oid)),
                  true) IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION jobrun.parents_finished(finished_ids uuid[], finished_states jobrun.job_state[])
+RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    wake_channel text := COALESCE(NULLIF(current_setting('jobrun_notify.channel', true), ''),
+                                  'jobrun_jobs');
+    outer_flag text := current_setting('jobrun_deps.cascade', true);
+    frontier uuid[] := finished_ids;
+    frontier_states job_state[] := finished_states;
+    more uuid[];
+    edge_children uuid[];
+    edge_parents uuid[];
+BEGIN
+    PERFORM set_config('jobrun_deps.cascade', 'on', true);
+    WHILE cardinality(frontier) > 0 LOOP
+        -- The finished parents' edges marked done, once: what this returns is
+        -- what is counted, read from the edges' parent index only here.
+        WITH e AS (
+            UPDATE job_dependencies AS d SET done = true
+            WHERE d.parent_id = ANY(frontier) AND NOT d.done
+            RETURNING d.child_id, d.parent_id
+        )
+        SELECT COALESCE(array_agg(e.child_id), '{}'), COALESCE(array_agg(e.parent_id), '{}')
+        INTO edge_children, edge_parents
+        FROM e;
+
+        -- The children, locked in id order before any is changed.
+        PERFORM 1 FROM jobs AS c
+        WHERE c.id = ANY(edge_children) AND c.state = 'waiting'
+        ORDER BY c.id
+        FOR NO KEY UPDATE OF c;
+
+        WITH p AS (
+            SELECT * FROM unnest(frontier, frontier_states) AS p(id, state)
+        ), counted AS (
+            SELECT e.child_id, count(*)::int AS n,
+                   min(e.parent_id::text) AS first_parent,
+                   min(e.parent_id::text) FILTER (WHERE p.state <> 'succeeded') AS failed_parent
+            FROM unnest(edge_children, edge_parents) AS e(child_id, parent_id)
+            JOIN p ON p.id = e.parent_id
+            GROUP BY e.child_id
+        ), moved AS (
+            UPDATE jobs AS c
+            SET pending_parents = c.pending_parents - counted.n,
+                state = CASE WHEN counted.failed_parent IS NOT NULL
+                                  AND c.on_parent_failure = 'cancel' THEN 'cancelled'
+                             WHEN c.pending_parents = counted.n THEN 'queued'
+                             ELSE 'waiting' END::job_state,
+                finished_at = CASE WHEN counted.failed_parent IS NOT NULL
+                                        AND c.on_parent_failure = 'cancel' THEN now() END,
+                last_error = CASE WHEN counted.failed_parent IS NOT NULL
+                                       AND c.on_parent_failure = 'cancel'
+                                  THEN (SELECT format('parent %s%s ended %s', f.id,
+                                                      COALESCE(' (' || f.workflow_node || ')', ''),
+                                                      f.state)
+                                        FROM jobs AS f WHERE f.id = counted.failed_parent::uuid)
+                                  ELSE c.last_error END,
+                updated_at = now()
+            FROM counted
+            WHERE c.id = counted.child_id AND c.state = 'waiting'
+            RETURNING c.id, c.queue, c.state, c.attempts, c.run_at, c.notify_finished,
+                      c.has_dependents,
+                      COALESCE(counted.failed_parent, counted.first_parent)::uuid AS parent
+        ), ev AS (
+            INSERT INTO job_events (job_id, kind, attempt, detail)
+            SELECT moved.id, CASE WHEN moved.state = 'queued' THEN 'released' ELSE 'cancelled' END,
+                   moved.attempts,
+                   jsonb_build_object('via', 'dependency', 'parent', moved.parent,
+                                      'parent_state', p.state)
+            FROM moved JOIN p ON p.id = moved.parent
+            WHERE moved.state <> 'waiting'
+        ), finished AS (
+            SELECT pg_notify(wake_channel || '_done', moved.id::text) FROM moved
+            WHERE moved.state = 'cancelled' AND moved.notify_finished
+        ), wake AS (
+            SELECT pg_notify(wake_channel,
+                             CASE WHEN r.delay_ms > 0 THEN r.queue || '@' || r.delay_ms
+                                  ELSE r.queue END)
+            FROM (SELECT moved.queue,
+                         max(ceil(1000 * extract(epoch FROM moved.run_at - clock_timestamp())))::int8
+                             AS delay_ms
+                  FROM moved WHERE moved.state = 'queued' GROUP BY moved.queue) AS r
+            WHERE pg_notification_queue_usage() < 0.5
+        )
+        SELECT COALESCE(array_agg(moved.id ORDER BY moved.id)
+                            FILTER (WHERE moved.state = 'cancelled' AND moved.has_dependents),
+                        '{}')
+        INTO more
+        FROM moved
+        WHERE (SELECT count(*) FROM finished) >= 0 AND (SELECT count(*) FROM wake) >= 0;
+
+        frontier := more;
+        frontier_states := array_fill('cancelled'::job_state, ARRAY[cardinality(more)]);
+    END LOOP;
+    PERFORM set_config('jobrun_deps.cascade', COALESCE(outer_flag, ''), true);
+END
+$$;
 
 CREATE OR REPLACE FUNCTION jobrun.jobs_release_dependents_of_statement() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
