@@ -107,7 +107,12 @@ class AsyncEnqueue(AsyncTransactions):
         if r is None:
             return None
         return q.EnqueueJobRow(
-            id=r[0], run_at=r[1], created_at=r[2], updated_at=r[3], notify_queue_usage=r[4]
+            id=r[0],
+            run_at=r[1],
+            created_at=r[2],
+            updated_at=r[3],
+            notify_queue_usage=r[4],
+            notified=r[5],
         )
 
     async def _enqueue_on(

@@ -130,7 +130,7 @@ class AsyncQueries(QueriesBase):
         while idle in a long transaction keeps it from draining, and a full queue
         fails every COMMIT that notifies), no notification is sent and workers
         find the job by polling. notify_queue_usage tells the caller the queue's
-        usage (0 on a replay).
+        usage.
 
         Every new job is announced, a delayed one too (the spec: one notification
         per enqueue). The payload of a job due now is its queue's name; a delayed
@@ -182,6 +182,7 @@ class AsyncQueries(QueriesBase):
             created_at=r[2],
             updated_at=r[3],
             notify_queue_usage=r[4],
+            notified=r[5],
         )
 
     async def enqueue_keyed_job(
@@ -243,6 +244,7 @@ class AsyncQueries(QueriesBase):
             created_at=r[2],
             updated_at=r[3],
             notify_queue_usage=r[4],
+            notified=r[5],
         )
 
     async def same_payloads(
