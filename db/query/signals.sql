@@ -229,8 +229,9 @@ WITH wf AS (
            count(*) FILTER (WHERE jobs.state = 'succeeded')::int8 AS succeeded,
            count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
            count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled
-    FROM jobrun.jobs AS jobs, wf
-    WHERE jobs.workflow_id = wf.id
+    FROM wf
+    JOIN jobrun.workflow_jobs AS m ON m.workflow_id = wf.id
+    JOIN jobrun.jobs AS jobs ON jobs.id = m.job_id
 )
 SELECT wf.id, counts.unfinished, counts.succeeded, counts.dead, counts.cancelled
 FROM wf, counts;
@@ -250,14 +251,15 @@ WITH ins AS (
     ON CONFLICT (workflow_id, name, key) DO NOTHING
     RETURNING workflow_signals.workflow_id
 ), parked AS (
-    SELECT jobs.id FROM jobrun.jobs AS jobs
-    WHERE jobs.workflow_id = sqlc.arg(workflow_id)::uuid AND jobs.state = 'queued'
+    SELECT jobs.id FROM jobrun.workflow_jobs AS m
+    JOIN jobrun.jobs AS jobs ON jobs.id = m.job_id
+    WHERE m.workflow_id = sqlc.arg(workflow_id)::uuid AND jobs.state = 'queued'
       AND jobs.run_at > now()
       AND EXISTS (SELECT 1 FROM ins)
       AND EXISTS (SELECT 1 FROM jobrun.job_waits AS waits
                   WHERE waits.job_id = jobs.id AND waits.signal = sqlc.arg(name)::text)
     ORDER BY jobs.id
-    FOR NO KEY UPDATE
+    FOR NO KEY UPDATE OF jobs
 ), woke AS (
     UPDATE jobrun.jobs AS jobs
     SET run_at = now(), updated_at = now()

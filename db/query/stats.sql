@@ -108,7 +108,7 @@ SELECT pg_notification_queue_usage()::float8 AS usage, now()::timestamptz AS db_
 -- derives their states (WorkflowState.of) and times to completion from
 -- them. Its cost: the
 -- window's rows of workflows_created_idx, and each counted workflow's jobs
--- read by workflow_id (jobs_workflow_idx; both of migration 0018); never
+-- read through workflow_jobs' primary key (migration 0024); never
 -- the history of other jobs.
 WITH recent AS (
     SELECT w.id, w.created_at
@@ -128,7 +128,7 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
            count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled,
            COALESCE(max(jobs.finished_at), recent.created_at)::timestamptz AS finished_at
-    FROM jobrun.jobs AS jobs
-    WHERE jobs.workflow_id = recent.id
+    FROM jobrun.workflow_jobs AS m JOIN jobrun.jobs AS jobs ON jobs.id = m.job_id
+    WHERE m.workflow_id = recent.id
 ) AS c
 ORDER BY recent.created_at DESC, recent.id DESC;

@@ -40,7 +40,8 @@ RETURNING id;
 -- name: InsertGraphJobs :many
 -- A graph's jobs in one statement, parents before children: the roots
 -- queued, the others waiting with their count of parents, with their
--- "enqueued" events when write_event. Returns what the database decided.
+-- "enqueued" events when write_event, and, for a workflow, their rows of
+-- workflow_jobs (migration 0024). Returns what the database decided.
 WITH ins AS (
     INSERT INTO jobrun.jobs AS jobs (id, queue, type, payload, priority, max_attempts, backoff,
                       run_at, trace_context, concurrency_key, state, pending_parents,
@@ -58,6 +59,10 @@ WITH ins AS (
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE sqlc.arg(write_event)::boolean
+), members AS (
+    INSERT INTO jobrun.workflow_jobs (workflow_id, job_id)
+    SELECT sqlc.narg(workflow_id)::uuid, ins.id FROM ins
+    WHERE sqlc.narg(workflow_id)::uuid IS NOT NULL
 )
 SELECT ins.id, ins.run_at, ins.created_at, ins.updated_at FROM ins;
 
@@ -84,13 +89,13 @@ ORDER BY jobs.id;
 -- jobrun.job.workflow.WorkflowState.of, which ListWorkflows' state filter
 -- repeats in SQL (running while a job is not finished; then failed if one is
 -- dead, cancelled if one is cancelled, else succeeded). Its jobs are read
--- through jobs_workflow_idx (migration 0018).
+-- through jobrun.workflow_jobs (migration 0024).
 
 -- name: ListWorkflows :many
 -- Newest first (created_at, then id: a workflow's id is a UUIDv4, not
 -- time-ordered), through workflows_created_idx; before is the last id of
 -- the page before (keyset). Each workflow's jobs are counted by state
--- through jobs_workflow_idx; finished_at is its last job's finish once none
+-- through workflow_jobs' primary key; finished_at is its last job's finish once none
 -- can run any more.
 SELECT w.id, w.name, w.created_at, c.finished_at,
        c.waiting, c.queued, c.leased, c.succeeded, c.dead, c.cancelled
@@ -104,8 +109,8 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE j.state = 'cancelled')::int8 AS cancelled,
            (CASE WHEN bool_and(j.state IN ('succeeded', 'dead', 'cancelled'))
                  THEN max(j.finished_at) END)::timestamptz AS finished_at
-    FROM jobrun.jobs AS j
-    WHERE j.workflow_id = w.id
+    FROM jobrun.workflow_jobs AS m JOIN jobrun.jobs AS j ON j.id = m.job_id
+    WHERE m.workflow_id = w.id
 ) AS c
 WHERE (sqlc.narg(name)::text IS NULL OR w.name = sqlc.narg(name)::text)
   AND (sqlc.narg(before)::uuid IS NULL
@@ -135,9 +140,10 @@ FOR UPDATE;
 -- workflow() reads them all, the dashboard's page as many as it draws.
 SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
        jobs.max_attempts, jobs.created_at, jobs.last_error, jobs.finished_at
-FROM jobrun.jobs AS jobs
-WHERE jobs.workflow_id = sqlc.arg(id)
-ORDER BY jobs.id
+FROM jobrun.workflow_jobs AS m
+JOIN jobrun.jobs AS jobs ON jobs.id = m.job_id
+WHERE m.workflow_id = sqlc.arg(id)
+ORDER BY m.job_id
 LIMIT sqlc.narg(max_rows)::int8;
 
 -- name: WorkflowEdges :many
@@ -145,9 +151,9 @@ LIMIT sqlc.narg(max_rows)::int8;
 -- outside it), read through the edges' primary key (child_id first), in
 -- (child, parent) order, at most max_rows (NULL: all).
 SELECT d.child_id, d.parent_id, d.done
-FROM jobrun.jobs AS jobs
-JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
-WHERE jobs.workflow_id = sqlc.arg(id)
+FROM jobrun.workflow_jobs AS m
+JOIN jobrun.job_dependencies AS d ON d.child_id = m.job_id
+WHERE m.workflow_id = sqlc.arg(id)
 ORDER BY d.child_id, d.parent_id
 LIMIT sqlc.narg(max_rows)::int8;
 
@@ -164,10 +170,11 @@ WITH locked AS (
     SELECT jobs.id, jobs.state, jobs.queue, jobs.attempts, jobs.cancel_requested, jobs.run_at,
            (jobs.workflow_id IS DISTINCT FROM sqlc.arg(id)::uuid)::boolean AS outside
     FROM jobrun.jobs AS jobs
-    WHERE jobs.id IN (SELECT m.id FROM jobrun.jobs AS m WHERE m.workflow_id = sqlc.arg(id)::uuid
+    WHERE jobs.id IN (SELECT m.job_id FROM jobrun.workflow_jobs AS m
+                      WHERE m.workflow_id = sqlc.arg(id)::uuid
                       UNION
-                      SELECT d.parent_id FROM jobrun.jobs AS m
-                      JOIN jobrun.job_dependencies AS d ON d.child_id = m.id
+                      SELECT d.parent_id FROM jobrun.workflow_jobs AS m
+                      JOIN jobrun.job_dependencies AS d ON d.child_id = m.job_id
                       WHERE m.workflow_id = sqlc.arg(id)::uuid)
     ORDER BY jobs.id
     FOR UPDATE OF jobs

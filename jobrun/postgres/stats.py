@@ -17,10 +17,10 @@ database clock.
 
 Workflows (asked for with ``workflow_window``) are a fifth statement: the
 workflows created in the window, at most :data:`MAX_WORKFLOWS_COUNTED`
-(the newest), each with its jobs by state, read by ``workflow_id``. Its
-cost grows with the jobs of those workflows, not with the table's history
-(the window's rows of ``workflows_created_idx``, and ``jobs_workflow_idx``:
-migration 0018). A workflow's state is derived in Python
+(the newest), each with its jobs by state, read through ``workflow_jobs``.
+Its cost grows with the jobs of those workflows, not with the table's
+history (the window's rows of ``workflows_created_idx``, migration 0018,
+and of ``workflow_jobs``' primary key, migration 0024). A workflow's state is derived in Python
 (:meth:`jobrun.job.workflow.WorkflowState.of`), the rule the dashboard and
 the CLI use.
 """

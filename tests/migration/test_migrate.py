@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import psycopg
 import pytest
 
 from jobrun.job.errors import ValidationError
+from jobrun.job.model import DEFAULT_BACKOFF
 from jobrun.postgres import migrate as m
 from jobrun.postgres.schema import SCHEMA_VERSION
 
@@ -237,6 +240,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0021.claim_function",
         "0022.dependency_churn",
         "0023.release_trigger_new_rows",
+        "0024.workflow_members",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
@@ -549,42 +553,96 @@ def test_the_workflow_signals_migration_adds_two_tables_and_rolls_back_to_none(
     assert m.migrate(empty_dsn) == ["0019.workflow_signals"]
 
 
+def _roll_back(c: psycopg.Connection[Any], *migrations: str) -> None:
+    """Undo ``migrations`` (newest first) as ``jobrun migrate`` would see them undone."""
+    for migration in migrations:
+        c.execute((MIGRATIONS / f"{migration}.rollback.sql").read_text())
+        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = %s", (migration,))
+
+
 def test_the_workflow_index_migration_adds_two_indexes_and_rolls_back(empty_dsn: str) -> None:
     # Migration 0018 adds a partial index on jobs (workflow_id IS NOT NULL)
     # and one on workflows (created_at, id): no rewrite of jobs, and a
-    # rollback then a new migrate land where a fresh database does.
+    # rollback then a new migrate land where a fresh database does (0024
+    # then moves the jobs' index to jobrun.workflow_jobs).
     m.migrate(empty_dsn)
-    rollback = (MIGRATIONS / "0018.workflow_index.rollback.sql").read_text()
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         before = c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone()
-        c.execute(rollback)
-        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0018.workflow_index'")
+        _roll_back(c, "0024.workflow_members")
+        assert c.execute("SELECT to_regclass('jobrun.jobs_workflow_idx')").fetchone() is not None
+        _roll_back(c, "0018.workflow_index")
         assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (17,)
         assert c.execute("SELECT to_regclass('jobrun.jobs_workflow_idx')").fetchone() == (None,)
-    assert m.migrate(empty_dsn) == ["0018.workflow_index"]
+        assert c.execute("SELECT to_regclass('jobrun.workflows_created_idx')").fetchone() == (None,)
+    assert m.migrate(empty_dsn) == ["0018.workflow_index", "0024.workflow_members"]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone() == before
-        row = c.execute("SELECT pg_get_indexdef('jobrun.jobs_workflow_idx'::regclass)").fetchone()
-        assert row is not None and "WHERE (workflow_id IS NOT NULL)" in row[0]
-        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (18,)
+        row = c.execute("SELECT pg_get_indexdef('jobrun.workflows_created_idx'::regclass)")
+        assert "(created_at, id)" in row.fetchone()[0]
+        assert c.execute("SELECT to_regclass('jobrun.jobs_workflow_idx')").fetchone() == (None,)
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (24,)
 
 
-def test_the_workflow_index_built_concurrently_beforehand_is_kept(empty_dsn: str) -> None:
-    # docs/upgrading.md: an operator who cannot stop writes for the CREATE
-    # INDEX builds it CONCURRENTLY first; the migration then skips it.
+def test_the_workflow_index_built_concurrently_beforehand_is_taken(empty_dsn: str) -> None:
+    # docs/upgrading.md: an operator who cannot stop writes for 0018's CREATE
+    # INDEX builds it CONCURRENTLY first; the migration then skips it, and
+    # 0024 reads the workflows' jobs through it before dropping it.
     m.migrate(empty_dsn)
-    rollback = (MIGRATIONS / "0018.workflow_index.rollback.sql").read_text()
     with psycopg.connect(empty_dsn, autocommit=True) as c:
-        c.execute(rollback)
-        c.execute("DELETE FROM jobrun._yoyo_migration WHERE migration_id = '0018.workflow_index'")
+        _roll_back(c, "0024.workflow_members", "0018.workflow_index")
         c.execute(
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_workflow_idx ON jobrun.jobs"
             " (workflow_id) WHERE workflow_id IS NOT NULL"
         )
-        before = c.execute("SELECT 'jobrun.jobs_workflow_idx'::regclass::oid").fetchone()
-    assert m.migrate(empty_dsn) == ["0018.workflow_index"]
+    assert m.migrate(empty_dsn) == ["0018.workflow_index", "0024.workflow_members"]
     with psycopg.connect(empty_dsn) as c:
-        assert c.execute("SELECT 'jobrun.jobs_workflow_idx'::regclass::oid").fetchone() == before
+        assert c.execute("SELECT to_regclass('jobrun.jobs_workflow_idx')").fetchone() == (None,)
+
+
+def test_the_workflow_members_migration_copies_every_workflow_job_and_rolls_back(
+    empty_dsn: str,
+) -> None:
+    # Migration 0024: a workflow enqueued before it keeps all its jobs (one
+    # row each in workflow_jobs; a plain job gets none), jobs is not
+    # rewritten, and its rollback puts 0018's index back.
+    m.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        _roll_back(c, "0024.workflow_members")
+        assert c.execute("SELECT to_regclass('jobrun.workflow_jobs')").fetchone() == (None,)
+        flow = uuid.uuid4()
+        c.execute("INSERT INTO jobrun.workflows (id, name) VALUES (%s, 'old')", (flow,))
+        backoff = json.dumps(DEFAULT_BACKOFF.to_json())
+        c.execute(
+            "INSERT INTO jobrun.jobs (id, queue, type, payload, backoff, workflow_id,"
+            " workflow_node) SELECT gen_random_uuid(), 'q', 't', '{}', %s, %s, 'n' || g"
+            " FROM generate_series(1, 3) g",
+            (backoff, flow),
+        )
+        c.execute(
+            "INSERT INTO jobrun.jobs (id, queue, type, payload, backoff)"
+            " VALUES (gen_random_uuid(), 'q', 't', '{}', %s)",
+            (backoff,),
+        )
+        members = c.execute(
+            "SELECT workflow_id, id FROM jobrun.jobs WHERE workflow_id IS NOT NULL ORDER BY id"
+        ).fetchall()
+        before = c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone()
+    assert m.migrate(empty_dsn) == ["0024.workflow_members"]
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        assert len(members) == 3
+        assert (
+            c.execute(
+                "SELECT workflow_id, job_id FROM jobrun.workflow_jobs ORDER BY job_id"
+            ).fetchall()
+            == members
+        )
+        assert c.execute("SELECT to_regclass('jobrun.jobs_workflow_idx')").fetchone() == (None,)
+        assert c.execute("SELECT pg_relation_filenode('jobrun.jobs')").fetchone() == before
+        _roll_back(c, "0024.workflow_members")
+        assert c.execute("SELECT version FROM jobrun.schema_version").fetchone() == (23,)
+        assert c.execute("SELECT to_regclass('jobrun.workflow_jobs')").fetchone() == (None,)
+        assert c.execute("SELECT to_regclass('jobrun.jobs_workflow_idx')").fetchone() is not None
+    assert m.migrate(empty_dsn) == ["0024.workflow_members"]
 
 
 def test_the_statement_release_migration_rolls_back_to_the_row_trigger(empty_dsn: str) -> None:

@@ -27,5 +27,6 @@ JOBRUN_TABLES = (
     "job_signals",
     "workflow_signals",
     "workflow_signal_deliveries",
+    "workflow_jobs",
 )
 """jobrun's tables (schema jobrun); the fault suite's handlers also write public.effects."""

@@ -3,14 +3,10 @@
 On a table of many finished jobs outside any workflow and a few thousand
 workflows (ANALYZEd), no workflow statement of db/query/web.sql or
 db/query/stats.sql reads ``jobs`` by a sequential scan, in the custom plan
-nor in the generic one: a workflow's jobs are found by ``workflow_id``.
-
-Those indexes are migration 0018's (issue 29, item 7, the "wfops" part:
-``jobs_workflow_idx`` on ``jobs (workflow_id)``, ``workflows_created_idx``
-on ``workflows (created_at, id)``); until it is on this branch, the fixture
-creates the same ones when no index of ``jobs`` leads with
-``workflow_id``. With them, the workflows are read along
-``workflows_created_idx`` too, never by a sequential scan.
+nor in the generic one: a workflow's jobs are found through
+``jobrun.workflow_jobs`` (migration 0024: its primary key leads with
+``workflow_id``) and the workflows along ``workflows_created_idx``
+(migration 0018), never by a sequential scan.
 """
 
 from __future__ import annotations
@@ -48,17 +44,13 @@ SELECT gen_random_uuid(), 'a', 't', '{}', %(backoff)s,
        ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'n' || n,
        CASE WHEN n = 5 AND g %% 3 = 0 THEN 1 ELSE 0 END
 FROM generate_series(1, 3000) g, generate_series(1, 5) n;
+INSERT INTO jobrun.workflow_jobs (workflow_id, job_id)
+SELECT workflow_id, id FROM jobrun.jobs WHERE workflow_id IS NOT NULL;
 INSERT INTO jobrun.job_dependencies (child_id, parent_id, done)
 SELECT c.id, p.id, p.state = 'succeeded'
 FROM jobrun.jobs c JOIN jobrun.jobs p
   ON p.workflow_id = c.workflow_id AND p.workflow_node = 'n1' AND c.workflow_node <> 'n1'
 """
-
-WORKFLOW_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS jobs_workflow_idx ON jobrun.jobs (workflow_id)"
-    " WHERE workflow_id IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS workflows_created_idx ON jobrun.workflows (created_at, id)",
-)
 
 SOME = uuid.UUID("00000000-0000-4000-8000-000000000064")
 
@@ -70,17 +62,7 @@ def big(admin_dsn: str) -> Any:
         for statement in SEED.split(";"):
             if statement.strip():
                 conn.execute(statement, params)
-        leading = conn.execute(
-            """
-            SELECT count(*) FROM pg_catalog.pg_index i
-            JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-            WHERE i.indrelid = 'jobrun.jobs'::regclass AND a.attname = 'workflow_id'
-            """
-        ).fetchone()
-        if leading is None or leading[0] == 0:
-            for index in WORKFLOW_INDEXES:
-                conn.execute(index)
-        for table in ("jobs", "workflows", "job_dependencies"):
+        for table in ("jobs", "workflows", "workflow_jobs", "job_dependencies"):
             conn.execute(f"VACUUM ANALYZE jobrun.{table}")
         yield conn
 
@@ -108,25 +90,28 @@ def test_no_workflow_read_scans_jobs_sequentially(big: psycopg.Connection[Any]) 
             found = [f"{s.node} {s.relation} {s.index}" for s in scans(plan)]
             assert seq_scans(plan) == [], (name, mode, found)
             if name != "workflow":
-                indexes = {s.index for s in scans(plan) if s.relation == "jobs"}
-                assert indexes and None not in indexes, (name, mode, found)
-            walked = [s for s in scans(plan) if s.relation == "workflows"]
+                on_jobs = {s.index for s in scans(plan) if s.relation == "jobs"}
+                assert None not in on_jobs, (name, mode, found)
+                members = {s.index for s in scans(plan)} & {"workflow_jobs_pkey"}
+                assert members or "workflows_created_idx" in {s.index for s in scans(plan)}, (
+                    name,
+                    mode,
+                    found,
+                )
+            walked = [s for s in scans(plan) if s.relation in ("workflows", "workflow_jobs")]
             assert all(s.node != "Seq Scan" for s in walked), (name, mode, found)
 
 
+def _members_scanned(plan: Any) -> set[str]:
+    return {s.node for s in scans(plan) if s.relation == "workflow_jobs"}
+
+
 def test_the_plan_check_sees_a_seq_scan_without_the_index(big: psycopg.Connection[Any]) -> None:
-    """Not vacuous: without an index on workflow_id, the jobs of a workflow are a seq scan."""
+    """Not vacuous: without workflow_jobs' primary key, a workflow's jobs are a seq scan."""
+    assert "Seq Scan" not in _members_scanned(explain(big, *STATEMENTS["workflow-jobs"]))
     with big.transaction(force_rollback=True):
-        for (name,) in big.execute(
-            """
-            SELECT c.relname FROM pg_catalog.pg_index i
-            JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
-            JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-            WHERE i.indrelid = 'jobrun.jobs'::regclass AND a.attname = 'workflow_id'
-            """
-        ).fetchall():
-            big.execute(f"DROP INDEX jobrun.{name}")
-        assert seq_scans(explain(big, *STATEMENTS["workflow-jobs"]))
+        big.execute("ALTER TABLE jobrun.workflow_jobs DROP CONSTRAINT workflow_jobs_pkey")
+        assert "Seq Scan" in _members_scanned(explain(big, *STATEMENTS["workflow-jobs"]))
 
 
 def test_the_reads_match_plain_sql_on_the_big_table(

@@ -938,12 +938,16 @@ WITH victims AS (
     DELETE FROM jobrun.job_waits AS waits USING victims WHERE waits.job_id = victims.id
 ), signals AS (
     DELETE FROM jobrun.job_signals AS signals USING victims WHERE signals.job_id = victims.id
+), members AS (
+    DELETE FROM jobrun.workflow_jobs AS m USING victims
+    WHERE victims.workflow_id IS NOT NULL
+      AND m.workflow_id = victims.workflow_id AND m.job_id = victims.id
 ), flows AS (
     DELETE FROM jobrun.workflows AS w
     WHERE w.id IN (SELECT DISTINCT victims.workflow_id FROM victims
                    WHERE victims.workflow_id IS NOT NULL)
-      AND NOT EXISTS (SELECT 1 FROM jobrun.jobs AS left_ WHERE left_.workflow_id = w.id
-                      AND left_.id <> ALL(ARRAY(SELECT victims.id FROM victims)))
+      AND NOT EXISTS (SELECT 1 FROM jobrun.workflow_jobs AS left_ WHERE left_.workflow_id = w.id
+                      AND left_.job_id <> ALL(ARRAY(SELECT victims.id FROM victims)))
     RETURNING w.id
 ), deliveries AS (
     DELETE FROM jobrun.workflow_signal_deliveries AS d USING victims
@@ -2944,9 +2948,10 @@ class Queries(QueriesBase):
         trigger; only a job's lease holder writes steps and waits (a job being
         purged has none), and a signal is refused to a finished job. A job that
         had parents takes its edges with it (migration 0016; a plain job costs no
-        lookup). A workflow whose last jobs go goes with them (its row in
-        workflows, and its workflow signals of migration 0019), found through
-        jobs_workflow_idx (migration 0018): the jobs of its own still there are
+        lookup). A workflow's job takes its row of workflow_jobs with it
+        (migration 0024), and a workflow whose last jobs go goes with them (its
+        row in workflows, and its workflow signals of migration 0019), found
+        through workflow_jobs' primary key: the jobs of its own still there are
         read with this statement's snapshot, which LockPurges makes exact (else
         two purges at once, each deleting half of one workflow's last jobs, would
         both see the other's half and leave its row). A workflow's job takes its

@@ -146,8 +146,8 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
            count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled,
            COALESCE(max(jobs.finished_at), recent.created_at)::timestamptz AS finished_at
-    FROM jobrun.jobs AS jobs
-    WHERE jobs.workflow_id = recent.id
+    FROM jobrun.workflow_jobs AS m JOIN jobrun.jobs AS jobs ON jobs.id = m.job_id
+    WHERE m.workflow_id = recent.id
 ) AS c
 ORDER BY recent.created_at DESC, recent.id DESC"""
 
@@ -271,7 +271,7 @@ class Queries(QueriesBase):
         derives their states (WorkflowState.of) and times to completion from
         them. Its cost: the
         window's rows of workflows_created_idx, and each counted workflow's jobs
-        read by workflow_id (jobs_workflow_idx; both of migration 0018); never
+        read through workflow_jobs' primary key (migration 0024); never
         the history of other jobs.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:

@@ -238,8 +238,8 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE jobs.state = 'dead')::int8 AS dead,
            count(*) FILTER (WHERE jobs.state = 'cancelled')::int8 AS cancelled,
            COALESCE(max(jobs.finished_at), page.created_at)::timestamptz AS finished_at
-    FROM jobrun.jobs AS jobs
-    WHERE jobs.workflow_id = page.id
+    FROM jobrun.workflow_jobs AS m JOIN jobrun.jobs AS jobs ON jobs.id = m.job_id
+    WHERE m.workflow_id = page.id
 ) AS c
 ORDER BY page.created_at DESC, page.id DESC"""
 
@@ -703,8 +703,8 @@ class Queries(QueriesBase):
         """Workflows (issue 29, item 7). A workflow has no state column: its state is
         derived from its jobs' by jobrun.job.workflow.WorkflowState.of, in Python,
         from the counts below (one rule for the CLI, the dashboard and the
-        metrics). A workflow's jobs are found by jobs.workflow_id (its index,
-        jobs_workflow_idx of migration 0018): a row costs an index scan of its own
+        metrics). A workflow's jobs are found through jobrun.workflow_jobs (its
+        primary key, migration 0024): a row costs an index scan of its own
         jobs (tests/web/test_workflow_queries.py EXPLAINs these). One workflow's
         page reads it as the store's workflow() does (GetWorkflow, WorkflowNodes,
         WorkflowEdges of workflows.sql), at most as many rows as it draws.
@@ -713,8 +713,8 @@ class Queries(QueriesBase):
         jobs by state and its last finish (its created_at while none has
         finished: a completion only once no job can run). Along
         workflows_created_idx (created_at, id; migration 0018) backwards from the
-        page bound, as the jobs pages along the primary key; jobs are read by
-        workflow_id (jobs_workflow_idx), only for the rows of the page.
+        page bound, as the jobs pages along the primary key; jobs are read
+        through workflow_jobs, only for the rows of the page.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(WEB_WORKFLOWS_PAGE), (before, max_rows))

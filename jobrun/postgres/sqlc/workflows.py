@@ -66,6 +66,10 @@ WITH ins AS (
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt)
     SELECT ins.id, 'enqueued', 0 FROM ins WHERE $17::boolean
+), members AS (
+    INSERT INTO jobrun.workflow_jobs (workflow_id, job_id)
+    SELECT $15::uuid, ins.id FROM ins
+    WHERE $15::uuid IS NOT NULL
 )
 SELECT ins.id, ins.run_at, ins.created_at, ins.updated_at FROM ins"""
 
@@ -106,8 +110,8 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE j.state = 'cancelled')::int8 AS cancelled,
            (CASE WHEN bool_and(j.state IN ('succeeded', 'dead', 'cancelled'))
                  THEN max(j.finished_at) END)::timestamptz AS finished_at
-    FROM jobrun.jobs AS j
-    WHERE j.workflow_id = w.id
+    FROM jobrun.workflow_jobs AS m JOIN jobrun.jobs AS j ON j.id = m.job_id
+    WHERE m.workflow_id = w.id
 ) AS c
 WHERE ($1::text IS NULL OR w.name = $1::text)
   AND ($2::uuid IS NULL
@@ -147,9 +151,10 @@ FOR UPDATE"""
 WORKFLOW_NODES: Final = """\
 SELECT jobs.id, jobs.workflow_node, jobs.type, jobs.queue, jobs.state, jobs.attempts,
        jobs.max_attempts, jobs.created_at, jobs.last_error, jobs.finished_at
-FROM jobrun.jobs AS jobs
-WHERE jobs.workflow_id = $1
-ORDER BY jobs.id
+FROM jobrun.workflow_jobs AS m
+JOIN jobrun.jobs AS jobs ON jobs.id = m.job_id
+WHERE m.workflow_id = $1
+ORDER BY m.job_id
 LIMIT $2::int8"""
 
 
@@ -169,9 +174,9 @@ class WorkflowNodesRow:
 
 WORKFLOW_EDGES: Final = """\
 SELECT d.child_id, d.parent_id, d.done
-FROM jobrun.jobs AS jobs
-JOIN jobrun.job_dependencies AS d ON d.child_id = jobs.id
-WHERE jobs.workflow_id = $1
+FROM jobrun.workflow_jobs AS m
+JOIN jobrun.job_dependencies AS d ON d.child_id = m.job_id
+WHERE m.workflow_id = $1
 ORDER BY d.child_id, d.parent_id
 LIMIT $2::int8"""
 
@@ -181,10 +186,11 @@ WITH locked AS (
     SELECT jobs.id, jobs.state, jobs.queue, jobs.attempts, jobs.cancel_requested, jobs.run_at,
            (jobs.workflow_id IS DISTINCT FROM $1::uuid)::boolean AS outside
     FROM jobrun.jobs AS jobs
-    WHERE jobs.id IN (SELECT m.id FROM jobrun.jobs AS m WHERE m.workflow_id = $1::uuid
+    WHERE jobs.id IN (SELECT m.job_id FROM jobrun.workflow_jobs AS m
+                      WHERE m.workflow_id = $1::uuid
                       UNION
-                      SELECT d.parent_id FROM jobrun.jobs AS m
-                      JOIN jobrun.job_dependencies AS d ON d.child_id = m.id
+                      SELECT d.parent_id FROM jobrun.workflow_jobs AS m
+                      JOIN jobrun.job_dependencies AS d ON d.child_id = m.job_id
                       WHERE m.workflow_id = $1::uuid)
     ORDER BY jobs.id
     FOR UPDATE OF jobs
@@ -346,7 +352,8 @@ class Queries(QueriesBase):
     ) -> list[InsertGraphJobsRow]:
         """A graph's jobs in one statement, parents before children: the roots
         queued, the others waiting with their count of parents, with their
-        "enqueued" events when write_event. Returns what the database decided.
+        "enqueued" events when write_event, and, for a workflow, their rows of
+        workflow_jobs (migration 0024). Returns what the database decided.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
@@ -417,11 +424,11 @@ class Queries(QueriesBase):
         jobrun.job.workflow.WorkflowState.of, which ListWorkflows' state filter
         repeats in SQL (running while a job is not finished; then failed if one is
         dead, cancelled if one is cancelled, else succeeded). Its jobs are read
-        through jobs_workflow_idx (migration 0018).
+        through jobrun.workflow_jobs (migration 0024).
         Newest first (created_at, then id: a workflow's id is a UUIDv4, not
         time-ordered), through workflows_created_idx; before is the last id of
         the page before (keyset). Each workflow's jobs are counted by state
-        through jobs_workflow_idx; finished_at is its last job's finish once none
+        through workflow_jobs' primary key; finished_at is its last job's finish once none
         can run any more.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
@@ -466,7 +473,7 @@ class Queries(QueriesBase):
         self,
         conn: psycopg.Connection[Any],
         *,
-        id: uuid.UUID | None,
+        id: uuid.UUID,
         max_rows: int | None,
     ) -> list[WorkflowNodesRow]:
         """A workflow's jobs in id order (the order they were enqueued in), without
@@ -495,7 +502,7 @@ class Queries(QueriesBase):
         self,
         conn: psycopg.Connection[Any],
         *,
-        id: uuid.UUID | None,
+        id: uuid.UUID,
         max_rows: int | None,
     ) -> list[JobDependency]:
         """Every edge whose child is a job of the workflow (the parent may be a job

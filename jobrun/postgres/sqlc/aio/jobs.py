@@ -1908,9 +1908,10 @@ class AsyncQueries(QueriesBase):
         trigger; only a job's lease holder writes steps and waits (a job being
         purged has none), and a signal is refused to a finished job. A job that
         had parents takes its edges with it (migration 0016; a plain job costs no
-        lookup). A workflow whose last jobs go goes with them (its row in
-        workflows, and its workflow signals of migration 0019), found through
-        jobs_workflow_idx (migration 0018): the jobs of its own still there are
+        lookup). A workflow's job takes its row of workflow_jobs with it
+        (migration 0024), and a workflow whose last jobs go goes with them (its
+        row in workflows, and its workflow signals of migration 0019), found
+        through workflow_jobs' primary key: the jobs of its own still there are
         read with this statement's snapshot, which LockPurges makes exact (else
         two purges at once, each deleting half of one workflow's last jobs, would
         both see the other's half and leave its row). A workflow's job takes its

@@ -143,7 +143,7 @@ class AsyncQueries(QueriesBase):
         derives their states (WorkflowState.of) and times to completion from
         them. Its cost: the
         window's rows of workflows_created_idx, and each counted workflow's jobs
-        read by workflow_id (jobs_workflow_idx; both of migration 0018); never
+        read through workflow_jobs' primary key (migration 0024); never
         the history of other jobs.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:

@@ -119,7 +119,8 @@ class AsyncQueries(QueriesBase):
     ) -> list[InsertGraphJobsRow]:
         """A graph's jobs in one statement, parents before children: the roots
         queued, the others waiting with their count of parents, with their
-        "enqueued" events when write_event. Returns what the database decided.
+        "enqueued" events when write_event, and, for a workflow, their rows of
+        workflow_jobs (migration 0024). Returns what the database decided.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
@@ -190,11 +191,11 @@ class AsyncQueries(QueriesBase):
         jobrun.job.workflow.WorkflowState.of, which ListWorkflows' state filter
         repeats in SQL (running while a job is not finished; then failed if one is
         dead, cancelled if one is cancelled, else succeeded). Its jobs are read
-        through jobs_workflow_idx (migration 0018).
+        through jobrun.workflow_jobs (migration 0024).
         Newest first (created_at, then id: a workflow's id is a UUIDv4, not
         time-ordered), through workflows_created_idx; before is the last id of
         the page before (keyset). Each workflow's jobs are counted by state
-        through jobs_workflow_idx; finished_at is its last job's finish once none
+        through workflow_jobs' primary key; finished_at is its last job's finish once none
         can run any more.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
@@ -249,7 +250,7 @@ class AsyncQueries(QueriesBase):
         self,
         conn: psycopg.AsyncConnection[Any],
         *,
-        id: uuid.UUID | None,
+        id: uuid.UUID,
         max_rows: int | None,
     ) -> list[WorkflowNodesRow]:
         """A workflow's jobs in id order (the order they were enqueued in), without
@@ -278,7 +279,7 @@ class AsyncQueries(QueriesBase):
         self,
         conn: psycopg.AsyncConnection[Any],
         *,
-        id: uuid.UUID | None,
+        id: uuid.UUID,
         max_rows: int | None,
     ) -> list[JobDependency]:
         """Every edge whose child is a job of the workflow (the parent may be a job
