@@ -31,6 +31,12 @@ function (a coroutine function in aio/) that reads the rows, so that in a
 psycopg pipeline the statements sent after it, COMMIT among them, leave in
 the same round trip. The directive is left out of the docstrings.
 
+A comment line ``-- @nullable col [col ...]`` names result columns that may
+be NULL although sqlc infers them NOT NULL (it does so for any cast, e.g. a
+``CASE`` without ``ELSE`` or an aggregate over no rows, cast with ``::``):
+their fields are typed ``X | None`` and converted only when not None. A name
+that is no result column of the query is an error.
+
 Everything it cannot map (a type, a command, an ``any`` column) is an error
 naming the query: the plugin exits 1 with all problems on stderr.
 
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import functools
 import json
 import keyword
@@ -62,9 +69,11 @@ from typing import Any
 GENERATOR = "sqlc-gen-psycopg"
 # Bump when the generated code changes shape, so that the header tells apart
 # outputs of different plugin versions.
-GENERATOR_VERSION = "5"
+GENERATOR_VERSION = "6"
 DEFERRED = "@deferred"
 """The comment line asking for a :many query's deferred twin (see Query.deferred)."""
+NULLABLE = "@nullable"
+"""The comment line naming result columns that may be NULL (sqlc says NOT NULL)."""
 
 # The generated code follows ruff format's style at this line length.
 LINE_LENGTH = 100
@@ -696,12 +705,23 @@ def build_queries(request: dict[str, Any], ctx: Context) -> tuple[list[Query], l
             deferred = DEFERRED in comments
             if deferred and cmd != ":many":
                 raise PluginError(f"{where}: {DEFERRED} applies to :many queries only")
+            directives = [c for c in comments if c == DEFERRED or c.startswith(NULLABLE + " ")]
+            nullable = {n for c in directives if c != DEFERRED for n in c.split()[1:]}
+            unknown = sorted(nullable - {f.name for f in columns})
+            if unknown:
+                raise PluginError(f"{where}: {NULLABLE} names no result column {unknown[0]!r}")
+            columns = [
+                Field(f.name, dataclasses.replace(f.type, nullable=True))
+                if f.name in nullable
+                else f
+                for f in columns
+            ]
             query = Query(
                 name=name,
                 cmd=cmd,
                 text=q.get("text", ""),
                 filename=filename,
-                comments=[c for c in comments if c != DEFERRED],
+                comments=[c for c in comments if c not in directives],
                 params=plist,
                 columns=columns,
                 deferred=deferred,

@@ -154,6 +154,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: ClaimJobs :many
 -- @deferred
+-- @nullable parent_results dependents_pending
 -- One statement claims up to max_jobs: queued -> leased, a fresh lease
 -- token (the fence) per claim, the progress of an earlier attempt cleared,
 -- and the "claimed" events when write_events. The first start of them (in
@@ -212,6 +213,7 @@ ORDER BY c.priority, c.run_at, c.id;
 
 -- name: ClaimLimitedJobs :many
 -- @deferred
+-- @nullable parent_results dependents_pending
 -- ClaimJobs (its start included) for a claim that includes limited queues,
 -- as the second statement of a transaction whose first was LockQueueLimits.
 -- The limited queues' rows are locked and named in jobrun.claim_locks: this
@@ -955,6 +957,7 @@ WITH victims AS (
 DELETE FROM jobrun.jobs AS jobs USING victims WHERE jobs.id = victims.id;
 
 -- name: CountPurgeable :one
+-- @nullable oldest newest
 -- What PurgeJobs would delete at the same age: a purge's dry run and its
 -- confirmation count, with the span of finish times it covers.
 SELECT count(*)::int8 AS jobs,

@@ -92,6 +92,7 @@ ORDER BY jobs.id;
 -- through jobrun.workflow_jobs (migration 0024).
 
 -- name: ListWorkflows :many
+-- @nullable finished_at
 -- Newest first (created_at, then id: a workflow's id is a UUIDv4, not
 -- time-ordered), through workflows_created_idx; before is the last id of
 -- the page before (keyset). Each workflow's jobs are counted by state

@@ -644,6 +644,28 @@ def test_deferred_on_a_query_that_is_not_many_is_refused() -> None:
     assert "GetJob" in err and "@deferred applies to :many queries only" in err
 
 
+def test_nullable_names_result_columns_that_may_be_null_whatever_sqlc_infers() -> None:
+    # sqlc infers NOT NULL for any cast (a CASE without ELSE, cast): the SQL
+    # says which columns may be NULL, and their fields are typed so.
+    request = load_request()
+    query(request, "ClaimJobs")["comments"] = [" @nullable queue state"]
+    out = generate_ok(request)
+    row = fields(classes(out["jobs.py"])["ClaimJobsRow"])
+    assert row["queue"] == "str | None"
+    assert row["state"] == "JobState | None"
+    assert row["id"] == "uuid.UUID"
+    assert "@nullable" not in out["jobs.py"] + out["aio/jobs.py"]
+    assert "JobState(r[3]) if r[3] is not None else None" in out["jobs.py"]
+
+
+def test_nullable_naming_no_result_column_is_refused() -> None:
+    request = load_request()
+    query(request, "ClaimJobs")["comments"] = [" @nullable queue qeue"]
+    rc, _, err = run_plugin(request)
+    assert rc == 1
+    assert "ClaimJobs" in err and "@nullable names no result column 'qeue'" in err
+
+
 def test_exec_returns_nothing_and_execrows_the_row_count(generated: dict[str, str]) -> None:
     fns = methods(generated["jobs.py"])
     assert signature(fns["delete_job"]).endswith("-> None")
