@@ -3,9 +3,11 @@
 Every run, on one worker process at ``wf_concurrency`` threads (no-op
 handlers, ``bench.noop``, the batched completion path):
 
-- ``workflows.plain``: a drain of ``wf_plain_jobs`` plain jobs: the baseline
-  cost per job, CPU seconds of the worker process and of the server (from
-  /proc) over the drain, per job;
+- ``workflows.plain``: a drain of ``wf_plain_jobs`` plain jobs before the
+  graphs and another after them, averaged: the baseline cost per job, CPU
+  seconds of the worker process and of the server (from /proc) over the
+  drain, per job (bracketing the graphs, so that the machine drifting over
+  a run weighs on both sides of the ratios alike);
 - ``workflows.fanout``: one workflow, a root, ``wf_fanout`` children after
   it and one fan-in after every child; ``workflows.chains``: ``wf_chains``
   workflows side by side, each a chain of ``wf_chain_length`` jobs (one
@@ -156,6 +158,16 @@ def _drain(ctx: Context, enqueue: Callable[[jobrun.Client], int], concurrency: i
     return Drained(float((last - first).total_seconds()) / nodes, worker + server, worker, server)
 
 
+def _mean(before: Drained, after: Drained) -> Drained:
+    """The baseline of a run: its two plain drains, averaged field by field."""
+    return Drained(
+        *(
+            (getattr(before, f.name) + getattr(after, f.name)) / 2
+            for f in dataclasses.fields(Drained)
+        )
+    )
+
+
 def _plain(jobs: int) -> Callable[[jobrun.Client], int]:
     def enqueue(client: jobrun.Client) -> int:
         client.store.enqueue_batch([_job() for _ in range(jobs)])
@@ -211,12 +223,13 @@ def workflows(ctx: Context) -> list[Figure]:
     links: list[list[float]] = []
     split: list[dict[str, float]] = []
     for run in range(ctx.runs):
-        base = _drain(ctx, _plain(s.wf_plain_jobs), c)
+        before = _drain(ctx, _plain(s.wf_plain_jobs), c)
         per_fan = _drain(ctx, _graphs([fanout(s.wf_fanout)]), c)
         phases.append([round(float(x), 4) for x in ctx.db.execute(FANOUT_PHASES)[0]])
         flows = [chain(n, s.wf_chain_length) for n in range(s.wf_chains)]
         per_chain = _drain(ctx, _graphs(flows), c)
         links.append([round(float(x) * 1000, 2) for x in ctx.db.execute(CHAIN_LINKS)[0]])
+        base = _mean(before, _drain(ctx, _plain(s.wf_plain_jobs), c))
         latencies = _fanin_pickup(ctx, s.wf_fanins, s.wf_fanin_rate, c)
         plain.append(base.cpu * 1e6)
         fan.append(per_fan.cpu * 1e6)
