@@ -56,8 +56,8 @@ GROUP BY f.id, f.started_at
 
 
 def _reset(ctx: Context) -> None:
-    ctx.db.reset()  # the tables of every measurement; the graph's two here
-    ctx.db.execute("TRUNCATE jobrun.job_dependencies, jobrun.workflows")
+    ctx.db.reset()  # the tables of every measurement; the graph's three here
+    ctx.db.execute("TRUNCATE jobrun.job_dependencies, jobrun.workflows, jobrun.workflow_jobs")
 
 
 def _job() -> NewJob:
