@@ -96,8 +96,8 @@ ORDER BY jobs.id;
 -- Newest first (created_at, then id: a workflow's id is a UUIDv4, not
 -- time-ordered), through workflows_created_idx; before is the last id of
 -- the page before (keyset). Each workflow's jobs are counted by state
--- through workflow_jobs' primary key; finished_at is its last job's finish once none
--- can run any more.
+-- through workflow_jobs' primary key; finished_at is its last job's finish
+-- once none can run any more.
 SELECT w.id, w.name, w.created_at, c.finished_at,
        c.waiting, c.queued, c.leased, c.succeeded, c.dead, c.cancelled
 FROM jobrun.workflows AS w

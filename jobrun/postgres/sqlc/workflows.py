@@ -428,8 +428,8 @@ class Queries(QueriesBase):
         Newest first (created_at, then id: a workflow's id is a UUIDv4, not
         time-ordered), through workflows_created_idx; before is the last id of
         the page before (keyset). Each workflow's jobs are counted by state
-        through workflow_jobs' primary key; finished_at is its last job's finish once none
-        can run any more.
+        through workflow_jobs' primary key; finished_at is its last job's finish
+        once none can run any more.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(self.sql(LIST_WORKFLOWS), (name, before, state, max_rows))

@@ -195,8 +195,8 @@ class AsyncQueries(QueriesBase):
         Newest first (created_at, then id: a workflow's id is a UUIDv4, not
         time-ordered), through workflows_created_idx; before is the last id of
         the page before (keyset). Each workflow's jobs are counted by state
-        through workflow_jobs' primary key; finished_at is its last job's finish once none
-        can run any more.
+        through workflow_jobs' primary key; finished_at is its last job's finish
+        once none can run any more.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(self.sql(LIST_WORKFLOWS), (name, before, state, max_rows))
