@@ -222,6 +222,7 @@ def workflows(ctx: Context) -> list[Figure]:
     phases: list[list[float]] = []
     links: list[list[float]] = []
     split: list[dict[str, float]] = []
+    bracket: list[list[float]] = []  # each run's two plain drains, µs per job
     for run in range(ctx.runs):
         before = _drain(ctx, _plain(s.wf_plain_jobs), c)
         per_fan = _drain(ctx, _graphs([fanout(s.wf_fanout)]), c)
@@ -229,7 +230,9 @@ def workflows(ctx: Context) -> list[Figure]:
         flows = [chain(n, s.wf_chain_length) for n in range(s.wf_chains)]
         per_chain = _drain(ctx, _graphs(flows), c)
         links.append([round(float(x) * 1000, 2) for x in ctx.db.execute(CHAIN_LINKS)[0]])
-        base = _mean(before, _drain(ctx, _plain(s.wf_plain_jobs), c))
+        after = _drain(ctx, _plain(s.wf_plain_jobs), c)
+        base = _mean(before, after)
+        bracket.append([round(before.cpu * 1e6, 1), round(after.cpu * 1e6, 1)])
         latencies = _fanin_pickup(ctx, s.wf_fanins, s.wf_fanin_rate, c)
         plain.append(base.cpu * 1e6)
         fan.append(per_fan.cpu * 1e6)
@@ -249,7 +252,8 @@ def workflows(ctx: Context) -> list[Figure]:
         p95s.append(percentile(latencies, 95))
         p99s.append(percentile(latencies, 99))
         ctx.say(
-            f"workflows run {run + 1}: CPU per node (worker + server): plain {plain[-1]:.0f} µs;"
+            f"workflows run {run + 1}: CPU per node (worker + server): plain {plain[-1]:.0f} µs"
+            f" ({bracket[-1][0]:.0f} before the graphs, {bracket[-1][1]:.0f} after);"
             f" fan-out {fan[-1]:.0f} µs ({ratio_fan[-1]:.2f}x; wall {wall_fan[-1]:.2f}x; root,"
             f" release, children, fan-in start, fan-in: {', '.join(f'{x:.3f}' for x in phases[-1])}"
             f" s); chains {chains[-1]:.0f} µs ({ratio_chains[-1]:.2f}x; wall"
@@ -264,7 +268,7 @@ def workflows(ctx: Context) -> list[Figure]:
         "cost": "CPU seconds per node, the worker's and the server's (from /proc)",
         "cpu_us": split,
     }
-    plain_p = {**common, "jobs": s.wf_plain_jobs}
+    plain_p = {**common, "jobs": s.wf_plain_jobs, "before_after_us": bracket}
     fan_p = {
         **common,
         "children": s.wf_fanout,
