@@ -1,5 +1,6 @@
 -- Durable sleeps and signals (migration 0017): the waits of a job's handler,
 -- fenced by the claim, and the signals sent to a job.
+-- Leased jobs are found by id as in jobs.sql (state::text: see its header).
 
 -- name: AwaitStep :one
 -- One turn of a durable wait (a sleep when signal is NULL), by the claim
@@ -17,7 +18,7 @@
 -- caller parks the job (ParkJob). result is NULL when the wait goes on.
 WITH lease AS (
     SELECT jobs.id, jobs.attempts, jobs.workflow_id FROM jobrun.jobs AS jobs
-    WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
     FOR SHARE
 ), prior AS (
@@ -117,7 +118,7 @@ SELECT EXISTS (SELECT 1 FROM lease)::boolean AS held,
 -- before it, and a signal committed after it finds the job parked. No row
 -- back: the lease is lost.
 SELECT jobs.id FROM jobrun.jobs AS jobs
-WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state = 'leased'
+WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state::text = 'leased'
   AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
 FOR NO KEY UPDATE;
 
@@ -166,7 +167,7 @@ WITH waiting AS (
         finished_at = CASE WHEN cancel_requested THEN now() END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
     RETURNING *
 ), ev AS (

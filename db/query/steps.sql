@@ -1,4 +1,5 @@
 -- Durable steps and fencing tokens (migration 0015), fenced by the claim.
+-- Leased jobs are found by id as in jobs.sql (state::text: see its header).
 
 -- name: LoadSteps :many
 -- Every step of a job already recorded, read once by an attempt (at its
@@ -15,7 +16,7 @@ WHERE steps.job_id = sqlc.arg(job_id)::uuid;
 -- result is the value as stored (as jsonb gives it back to a replay).
 WITH lease AS (
     SELECT jobs.id FROM jobrun.jobs AS jobs
-    WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
     FOR SHARE
 ), ins AS (
@@ -34,7 +35,7 @@ SELECT EXISTS (SELECT 1 FROM lease)::boolean AS held,
 -- when this claim holds it, until the transaction ends (a reap or a claim
 -- of the job waits for the step's commit). No row back: the lease is lost.
 SELECT jobs.id FROM jobrun.jobs AS jobs
-WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state = 'leased'
+WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state::text = 'leased'
   AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
 FOR SHARE;
 
@@ -55,7 +56,7 @@ RETURNING job_steps.job_id, job_steps.result;
 -- must update that row) gets its token after this one, and a greater one.
 WITH lease AS (
     SELECT jobs.id FROM jobrun.jobs AS jobs
-    WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = sqlc.arg(job_id)::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = sqlc.arg(owner)::text AND jobs.lease_token = sqlc.arg(token)::uuid
     FOR SHARE
 )

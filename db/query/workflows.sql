@@ -1,6 +1,7 @@
 -- Dependencies and workflows: enqueueing a graph of jobs (migration 0016).
 -- The release of a waiting job is the trigger's (jobrun.parent_finished);
 -- what a child reads of its parents comes with its claim (ClaimJobs).
+-- Leased jobs are found by id as in jobs.sql (state::text: see its header).
 
 -- name: LockParents :many
 -- The first statement of an enqueue with parents outside the graph: those
@@ -210,7 +211,7 @@ SELECT cancelled.id, cancelled.attempts FROM cancelled WHERE (SELECT count(*) FR
 -- name: RequestCancels :many
 -- Running jobs (locked) asked to stop, as RequestCancel asks one.
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
-WHERE jobs.id = ANY(sqlc.arg(ids)::uuid[]) AND jobs.state = 'leased' AND NOT jobs.cancel_requested
+WHERE jobs.id = ANY(sqlc.arg(ids)::uuid[]) AND jobs.state::text = 'leased' AND NOT jobs.cancel_requested
 RETURNING jobs.id, jobs.attempts;
 
 -- name: ReopenEdges :exec

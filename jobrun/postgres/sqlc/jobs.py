@@ -559,7 +559,7 @@ RECORD_PROGRESS: Final = """\
 UPDATE jobrun.jobs AS jobs
 SET progress = $1::float8, progress_message = $2::text,
     progress_at = now()
-WHERE jobs.id = $3::uuid AND jobs.state = 'leased'
+WHERE jobs.id = $3::uuid AND jobs.state::text = 'leased'
   AND jobs.lease_owner = $4::text AND jobs.lease_token = $5::uuid
 RETURNING jobs.progress_at"""
 
@@ -569,7 +569,7 @@ WITH lease AS (
     SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token
 ), valid AS (
     SELECT jobs.id, lease.token FROM jobrun.jobs AS jobs JOIN lease ON jobs.id = lease.id
-    WHERE jobs.lease_token = lease.token AND jobs.state = 'leased'
+    WHERE jobs.lease_token = lease.token AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $3::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
@@ -582,7 +582,7 @@ WITH lease AS (
     SET lease_expires_at = GREATEST(jobs.lease_expires_at, $4::timestamptz),
         updated_at = now()
     FROM live
-    WHERE jobs.id = live.id AND jobs.lease_token = live.token AND jobs.state = 'leased'
+    WHERE jobs.id = live.id AND jobs.lease_token = live.token AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $3::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
     RETURNING jobs.id
@@ -607,7 +607,7 @@ WITH lease AS (
         started_at = COALESCE(jobs.started_at, now()),
         updated_at = now()
     FROM lease
-    WHERE jobs.id = lease.id AND jobs.lease_token = lease.token AND jobs.state = 'leased'
+    WHERE jobs.id = lease.id AND jobs.lease_token = lease.token AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $3::text
       AND jobs.lease_expires_at > now() AND NOT jobs.cancel_requested
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
@@ -677,7 +677,7 @@ WITH done AS (
                       THEN $3::jsonb END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = $4::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
     RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished
 ), ev AS (
@@ -738,7 +738,7 @@ WITH input AS (
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM input
-    WHERE jobs.id = input.id AND jobs.state = 'leased'
+    WHERE jobs.id = input.id AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $6::text
     RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished, input.detail
 ), ev AS (
@@ -767,7 +767,7 @@ WITH failed AS (
         last_error = $3::text,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = $4::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
     RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
 ), ev AS (
@@ -801,7 +801,7 @@ WITH input AS (
         updated_at = now()
     FROM input
     WHERE jobs.id = input.id AND jobs.lease_token = input.token
-      AND jobs.state = 'leased' AND jobs.lease_owner = $6::text
+      AND jobs.state::text = 'leased' AND jobs.lease_owner = $6::text
     RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished,
               jobs.idempotency_key IS NOT NULL AS keyed, input.scope, input.key
 ), effects AS (
@@ -851,7 +851,7 @@ WITH reaped AS (
         last_error = COALESCE($3::text, last_error),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE id = $4 AND state = 'leased' AND lease_token = $5::uuid
+    WHERE id = $4 AND state::text = 'leased' AND lease_token = $5::uuid
       AND lease_expires_at < $6::timestamptz
     RETURNING jobs.id, jobs.state, jobs.notify_finished
 ), wake AS (
@@ -901,7 +901,7 @@ SELECT cancelled.id, cancelled.queue, cancelled.type, cancelled.payload, cancell
 
 REQUEST_CANCEL: Final = """\
 UPDATE jobrun.jobs AS jobs SET cancel_requested = true, updated_at = now()
-WHERE id = $1 AND state = 'leased'
+WHERE id = $1 AND state::text = 'leased'
 RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node"""
 
 
@@ -1101,7 +1101,7 @@ WITH released AS (
                           ELSE $3::text END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE jobs.id = $4::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = $4::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $5::text AND jobs.lease_token = $6::uuid
     RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
 ), ev AS (
@@ -1134,7 +1134,7 @@ WITH lease AS (
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
     FROM lease
-    WHERE jobs.id = lease.id AND jobs.lease_token = lease.token AND jobs.state = 'leased'
+    WHERE jobs.id = lease.id AND jobs.lease_token = lease.token AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $3::text AND jobs.started_at IS NULL
     RETURNING jobs.id, jobs.queue, jobs.state, jobs.attempts, jobs.notify_finished
 ), ev AS (
@@ -1189,6 +1189,15 @@ class Queries(QueriesBase):
     ) -> EnqueueJobRow | None:
         """Jobs: enqueue, claim, lease upkeep and the terminal transitions.
         Every time is the database clock (now()) or "db now as read by the caller".
+
+        A statement that finds leased jobs by id tests "state::text = 'leased'",
+        never "state = 'leased'": the latter is jobs_leased_queue_idx's predicate,
+        and a generic plan made when statistics saw few leased rows (an ANALYZE
+        at a quiet moment) read that whole index, every worker's leases, to find
+        the few ids it was given, rather than look them up in jobs_pkey. The
+        cast keeps the index out of reach of those statements (the test:
+        tests/postgres/test_store_churn.py); the reaper, the limits and the
+        dashboard, which want every leased row, still read it.
         One statement, one round trip: the insert, its "enqueued" event (when
         write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
         so no worker can wake before the row is visible; a replay (the client's id

@@ -20,7 +20,7 @@ AWAIT_STEP: Final = """\
 
 WITH lease AS (
     SELECT jobs.id, jobs.attempts, jobs.workflow_id FROM jobrun.jobs AS jobs
-    WHERE jobs.id = $1::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = $1::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $2::text AND jobs.lease_token = $3::uuid
     FOR SHARE
 ), prior AS (
@@ -125,7 +125,7 @@ class AwaitStepRow:
 
 LOCK_LEASE: Final = """\
 SELECT jobs.id FROM jobrun.jobs AS jobs
-WHERE jobs.id = $1::uuid AND jobs.state = 'leased'
+WHERE jobs.id = $1::uuid AND jobs.state::text = 'leased'
   AND jobs.lease_owner = $2::text AND jobs.lease_token = $3::uuid
 FOR NO KEY UPDATE"""
 
@@ -163,7 +163,7 @@ WITH waiting AS (
         finished_at = CASE WHEN cancel_requested THEN now() END,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE jobs.id = $1::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = $1::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $3::text AND jobs.lease_token = $4::uuid
     RETURNING id, queue, type, payload, priority, state, attempts, max_attempts, backoff, run_at, lease_owner, lease_token, lease_expires_at, cancel_requested, idempotency_key, last_error, created_at, updated_at, finished_at, finished_token, result, notify_finished, trace_context, concurrency_key, snoozes, progress, progress_message, progress_at, started_at, releases, pending_parents, has_dependents, on_parent_failure, workflow_id, workflow_node
 ), ev AS (
@@ -335,6 +335,7 @@ class Queries(QueriesBase):
     ) -> AwaitStepRow | None:
         """Durable sleeps and signals (migration 0017): the waits of a job's handler,
         fenced by the claim, and the signals sent to a job.
+        Leased jobs are found by id as in jobs.sql (state::text: see its header).
         One turn of a durable wait (a sleep when signal is NULL), by the claim
         holding the job (held is false when it does not: nothing written). In one
         statement: the oldest signal of that name not delivered to the job yet,

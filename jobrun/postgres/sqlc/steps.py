@@ -31,7 +31,7 @@ class LoadStepsRow:
 RECORD_STEP: Final = """\
 WITH lease AS (
     SELECT jobs.id FROM jobrun.jobs AS jobs
-    WHERE jobs.id = $1::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = $1::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $2::text AND jobs.lease_token = $3::uuid
     FOR SHARE
 ), ins AS (
@@ -55,7 +55,7 @@ class RecordStepRow:
 
 HOLD_STEP_LEASE: Final = """\
 SELECT jobs.id FROM jobrun.jobs AS jobs
-WHERE jobs.id = $1::uuid AND jobs.state = 'leased'
+WHERE jobs.id = $1::uuid AND jobs.state::text = 'leased'
   AND jobs.lease_owner = $2::text AND jobs.lease_token = $3::uuid
 FOR SHARE"""
 
@@ -77,7 +77,7 @@ class InsertStepRow:
 ISSUE_FENCING_TOKEN: Final = """\
 WITH lease AS (
     SELECT jobs.id FROM jobrun.jobs AS jobs
-    WHERE jobs.id = $1::uuid AND jobs.state = 'leased'
+    WHERE jobs.id = $1::uuid AND jobs.state::text = 'leased'
       AND jobs.lease_owner = $2::text AND jobs.lease_token = $3::uuid
     FOR SHARE
 )
@@ -94,6 +94,7 @@ class Queries(QueriesBase):
 
     def load_steps(self, conn: psycopg.Connection[Any], *, job_id: uuid.UUID) -> list[LoadStepsRow]:
         """Durable steps and fencing tokens (migration 0015), fenced by the claim.
+        Leased jobs are found by id as in jobs.sql (state::text: see its header).
         Every step of a job already recorded, read once by an attempt (at its
         first step), never once per step.
         """

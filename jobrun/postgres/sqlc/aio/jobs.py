@@ -117,6 +117,15 @@ class AsyncQueries(QueriesBase):
     ) -> EnqueueJobRow | None:
         """Jobs: enqueue, claim, lease upkeep and the terminal transitions.
         Every time is the database clock (now()) or "db now as read by the caller".
+
+        A statement that finds leased jobs by id tests "state::text = 'leased'",
+        never "state = 'leased'": the latter is jobs_leased_queue_idx's predicate,
+        and a generic plan made when statistics saw few leased rows (an ANALYZE
+        at a quiet moment) read that whole index, every worker's leases, to find
+        the few ids it was given, rather than look them up in jobs_pkey. The
+        cast keeps the index out of reach of those statements (the test:
+        tests/postgres/test_store_churn.py); the reaper, the limits and the
+        dashboard, which want every leased row, still read it.
         One statement, one round trip: the insert, its "enqueued" event (when
         write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
         so no worker can wake before the row is visible; a replay (the client's id
