@@ -235,7 +235,7 @@ WITH ins AS (
 ), woke AS (
     UPDATE jobrun.jobs AS jobs
     SET run_at = now(), updated_at = now()
-    WHERE jobs.id = $1::uuid AND jobs.state = 'queued' AND jobs.run_at > now()
+    WHERE jobs.id = $1::uuid AND jobs.state::text = 'queued' AND jobs.run_at > now()
       AND EXISTS (SELECT 1 FROM ins)
       AND EXISTS (SELECT 1 FROM jobrun.job_waits AS waits
                   WHERE waits.job_id = $1::uuid
@@ -290,7 +290,7 @@ WITH ins AS (
 ), parked AS (
     SELECT jobs.id FROM jobrun.workflow_jobs AS m
     JOIN jobrun.jobs AS jobs ON jobs.id = m.job_id
-    WHERE m.workflow_id = $1::uuid AND jobs.state = 'queued'
+    WHERE m.workflow_id = $1::uuid AND jobs.state::text = 'queued'
       AND jobs.run_at > now()
       AND EXISTS (SELECT 1 FROM ins)
       AND EXISTS (SELECT 1 FROM jobrun.job_waits AS waits
@@ -301,7 +301,7 @@ WITH ins AS (
     UPDATE jobrun.jobs AS jobs
     SET run_at = now(), updated_at = now()
     FROM parked
-    WHERE jobs.id = parked.id AND jobs.state = 'queued' AND jobs.run_at > now()
+    WHERE jobs.id = parked.id AND jobs.state::text = 'queued' AND jobs.run_at > now()
     RETURNING jobs.id, jobs.attempts, jobs.queue
 )
 SELECT woke.id AS woke_id, woke.attempts AS woke_attempts, woke.queue AS woke_queue
@@ -335,7 +335,8 @@ class Queries(QueriesBase):
     ) -> AwaitStepRow | None:
         """Durable sleeps and signals (migration 0017): the waits of a job's handler,
         fenced by the claim, and the signals sent to a job.
-        Leased jobs are found by id as in jobs.sql (state::text: see its header).
+        Jobs are found by id with their state tested as in jobs.sql (state::text:
+        see its header).
         One turn of a durable wait (a sleep when signal is NULL), by the claim
         holding the job (held is false when it does not: nothing written). In one
         statement: the oldest signal of that name not delivered to the job yet,

@@ -125,7 +125,10 @@ class AsyncQueries(QueriesBase):
         the few ids it was given, rather than look them up in jobs_pkey. The
         cast keeps the index out of reach of those statements (the test:
         tests/postgres/test_store_churn.py); the reaper, the limits and the
-        dashboard, which want every leased row, still read it.
+        dashboard, which want every leased row, still read it. Likewise a
+        queued job found by id (a signal waking a parked job) tests
+        "state::text = 'queued'", out of reach of jobs_claim_idx: analyzed with
+        an empty queue, its plan read the whole backlog.
         One statement, one round trip: the insert, its "enqueued" event (when
         write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
         so no worker can wake before the row is visible; a replay (the client's id

@@ -53,7 +53,8 @@ class AsyncQueries(QueriesBase):
     ) -> AwaitStepRow | None:
         """Durable sleeps and signals (migration 0017): the waits of a job's handler,
         fenced by the claim, and the signals sent to a job.
-        Leased jobs are found by id as in jobs.sql (state::text: see its header).
+        Jobs are found by id with their state tested as in jobs.sql (state::text:
+        see its header).
         One turn of a durable wait (a sleep when signal is NULL), by the claim
         holding the job (held is false when it does not: nothing written). In one
         statement: the oldest signal of that name not delivered to the job yet,
