@@ -1,7 +1,5 @@
 -- Durable sleeps and signals (migration 0017): the waits of a job's handler,
 -- fenced by the claim, and the signals sent to a job.
--- Jobs are found by id with their state tested as in jobs.sql (state::text:
--- see its header).
 
 -- name: AwaitStep :one
 -- One turn of a durable wait (a sleep when signal is NULL), by the claim
@@ -190,6 +188,9 @@ SELECT parked.*, EXISTS (SELECT 1 FROM ready)::boolean AS ready
 FROM parked WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: SendSignal :one
+-- The parked job is found by id with "state::text = 'queued'", out of reach
+-- of jobs_claim_idx: analyzed with an empty queue, a plan through that index
+-- read the whole backlog (as CompleteJobs' comment says of leases).
 -- A signal stored for a job (after LockJob, in its transaction, the job not
 -- finished): sent is false when one with the same (job, name, key) was
 -- stored before (a duplicate: nothing written, delivered once). A job queued

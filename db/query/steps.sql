@@ -1,5 +1,4 @@
 -- Durable steps and fencing tokens (migration 0015), fenced by the claim.
--- Leased jobs are found by id as in jobs.sql (state::text: see its header).
 
 -- name: LoadSteps :many
 -- Every step of a job already recorded, read once by an attempt (at its

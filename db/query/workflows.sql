@@ -1,7 +1,6 @@
 -- Dependencies and workflows: enqueueing a graph of jobs (migration 0016).
 -- The release of a waiting job is the trigger's (jobrun.parent_finished);
 -- what a child reads of its parents comes with its claim (ClaimJobs).
--- Leased jobs are found by id as in jobs.sql (state::text: see its header).
 
 -- name: LockParents :many
 -- The first statement of an enqueue with parents outside the graph: those

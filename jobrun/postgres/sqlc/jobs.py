@@ -1189,18 +1189,6 @@ class Queries(QueriesBase):
     ) -> EnqueueJobRow | None:
         """Jobs: enqueue, claim, lease upkeep and the terminal transitions.
         Every time is the database clock (now()) or "db now as read by the caller".
-
-        A statement that finds leased jobs by id tests "state::text = 'leased'",
-        never "state = 'leased'": the latter is jobs_leased_queue_idx's predicate,
-        and a generic plan made when statistics saw few leased rows (an ANALYZE
-        at a quiet moment) read that whole index, every worker's leases, to find
-        the few ids it was given, rather than look them up in jobs_pkey. The
-        cast keeps the index out of reach of those statements (the test:
-        tests/postgres/test_store_churn.py); the reaper, the limits and the
-        dashboard, which want every leased row, still read it. Likewise a
-        queued job found by id (a signal waking a parked job) tests
-        "state::text = 'queued'", out of reach of jobs_claim_idx: analyzed with
-        an empty queue, its plan read the whole backlog.
         One statement, one round trip: the insert, its "enqueued" event (when
         write_event) and the wake-up. Postgres delivers the NOTIFY only at commit,
         so no worker can wake before the row is visible; a replay (the client's id
@@ -2527,6 +2515,15 @@ class Queries(QueriesBase):
         leased rows at once (heartbeats and the reaper skip locked rows, a
         cancel takes one), so no lock order is needed against deadlocks. The
         replay check ("before") reads only the ids the update did not take.
+
+        It tests "state::text = 'leased'", never "state = 'leased'", as does every
+        statement that finds leased jobs by id: the latter is
+        jobs_leased_queue_idx's predicate, and a generic plan made when
+        statistics saw few leased rows (an ANALYZE at a quiet moment) read that
+        whole index, every worker's leases, to find the few ids it was given,
+        rather than look them up in jobs_pkey (tests/postgres/test_store_churn.py
+        checks each such statement). The reaper, the limits and the dashboard,
+        which want every leased row, still read the index.
         """
         with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:
             cur.execute(
@@ -2576,6 +2573,15 @@ class Queries(QueriesBase):
         leased rows at once (heartbeats and the reaper skip locked rows, a
         cancel takes one), so no lock order is needed against deadlocks. The
         replay check ("before") reads only the ids the update did not take.
+
+        It tests "state::text = 'leased'", never "state = 'leased'", as does every
+        statement that finds leased jobs by id: the latter is
+        jobs_leased_queue_idx's predicate, and a generic plan made when
+        statistics saw few leased rows (an ANALYZE at a quiet moment) read that
+        whole index, every worker's leases, to find the few ids it was given,
+        rather than look them up in jobs_pkey (tests/postgres/test_store_churn.py
+        checks each such statement). The reaper, the limits and the dashboard,
+        which want every leased row, still read the index.
 
         Deferred: the statement is sent at once and its rows are read when
         the function returned is called (after what was sent meanwhile).

@@ -335,8 +335,6 @@ class Queries(QueriesBase):
     ) -> AwaitStepRow | None:
         """Durable sleeps and signals (migration 0017): the waits of a job's handler,
         fenced by the claim, and the signals sent to a job.
-        Jobs are found by id with their state tested as in jobs.sql (state::text:
-        see its header).
         One turn of a durable wait (a sleep when signal is NULL), by the claim
         holding the job (held is false when it does not: nothing written). In one
         statement: the oldest signal of that name not delivered to the job yet,
@@ -476,7 +474,10 @@ class Queries(QueriesBase):
         key: str,
         payload: Any,
     ) -> SendSignalRow | None:
-        """A signal stored for a job (after LockJob, in its transaction, the job not
+        """The parked job is found by id with "state::text = 'queued'", out of reach
+        of jobs_claim_idx: analyzed with an empty queue, a plan through that index
+        read the whole backlog (as CompleteJobs' comment says of leases).
+        A signal stored for a job (after LockJob, in its transaction, the job not
         finished): sent is false when one with the same (job, name, key) was
         stored before (a duplicate: nothing written, delivered once). A job queued
         and parked waiting for this name (its wait's row is there) is made due now:

@@ -94,7 +94,6 @@ class Queries(QueriesBase):
 
     def load_steps(self, conn: psycopg.Connection[Any], *, job_id: uuid.UUID) -> list[LoadStepsRow]:
         """Durable steps and fencing tokens (migration 0015), fenced by the claim.
-        Leased jobs are found by id as in jobs.sql (state::text: see its header).
         Every step of a job already recorded, read once by an attempt (at its
         first step), never once per step.
         """
