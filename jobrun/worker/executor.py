@@ -76,6 +76,8 @@ class Executor:
         self.started = False
         """Set by the worker's start: threads start as needed, leases are reckoned."""
         self.handlers: list[threading.Thread] = []
+        self._tasks: set[asyncio.Future[None]] = set()
+        """The async jobs' tasks (touched on the event loop only)."""
         self._work: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.loop: EventLoop | None = None  # started when an async job needs it
         self._loop_lock = threading.Lock()
@@ -118,14 +120,29 @@ class Executor:
         return threading.Thread(target=self._handler_loop, name=f"jobrun-handler-{n}", daemon=True)
 
     def dispatch(self, jobs: list[Job]) -> None:
+        """Run claimed jobs: plain ones on the handler threads, one at a time;
+        the async ones of the batch on the event loop, handed over together
+        (one wake-up of the loop for the batch, not one per job)."""
+        on_loop: list[tuple[Running, Registration]] = []
         for job in jobs:
             running, registration = self.register(job)
             if registration is not None and registration.is_async:
-                loop = self.ensure_loop()
-                future = loop.submit(self.run_async(running, registration, loop.io))
-                future.add_done_callback(functools.partial(self._async_ended, job))
+                on_loop.append((running, registration))
             else:
                 self._to_thread(job)
+        if on_loop:
+            loop = self.ensure_loop()
+            loop.loop.call_soon_threadsafe(self._start_on_loop, on_loop, loop.io)
+
+    def _start_on_loop(
+        self, batch: list[tuple[Running, Registration]], io: concurrent.futures.Executor
+    ) -> None:
+        """On the event loop: a task per async job of a dispatched batch."""
+        loop = asyncio.get_running_loop()
+        for running, registration in batch:
+            task = loop.create_task(self.run_async(running, registration, io))
+            self._tasks.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(functools.partial(self._async_ended, running.job))
 
     def register(self, job: Job) -> tuple[Running, Registration | None]:
         """Track a claimed job as running (its context, its timeout, the counts)."""
@@ -304,9 +321,11 @@ class Executor:
             if hooks is not None and hooks.returned:
                 hooks.job_returned(job, sys.exc_info()[1])
 
-    def _async_ended(self, job: Job, future: concurrent.futures.Future[None]) -> None:
-        """A job's coroutine ended without finishing its bookkeeping (the loop stopped)."""
-        if future.cancelled():
+    def _async_ended(self, job: Job, task: asyncio.Future[None]) -> None:
+        """A job's task is done; warn when its coroutine ended without finishing
+        its bookkeeping (cancelled: the loop stopped)."""
+        self._tasks.discard(task)
+        if task.cancelled():
             self._outcomes.note(
                 logging.WARNING, job, "its coroutine was dropped; its lease expires"
             )
