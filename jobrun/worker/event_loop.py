@@ -80,9 +80,3 @@ class EventLoop(Service):
                 "running async handlers (a coroutine that blocks it holds up every other one)"
             )
             await asyncio.sleep(self._tick)
-
-
-def cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` from any thread (a context cancelled by the heartbeat, the timeouts...)."""
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to cancel
-        loop.call_soon_threadsafe(task.cancel)

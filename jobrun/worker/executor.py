@@ -41,7 +41,7 @@ from jobrun.job.ports import CommitCallable as Commit
 from jobrun.job.signals import Parked
 from jobrun.worker import text
 from jobrun.worker.context import JobContext
-from jobrun.worker.event_loop import EventLoop, cancel_soon
+from jobrun.worker.event_loop import EventLoop
 from jobrun.worker.leases import Finished, Running
 from jobrun.worker.outcomes import let_go
 from jobrun.worker.parking import park
@@ -255,20 +255,22 @@ class Executor:
     async def run_async(
         self, running: Running, registration: Registration, io: concurrent.futures.Executor
     ) -> None:
-        """An async job, on the event loop: its handler as a task of its own (what
-        the context's cancellation cancels), then its outcome, off the loop (on ``io``)."""
+        """An async job, on the event loop, in a task of its own: its handler, then
+        its outcome (off the loop, on ``io``, when it needs a write of its own).
+        The context's cancellation cancels the task only while the handler runs
+        (:meth:`_cancel_handler_soon`), so it never lands in the recording."""
         job, ctx = running.job, running.ctx
         try:
             loop = asyncio.get_running_loop()
             started = time.monotonic()
             value: Any = None
             error: BaseException | None = None
-            task = loop.create_task(self._invoke(running, registration), name=f"jobrun {job.id}")
-            ctx._on_cancel = functools.partial(cancel_soon, loop, task)
-            if ctx.is_cancelled:  # cancelled before its task existed
-                task.cancel()
+            task = asyncio.current_task()
+            ctx._on_cancel = functools.partial(self._cancel_handler_soon, loop, task, running)
             try:
-                value = await task
+                if ctx.is_cancelled:  # cancelled before its handler started
+                    raise asyncio.CancelledError
+                value = await self._invoke(running, registration)
             except asyncio.CancelledError as exc:  # its context's cancel, or its own
                 error = exc
             except (Exception, Parked) as exc:
@@ -306,6 +308,21 @@ class Executor:
                 raise
         finally:
             self.release(job)
+
+    @staticmethod
+    def _cancel_handler_soon(
+        loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None, running: Running
+    ) -> None:
+        """From any thread: cancel an async job's task, on the loop, if its handler
+        still runs then (checked there, where the handler runs and ends: a
+        cancel that comes late never lands in the recording of its outcome)."""
+
+        def cancel() -> None:
+            if running.in_handler and task is not None:
+                task.cancel()
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to cancel
+            loop.call_soon_threadsafe(cancel)
 
     async def _invoke(self, running: Running, registration: Registration) -> Any:
         """The handler's own task: the hooks run inside it (its own context)."""

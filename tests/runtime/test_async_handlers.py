@@ -412,6 +412,36 @@ def test_an_async_handler_that_returns_after_its_cancellation_never_succeeds(
     assert "cancelled (timeout)" in (stored.last_error or "")
 
 
+def test_a_cancel_arriving_after_an_async_handler_returned_still_lets_its_outcome_be_recorded(
+    store: Store, registry: Registry, make_worker: Callable[..., Worker]
+) -> None:
+    contexts: dict[Any, JobContext] = {}
+
+    class CancelLate(WorkerHooks):
+        """Cancels the job's context once its handler has returned, as a timeout
+        firing at that moment does: the cancel reaches the event loop while the
+        outcome is being recorded."""
+
+        def job_started(self, job: Job, ctx: JobContext) -> None:
+            contexts[job.id] = ctx
+
+        def job_returned(self, job: Job, error: BaseException | None) -> None:
+            contexts[job.id].cancel("timeout")
+
+    @registry.handler("t")
+    async def returns(ctx: JobContext, job: Job) -> str:
+        await asyncio.sleep(0)
+        return "done"
+
+    job = enqueue(store, max_attempts=1)
+    worker = make_worker(hooks=[CancelLate()], lease_ttl=dt.timedelta(seconds=60))
+    # Recorded by this worker, not left leased for the reaper a minute later.
+    wait_for(lambda: job.id in contexts and worker.idle, timeout=20)
+    ended = store.get(job.id)
+    assert ended.state is State.DEAD, ended
+    assert "cancelled (timeout)" in (ended.last_error or "")
+
+
 # -- shutdown --------------------------------------------------------------------------
 
 
