@@ -3,6 +3,7 @@
 ``jobrun worker --app bench.app:registry`` (from the repository root):
 
 bench.noop    returns None: completed in batches (``complete_many``)
+bench.anoop   the same, ``async def``: run on the worker's event loop
 bench.tx      returns a commit callable inserting one row into bench_sink:
               the transactional path, one Complete transaction per job
 bench.pickup  notes ``time.time()`` as the handler starts, and writes it to
@@ -43,6 +44,11 @@ if os.environ.get("BENCH_OTEL_SDK"):
 
 @registry.handler("bench.noop")
 def noop(ctx: JobContext, job: Job) -> None:
+    return None
+
+
+@registry.handler("bench.anoop")
+async def async_noop(ctx: JobContext, job: Job) -> None:
     return None
 
 

@@ -21,6 +21,8 @@ drain_tx       the same with handlers returning a commit callable (one INSERT),
 dashboard      the dashboard's pages (overview, jobs, jobs of a state, a jobs page half
                way down) through its ASGI app on the growth table: 20 requests
                per page and run after 3 warm-up ones; p50 and p95 server time.
+handlers       the no-op drain at the highest concurrency, alternating a plain
+               ``def`` handler and an ``async def`` one (bench/handlers.py).
 observed       the no-op drain at the highest concurrency, alternating a worker
                with no observability, one with ``--metrics-port 0`` and one
                with ``--tracing otel`` (SDK, batch processor, null exporter);
@@ -1322,6 +1324,12 @@ def sustained(ctx: Context) -> list[Figure]:
     return run.sustained(ctx)
 
 
+def _handlers(ctx: Context) -> list[Figure]:
+    from bench import handlers as run  # noqa: PLC0415 - it imports this module
+
+    return run.handlers(ctx)
+
+
 def _workflows(ctx: Context) -> list[Figure]:
     # Looked up at call time: bench.workflows imports this module.
     return bench_workflows.workflows(ctx)
@@ -1333,6 +1341,7 @@ MEASUREMENTS: dict[str, Callable[[Context], list[Figure]]] = {
     "enqueue_batch": enqueue_batch,
     "drain": drain,
     "drain_tx": drain_tx,
+    "handlers": _handlers,
     "worker_rss": worker_rss,
     "observed": observed,
     "limits": limits,

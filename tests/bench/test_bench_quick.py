@@ -42,6 +42,9 @@ EXPECTED = {
     *(f"drain.observed.{v}.cpu_per_job" for v in ("off", "metrics", "otel")),
     "drain.observed.metrics.cost",
     "drain.observed.otel.cost",
+    *(f"drain.handlers.{v}" for v in ("plain", "async")),
+    *(f"drain.handlers.{v}.cpu_per_job" for v in ("plain", "async")),
+    "drain.handlers.async.ratio",
     *(f"drain.limits.{v}" for v in ("off", "concurrency", "concurrency_1000", "per_key", "rate")),
     *(f"drain.limits.{v}.ratio" for v in ("concurrency", "concurrency_1000", "per_key", "rate")),
     *(
