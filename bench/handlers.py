@@ -13,8 +13,9 @@ docs/performance.md, "Async handlers: one hand-over per claim").
 
 from __future__ import annotations
 
-from bench import cpu
-from bench.measure import Context, DrainRun, _cores, _drain_once
+import functools
+
+from bench.measure import Context, _cores, _drain_once, alternated
 from bench.stats import Figure
 
 KINDS = {"plain": "bench.noop", "async": "bench.anoop"}
@@ -24,20 +25,13 @@ KINDS = {"plain": "bench.noop", "async": "bench.anoop"}
 def handlers(ctx: Context) -> list[Figure]:
     s = ctx.sizes
     concurrency = max(s.concurrencies)
-    drains: dict[str, list[DrainRun]] = {kind: [] for kind in KINDS}
-    for run in range(ctx.runs):
-        for kind, job_type in KINDS.items():
-            try:
-                got = _drain_once(ctx, job_type, s.drain_jobs, concurrency, 1)
-            except RuntimeError as exc:
-                ctx.failures.append(f"drain.handlers.{kind} run {run + 1}: {exc}")
-                ctx.console.print(f"[red]drain.handlers.{kind} run {run + 1} failed:[/red] {exc}")
-                return []
-            drains[kind].append(got)
-            ctx.say(
-                f"drain.handlers.{kind} run {run + 1}: {got.rate:,.0f} jobs/s, "
-                f"{cpu.text(got.worker_cpu, got.server_cpu)}"
-            )
+    variants = {
+        kind: functools.partial(_drain_once, ctx, job_type, s.drain_jobs, concurrency, 1)
+        for kind, job_type in KINDS.items()
+    }
+    drains = alternated(ctx, "drain.handlers", variants)
+    if drains is None:
+        return []
     params = {"jobs": s.drain_jobs, "concurrency": concurrency}
     figures: list[Figure] = []
     for kind, job_type in KINDS.items():

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import resource
@@ -62,7 +63,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,11 @@ class Context:
 
     def say(self, text: str) -> None:
         self.console.print(f"  [dim]{text}[/dim]", highlight=False)
+
+    def failed(self, figure: str, run: int, exc: Exception) -> None:
+        """Run ``run`` (from 0) of ``figure`` failed: noted for the summary, and said."""
+        self.failures.append(f"{figure} run {run + 1}: {exc}")
+        self.console.print(f"[red]{figure} run {run + 1} failed:[/red] {exc}")
 
 
 # -- worker processes -----------------------------------------------------------
@@ -656,6 +662,31 @@ def _drain_once(
     )
 
 
+def alternated(
+    ctx: Context,
+    figure: str,
+    variants: Mapping[str, Callable[[], DrainRun]],
+    detail: Callable[[DrainRun], str] = lambda got: "",
+) -> dict[str, list[DrainRun]] | None:
+    """``ctx.runs`` rounds of one drain per variant, in turn within each round,
+    so that drift of the machine hits every variant alike; the drains of each
+    (None when one failed: noted, and the measurement yields no figure)."""
+    drains: dict[str, list[DrainRun]] = {name: [] for name in variants}
+    for run in range(ctx.runs):
+        for name, drain_once in variants.items():
+            try:
+                got = drain_once()
+            except RuntimeError as exc:
+                ctx.failed(f"{figure}.{name}", run, exc)
+                return None
+            drains[name].append(got)
+            ctx.say(
+                f"{figure}.{name} run {run + 1}: {got.rate:,.0f} jobs/s, "
+                f"{cpu.text(got.worker_cpu, got.server_cpu)}{detail(got)}"
+            )
+    return drains
+
+
 def _cores(runs: list[DrainRun]) -> dict[str, float | None]:
     """The worker's and the server's CPU during the drains (cores, medians of the runs)."""
     server = [r.server_cpu for r in runs if r.server_cpu is not None]
@@ -698,8 +729,7 @@ def _drain(ctx: Context, kind: str) -> list[Figure]:
             try:
                 got = _drain_once(ctx, job_type, jobs, concurrency, procs)
             except RuntimeError as exc:
-                ctx.failures.append(f"drain.{kind}.{label} run {run + 1}: {exc}")
-                ctx.console.print(f"[red]drain.{kind}.{label} run {run + 1} failed:[/red] {exc}")
+                ctx.failed(f"drain.{kind}.{label}", run, exc)
                 break
             runs.append(got)
             ctx.say(
@@ -792,24 +822,19 @@ def observed(ctx: Context) -> list[Figure]:
     """
     s = ctx.sizes
     concurrency = max(s.concurrencies)
-    rates: dict[str, list[float]] = {name: [] for name in OBSERVED}
-    cpu_per_job: dict[str, list[float]] = {name: [] for name in OBSERVED}
-    drains: dict[str, list[DrainRun]] = {name: [] for name in OBSERVED}
-    for run in range(ctx.runs):
-        for name, (args, env) in OBSERVED.items():
-            try:
-                got = _drain_once(ctx, "bench.noop", s.drain_jobs, concurrency, 1, args, env)
-            except RuntimeError as exc:
-                ctx.failures.append(f"drain.observed.{name} run {run + 1}: {exc}")
-                ctx.console.print(f"[red]drain.observed.{name} run {run + 1} failed:[/red] {exc}")
-                return []
-            rates[name].append(got.rate)
-            drains[name].append(got)
-            cpu_per_job[name].append(1e6 * got.worker_cpu / got.rate)  # cores / (jobs/s)
-            ctx.say(
-                f"drain.observed.{name} run {run + 1}: {got.rate:,.0f} jobs/s, "
-                f"{cpu.text(got.worker_cpu, got.server_cpu)}"
-            )
+    variants = {
+        name: functools.partial(
+            _drain_once, ctx, "bench.noop", s.drain_jobs, concurrency, 1, args, env
+        )
+        for name, (args, env) in OBSERVED.items()
+    }
+    drains = alternated(ctx, "drain.observed", variants)
+    if drains is None:
+        return []
+    rates = {name: [r.rate for r in runs] for name, runs in drains.items()}
+    cpu_per_job = {  # cores / (jobs/s)
+        name: [1e6 * r.worker_cpu / r.rate for r in runs] for name, runs in drains.items()
+    }
     params = {"jobs": s.drain_jobs, "concurrency": concurrency, "handler": "bench.noop"}
     figures = [
         Figure(
@@ -878,30 +903,30 @@ def limits(ctx: Context) -> list[Figure]:
     """
     s = ctx.sizes
     concurrency = max(s.concurrencies)
-    runs: dict[str, list[DrainRun]] = {name: [] for name in DRAIN_LIMITS}
-    for run in range(ctx.runs):
-        for name, limit in DRAIN_LIMITS.items():
-            try:
-                got = _drain_once(
-                    ctx,
-                    "bench.noop",
-                    s.drain_jobs,
-                    concurrency,
-                    1,
-                    keys=LIMIT_KEYS if name == "per_key" else None,
-                    limits=limit,
-                )
-            except RuntimeError as exc:
-                ctx.failures.append(f"drain.limits.{name} run {run + 1}: {exc}")
-                ctx.console.print(f"[red]drain.limits.{name} run {run + 1} failed:[/red] {exc}")
-                return []
-            runs[name].append(got)
-            ctx.say(
-                f"drain.limits.{name} run {run + 1}: {got.rate:,.0f} jobs/s, "
-                f"{cpu.text(got.worker_cpu, got.server_cpu)}, "
-                f"{s.drain_jobs / got.claims:.1f} jobs/claim, "
-                f"leased {got.leased_mean:.0f} on average, {got.leased_peak} at most"
-            )
+    variants = {
+        name: functools.partial(
+            _drain_once,
+            ctx,
+            "bench.noop",
+            s.drain_jobs,
+            concurrency,
+            1,
+            keys=LIMIT_KEYS if name == "per_key" else None,
+            limits=limit,
+        )
+        for name, limit in DRAIN_LIMITS.items()
+    }
+    runs = alternated(
+        ctx,
+        "drain.limits",
+        variants,
+        lambda got: (
+            f", {s.drain_jobs / got.claims:.1f} jobs/claim, "
+            f"leased {got.leased_mean:.0f} on average, {got.leased_peak} at most"
+        ),
+    )
+    if runs is None:
+        return []
     params = {"jobs": s.drain_jobs, "processes": 1, "concurrency": concurrency}
     figures = []
     for name, limit in DRAIN_LIMITS.items():
