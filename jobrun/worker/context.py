@@ -73,7 +73,11 @@ class JobContext(DurableWaits):
         self.cancel_reason = cancel_reason
         self._logger = _logger
         self._progress_sink = _progress_sink
-        """Set by the worker (None: progress is only kept here, as in a test)."""
+        """Writes a report (None: none made yet, or progress is only kept here,
+        as in a test)."""
+        self._make_progress_sink: Callable[[JobContext], ProgressSink] | None = None
+        """Set by the worker: makes the sink at the first report (most jobs make
+        none, and a writer is an object or two per job)."""
         self._progress_interval = _progress_interval
         self._on_cancel = _on_cancel
         """Called (once, from the cancelling thread) when the context is cancelled:
@@ -188,7 +192,10 @@ class JobContext(DurableWaits):
             self._progress, self._progress_message = fraction, text
             sink = self._progress_sink
             if sink is None:
-                return
+                make = self._make_progress_sink
+                if make is None:
+                    return
+                sink = self._progress_sink = make(self)
             now = time.monotonic()
             last = self._progress_written_at
             if last is not None and now - last < self._progress_interval:

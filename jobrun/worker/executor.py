@@ -40,7 +40,7 @@ from jobrun.job.model import Job
 from jobrun.job.ports import CommitCallable as Commit
 from jobrun.job.signals import Parked
 from jobrun.worker import text
-from jobrun.worker.context import JobContext
+from jobrun.worker.context import JobContext, ProgressSink
 from jobrun.worker.event_loop import EventLoop
 from jobrun.worker.leases import Finished, Running
 from jobrun.worker.outcomes import let_go
@@ -76,6 +76,7 @@ class Executor:
         self.started = False
         """Set by the worker's start: threads start as needed, leases are reckoned."""
         self.handlers: list[threading.Thread] = []
+        self._progress_sink = self._plain_progress  # one bound method for every job
         self._tasks: set[asyncio.Future[None]] = set()
         """The async jobs' tasks (touched on the event loop only)."""
         self._work: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -151,15 +152,14 @@ class Executor:
         ctx = JobContext(job, None, None, None, None, None, interval)
         registration = self.registry.get(job.type)
         running = Running(job, ctx)
-        write = progress_sink(ctx, self.store.record_progress, self._outcomes.note)
         ctx._step_store = self.store  # durable steps (jobrun.worker.steps)
         if registration is not None and registration.is_async:
             running.on_loop = True
-            running.progress = OffloadedProgress(ctx, write, self.ensure_loop().io)
-            ctx._step_io = self.ensure_loop().io
-            ctx._progress_sink = running.progress
+            io = self.ensure_loop().io
+            ctx._step_io = io
+            ctx._make_progress_sink = functools.partial(self._offloaded_progress, running, io)
         else:
-            ctx._progress_sink = write
+            ctx._make_progress_sink = self._progress_sink
         timeout = self.registry.timeout_for(registration)
         if timeout is not None:
             ctx.deadline = time.monotonic() + timeout.total_seconds()
@@ -168,6 +168,18 @@ class Executor:
         if ctx.deadline is not None:
             self._timeouts.add(ctx)
         return running, registration
+
+    def _plain_progress(self, ctx: JobContext) -> ProgressSink:
+        """A job's progress writer, made at its first report (on the reporting thread)."""
+        return progress_sink(ctx, self.store.record_progress, self._outcomes.note)
+
+    def _offloaded_progress(
+        self, running: Running, io: concurrent.futures.Executor, ctx: JobContext
+    ) -> ProgressSink:
+        """An async job's progress writer (its writes on ``io``), made at its first
+        report; the job's outcome waits for what it has in flight."""
+        running.progress = OffloadedProgress(ctx, self._plain_progress(ctx), io)
+        return running.progress
 
     def _to_thread(self, job: Job) -> None:
         """Hand a plain job to the handler threads, starting one if none is free

@@ -221,9 +221,11 @@ class Leases:
             if on_thread:
                 self._on_threads -= 1
         if running is not None:
-            # The context and its progress writer refer to each other: a cycle
-            # (with the job and its payload) the collector alone would free.
+            # The context and its progress writer (or what makes it) refer to
+            # each other: a cycle (with the job and its payload) the collector
+            # alone would free.
             running.ctx._progress_sink = None
+            running.ctx._make_progress_sink = None
         self._wake_starter()
         self.slots_freed()
 
