@@ -76,7 +76,6 @@ class Executor:
         self.started = False
         """Set by the worker's start: threads start as needed, leases are reckoned."""
         self.handlers: list[threading.Thread] = []
-        self._progress_sink = self._plain_progress  # one bound method for every job
         self._tasks: set[asyncio.Future[None]] = set()
         """The async jobs' tasks (touched on the event loop only)."""
         self._work: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -141,7 +140,9 @@ class Executor:
         """On the event loop: a task per async job of a dispatched batch."""
         loop = asyncio.get_running_loop()
         for running, registration in batch:
-            task = loop.create_task(self.run_async(running, registration, io))
+            task = loop.create_task(
+                self.run_async(running, registration, io), name=f"jobrun {running.job.id}"
+            )
             self._tasks.add(task)  # the loop keeps only a weak reference
             task.add_done_callback(functools.partial(self._async_ended, running.job))
 
@@ -159,7 +160,7 @@ class Executor:
             ctx._step_io = io
             ctx._make_progress_sink = functools.partial(self._offloaded_progress, running, io)
         else:
-            ctx._make_progress_sink = self._progress_sink
+            ctx._make_progress_sink = self._plain_progress
         timeout = self.registry.timeout_for(registration)
         if timeout is not None:
             ctx.deadline = time.monotonic() + timeout.total_seconds()
@@ -337,7 +338,7 @@ class Executor:
             loop.call_soon_threadsafe(cancel)
 
     async def _invoke(self, running: Running, registration: Registration) -> Any:
-        """The handler's own task: the hooks run inside it (its own context)."""
+        """The handler, with the hooks around it, in the job's task (its own context)."""
         job, ctx = running.job, running.ctx
         hooks = self._hooks
         if hooks is not None and hooks.started:
