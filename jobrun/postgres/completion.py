@@ -363,17 +363,27 @@ class Completion(Leases):
         )
 
     def _begin_with_timeout(self) -> str:
-        """BEGIN, with commit_timeout as the transaction's statement_timeout.
+        """BEGIN, with commit_timeout as the transaction's statement_timeout
+        and as its idle_in_transaction_session_timeout.
 
         Sent as one simple-protocol string (one round trip), so the timeout
         is in force before Complete's first statement waits for the row lock.
+        The idle bound is for a client that stops talking while it holds the
+        job's row lock (a frozen worker: SIGSTOP, a VM pause, its watchdog
+        frozen with it): the server ends the session, the lock goes, and the
+        reaper can requeue the job once its lease runs out; otherwise the
+        reaper skips the locked row for as long as the freeze lasts, and the
+        job's dependents wait with it.
         """
         seconds = None if self.commit_timeout is None else self.commit_timeout.total_seconds()
         seconds = self._left(seconds)  # within the caller's deadline (see bounded)
         if seconds is None:
             return "BEGIN"
         ms = statement_timeout_setting(seconds)
-        return f"BEGIN; SET LOCAL statement_timeout = {ms}"
+        return (
+            f"BEGIN; SET LOCAL statement_timeout = {ms};"
+            f" SET LOCAL idle_in_transaction_session_timeout = {ms}"
+        )
 
     def _commit_bound(self) -> float | None:
         """The client-side bound of a Complete: its commit callables may take

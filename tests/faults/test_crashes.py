@@ -24,6 +24,7 @@ from tests.faults.harness import (
     ROOT,
     TTL,
     Background,
+    Reaper,
     Workers,
     parked,
     scalar,
@@ -258,6 +259,59 @@ def test_a_frozen_owner_is_reaped_and_fenced_when_it_wakes_up(
         lambda: re.search(r"lease lost|lost their lease", stale.output()),
         30,
         lambda: "the stale owner is told its lease is lost\n" + stale.output()[-2000:],
+    )
+    after = store.get(job.id)
+    assert (after.state, after.finished_at, after.attempts) == (
+        done.state,
+        done.finished_at,
+        done.attempts,
+    )
+    assert kinds(store, job) == events_before
+    assert effects(conn, job) == [(2, fresh.pid)]
+
+
+def test_an_owner_frozen_inside_its_commit_lets_go_of_the_job_and_is_fenced(
+    store: Store,
+    conn: psycopg.Connection[Any],
+    workers: Workers,
+    side_log: Any,
+    oracle: Oracle,
+) -> None:
+    """Frozen between its Complete's row lock and its COMMIT (its commit callable
+    runs), the worker's transaction would hold the job's row for as long as the
+    freeze lasts, and the reaper skips locked rows: the server ends the silent
+    session after commit_timeout of silence (a commit callable may take longer
+    than the lease: the Complete holds its rows so that the reaper waits), and
+    the job runs again elsewhere, once."""
+    job = store.enqueue(
+        NewJob(
+            type="tx.work",
+            payload={"commit_py_sleep": 2, "commit_sleep_attempts": [1]},
+            backoff=QUICK_RETRY,
+        )
+    )
+    oracle.enqueued([job])
+    stale = workers.start(concurrency=1, env={"JOBRUN_COMMIT_TIMEOUT": "2s"})
+    wait_until(
+        lambda: any(r["event"] == "commit" for r in side_log_records(side_log)),
+        30,
+        "the first attempt's commit callable runs",
+    )
+    stale.stop()  # SIGSTOP inside the Complete: its row lock stays, its watchdog sleeps
+    fresh = workers.start(concurrency=1)
+    with Reaper(store):
+        wait_until(
+            lambda: store.get(job.id).state is State.SUCCEEDED,
+            30,
+            lambda: f"the job runs again: {store.get(job.id)}",
+        )
+    done = store.get(job.id)
+    events_before = kinds(store, job)
+    stale.cont()
+    wait_until(
+        lambda: re.search(r"lease lost|lost their lease|outcome", stale.output(), re.I),
+        30,
+        lambda: "the stale owner hears its Complete did not land\n" + stale.output()[-2000:],
     )
     after = store.get(job.id)
     assert (after.state, after.finished_at, after.attempts) == (

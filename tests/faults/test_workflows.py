@@ -239,7 +239,10 @@ def test_a_parent_frozen_past_its_lease_is_fenced_and_its_fan_in_fires_once(
     flow.add(job(), after=[slow, quick], name="fan-in")
     run = client.enqueue_workflow(flow)
     oracle.enqueued(run)
-    stale = workers.start(*APP, concurrency=2)
+    # A commit_timeout of 2 s: when the freeze lands inside the quick parent's
+    # Complete (its row locked, its commit callable running), the server ends
+    # that silent transaction after 2 s instead of the default 30.
+    stale = workers.start(*APP, concurrency=2, env={"JOBRUN_COMMIT_TIMEOUT": "2s"})
     wait_until(
         lambda: any(
             r["event"] == "start" and r["job"] == str(run["slow"].id)

@@ -12,7 +12,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobrun.job.errors import CommitRefused, DatabaseError, LeaseLost, ValidationError
+from jobrun.job.errors import (
+    CommitRefused,
+    DatabaseError,
+    LeaseLost,
+    OutcomeUnknown,
+    ValidationError,
+)
 from jobrun.job.model import Backoff, EffectKey, Job, State
 from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
@@ -908,3 +914,52 @@ def test_commit_timeout_bounds_the_wait_for_the_job_rows_lock(
         holder.rollback()
     assert waited < 15, f"Complete waited {waited:.1f} s for a row lock"
     assert store.get(job.id).state is State.LEASED
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["complete", "complete_many_tx"])
+def test_a_complete_whose_client_stops_talking_lets_go_of_the_job_within_commit_timeout(
+    make_store: Any, batched: bool
+) -> None:
+    """The client of a Complete goes quiet inside its commit callable (a frozen
+    worker: SIGSTOP, a VM pause) while holding the job's row lock. The server
+    ends that transaction after commit_timeout (0.5 s) of silence, so the job's
+    expired lease is reaped and the job runs again; the frozen Complete, when
+    it wakes, finishes nothing. (No call_timeout: the client-side watchdog
+    would close the connection itself, and a frozen process's watchdog is
+    frozen with it.)"""
+    store = make_store(commit_timeout=dt.timedelta(milliseconds=500), call_timeout=None)
+    store.enqueue(new_job())
+    job = claim_one(store, ttl=dt.timedelta(seconds=1))
+    inside, wake = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def frozen(c: Any) -> None:
+        c.execute("SELECT 1")
+        inside.set()
+        wake.wait(30)
+
+    def complete() -> None:
+        try:
+            if batched:
+                outcome.append(store.complete_many_tx([(job, frozen)]))
+            else:
+                outcome.append(store.complete(job, frozen))
+        except Exception as exc:  # what the woken Complete is told
+            outcome.append(exc)
+
+    thread = threading.Thread(target=complete)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        deadline = time.monotonic() + 15
+        while not (reaped := store.reap_expired(store.now(), 10).requeued):
+            assert time.monotonic() < deadline, "the quiet Complete still holds the job"
+            time.sleep(0.1)
+        assert reaped == [job.id]
+    finally:
+        wake.set()
+        thread.join(30)
+    assert store.get(job.id).state is State.QUEUED
+    assert not store.effect_done(job)
+    (woken,) = outcome  # its COMMIT met a session the server had ended
+    assert isinstance(woken, OutcomeUnknown), woken
