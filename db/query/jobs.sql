@@ -776,6 +776,10 @@ SELECT * FROM failed WHERE (SELECT count(*) FROM wake) >= 0;
 -- leased rows at once (heartbeats and the reaper skip locked rows, a
 -- cancel takes one), so no lock order is needed against deadlocks. The
 -- replay check ("before") reads only the ids the update did not take.
+-- A keyed job's effect key is read from its row ('job:' || type, its key,
+-- as EffectKey.of), not sent: most jobs have none, and sending every job's
+-- scope and key as text cost the worker more than the ids. results is NULL
+-- when no job of the batch returned a value (no array of NULLs to send).
 --
 -- It tests "state::text = 'leased'", never "state = 'leased'", as does every
 -- statement that finds leased jobs by id: the latter is
@@ -787,8 +791,7 @@ SELECT * FROM failed WHERE (SELECT count(*) FROM wake) >= 0;
 -- which want every leased row, still read the index.
 WITH input AS (
     SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(tokens)::uuid[]) AS token,
-           unnest(sqlc.arg(scopes)::text[]) AS scope, unnest(sqlc.arg(keys)::text[]) AS key,
-           unnest(sqlc.arg(results)::jsonb[]) AS result
+           unnest(sqlc.narg(results)::jsonb[]) AS result
     ORDER BY 1
 ), done AS (
     UPDATE jobrun.jobs AS jobs
@@ -800,12 +803,12 @@ WITH input AS (
     FROM input
     WHERE jobs.id = input.id AND jobs.lease_token = input.token
       AND jobs.state::text = 'leased' AND jobs.lease_owner = sqlc.arg(owner)::text
-    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished,
-              jobs.idempotency_key IS NOT NULL AS keyed, input.scope, input.key
+    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished, jobs.type,
+              jobs.idempotency_key
 ), effects AS (
     INSERT INTO jobrun.processed_effects (scope, key, job_id)
-    SELECT done.scope, done.key, done.id FROM done
-    WHERE done.keyed AND done.state = 'succeeded'
+    SELECT 'job:' || done.type, done.idempotency_key, done.id FROM done
+    WHERE done.idempotency_key IS NOT NULL AND done.state = 'succeeded'
     ON CONFLICT (scope, key) DO NOTHING
 ), wake AS (
     SELECT pg_notify(sqlc.arg(finish_channel)::text, done.id::text) FROM done

@@ -169,28 +169,22 @@ class Completion(Leases):
         MAX_HEARTBEAT_IDS), every result checked before any SQL runs."""
         if len(jobs) > MAX_HEARTBEAT_IDS:
             raise ValidationError("jobs", f"at most {MAX_HEARTBEAT_IDS} jobs per call")
-        # One pass, no EffectKey per job (a dataclass each): the same scope and
-        # key as EffectKey.of, as columns.
+        # One pass. The effect key of a keyed job is the statement's to read
+        # from the row (EffectKey.of's scope and key), so it is not sent.
         owners: set[str] = set()
         ids: builtins.list[uuid.UUID] = []
         tokens: builtins.list[uuid.UUID] = []
-        scopes: builtins.list[str] = []
-        keys: builtins.list[str] = []
         for job in jobs:
             owner, token = lease_of(job)
             owners.add(owner)
             ids.append(job.id)
             tokens.append(token)
-            scopes.append("job:" + job.type)
-            keys.append(job.idempotency_key or str(job.id))
         if len(owners) != 1:
             raise ValidationError("jobs", "complete_many takes the jobs of one owner")
         return dict(
             ids=BinaryArray(ids),
             tokens=BinaryArray(tokens),
-            scopes=BinaryArray(scopes),
-            keys=BinaryArray(keys),
-            results=_result_texts(jobs, results),
+            results=_result_texts(jobs, results) if results else None,
             owner=owners.pop(),
             finish_channel=self.finish_channel,
         )

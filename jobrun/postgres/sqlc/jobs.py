@@ -789,8 +789,7 @@ SELECT id, queue, type, payload, priority, state, attempts, max_attempts, backof
 COMPLETE_JOBS: Final = """\
 WITH input AS (
     SELECT unnest($1::uuid[]) AS id, unnest($2::uuid[]) AS token,
-           unnest($3::text[]) AS scope, unnest($4::text[]) AS key,
-           unnest($5::jsonb[]) AS result
+           unnest($3::jsonb[]) AS result
     ORDER BY 1
 ), done AS (
     UPDATE jobrun.jobs AS jobs
@@ -801,16 +800,16 @@ WITH input AS (
         updated_at = now()
     FROM input
     WHERE jobs.id = input.id AND jobs.lease_token = input.token
-      AND jobs.state::text = 'leased' AND jobs.lease_owner = $6::text
-    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished,
-              jobs.idempotency_key IS NOT NULL AS keyed, input.scope, input.key
+      AND jobs.state::text = 'leased' AND jobs.lease_owner = $4::text
+    RETURNING jobs.id, jobs.state, jobs.attempts, jobs.notify_finished, jobs.type,
+              jobs.idempotency_key
 ), effects AS (
     INSERT INTO jobrun.processed_effects (scope, key, job_id)
-    SELECT done.scope, done.key, done.id FROM done
-    WHERE done.keyed AND done.state = 'succeeded'
+    SELECT 'job:' || done.type, done.idempotency_key, done.id FROM done
+    WHERE done.idempotency_key IS NOT NULL AND done.state = 'succeeded'
     ON CONFLICT (scope, key) DO NOTHING
 ), wake AS (
-    SELECT pg_notify($7::text, done.id::text) FROM done
+    SELECT pg_notify($5::text, done.id::text) FROM done
     WHERE done.notify_finished
 ), ev AS (
     INSERT INTO jobrun.job_events (job_id, kind, attempt, detail)
@@ -2488,9 +2487,7 @@ class Queries(QueriesBase):
         *,
         ids: list[uuid.UUID],
         tokens: list[uuid.UUID],
-        scopes: list[str],
-        keys: list[str],
-        results: list[Any],
+        results: list[Any] | None,
         owner: str,
         finish_channel: str,
     ) -> list[CompleteJobsRow]:
@@ -2515,6 +2512,10 @@ class Queries(QueriesBase):
         leased rows at once (heartbeats and the reaper skip locked rows, a
         cancel takes one), so no lock order is needed against deadlocks. The
         replay check ("before") reads only the ids the update did not take.
+        A keyed job's effect key is read from its row ('job:' || type, its key,
+        as EffectKey.of), not sent: most jobs have none, and sending every job's
+        scope and key as text cost the worker more than the ids. results is NULL
+        when no job of the batch returned a value (no array of NULLs to send).
 
         It tests "state::text = 'leased'", never "state = 'leased'", as does every
         statement that finds leased jobs by id: the latter is
@@ -2531,9 +2532,11 @@ class Queries(QueriesBase):
                 (
                     ids,
                     tokens,
-                    scopes,
-                    keys,
-                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results],
+                    (
+                        [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results]
+                        if results is not None
+                        else None
+                    ),
                     owner,
                     finish_channel,
                 ),
@@ -2546,9 +2549,7 @@ class Queries(QueriesBase):
         *,
         ids: list[uuid.UUID],
         tokens: list[uuid.UUID],
-        scopes: list[str],
-        keys: list[str],
-        results: list[Any],
+        results: list[Any] | None,
         owner: str,
         finish_channel: str,
     ) -> Callable[[], list[CompleteJobsRow]]:
@@ -2573,6 +2574,10 @@ class Queries(QueriesBase):
         leased rows at once (heartbeats and the reaper skip locked rows, a
         cancel takes one), so no lock order is needed against deadlocks. The
         replay check ("before") reads only the ids the update did not take.
+        A keyed job's effect key is read from its row ('job:' || type, its key,
+        as EffectKey.of), not sent: most jobs have none, and sending every job's
+        scope and key as text cost the worker more than the ids. results is NULL
+        when no job of the batch returned a value (no array of NULLs to send).
 
         It tests "state::text = 'leased'", never "state = 'leased'", as does every
         statement that finds leased jobs by id: the latter is
@@ -2593,9 +2598,11 @@ class Queries(QueriesBase):
                 (
                     ids,
                     tokens,
-                    scopes,
-                    keys,
-                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results],
+                    (
+                        [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results]
+                        if results is not None
+                        else None
+                    ),
                     owner,
                     finish_channel,
                 ),

@@ -1441,9 +1441,7 @@ class AsyncQueries(QueriesBase):
         *,
         ids: list[uuid.UUID],
         tokens: list[uuid.UUID],
-        scopes: list[str],
-        keys: list[str],
-        results: list[Any],
+        results: list[Any] | None,
         owner: str,
         finish_channel: str,
     ) -> list[CompleteJobsRow]:
@@ -1468,6 +1466,10 @@ class AsyncQueries(QueriesBase):
         leased rows at once (heartbeats and the reaper skip locked rows, a
         cancel takes one), so no lock order is needed against deadlocks. The
         replay check ("before") reads only the ids the update did not take.
+        A keyed job's effect key is read from its row ('job:' || type, its key,
+        as EffectKey.of), not sent: most jobs have none, and sending every job's
+        scope and key as text cost the worker more than the ids. results is NULL
+        when no job of the batch returned a value (no array of NULLs to send).
 
         It tests "state::text = 'leased'", never "state = 'leased'", as does every
         statement that finds leased jobs by id: the latter is
@@ -1484,9 +1486,11 @@ class AsyncQueries(QueriesBase):
                 (
                     ids,
                     tokens,
-                    scopes,
-                    keys,
-                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results],
+                    (
+                        [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results]
+                        if results is not None
+                        else None
+                    ),
                     owner,
                     finish_channel,
                 ),
@@ -1499,9 +1503,7 @@ class AsyncQueries(QueriesBase):
         *,
         ids: list[uuid.UUID],
         tokens: list[uuid.UUID],
-        scopes: list[str],
-        keys: list[str],
-        results: list[Any],
+        results: list[Any] | None,
         owner: str,
         finish_channel: str,
     ) -> Callable[[], Awaitable[list[CompleteJobsRow]]]:
@@ -1526,6 +1528,10 @@ class AsyncQueries(QueriesBase):
         leased rows at once (heartbeats and the reaper skip locked rows, a
         cancel takes one), so no lock order is needed against deadlocks. The
         replay check ("before") reads only the ids the update did not take.
+        A keyed job's effect key is read from its row ('job:' || type, its key,
+        as EffectKey.of), not sent: most jobs have none, and sending every job's
+        scope and key as text cost the worker more than the ids. results is NULL
+        when no job of the batch returned a value (no array of NULLs to send).
 
         It tests "state::text = 'leased'", never "state = 'leased'", as does every
         statement that finds leased jobs by id: the latter is
@@ -1546,9 +1552,11 @@ class AsyncQueries(QueriesBase):
                 (
                     ids,
                     tokens,
-                    scopes,
-                    keys,
-                    [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results],
+                    (
+                        [v if v is None or isinstance(v, Jsonb) else Jsonb(v) for v in results]
+                        if results is not None
+                        else None
+                    ),
                     owner,
                     finish_channel,
                 ),
