@@ -37,7 +37,7 @@ from jobrun.job.errors import ValidationError
 from jobrun.job.model import Job, State
 from jobrun.job.ports import Exchanged
 from jobrun.postgres.completion import Completion, _completed_outcome
-from jobrun.postgres.convert import job_from_row, utc
+from jobrun.postgres.convert import job_from_row, statement_timeout_setting, utc
 from jobrun.postgres.events import EventMode
 from jobrun.postgres.limits import ClaimedRow
 from jobrun.postgres.plans import MAX_NOTIFY_QUEUE_USAGE, one_owners_leases
@@ -46,6 +46,16 @@ from jobrun.postgres.sqlc import jobs as q
 _KEEP_COMMIT_MODE = (
     "SELECT set_config('jobrun.commit_mode', current_setting('synchronous_commit'), true)"
 )
+_GUARD = "SELECT set_config('transaction_timeout', %s, true)"
+"""The round's first statement from PostgreSQL 17 on: the server ends the
+session if the round's transaction outlives its bound (see
+:meth:`Exchange._round_bound`)."""
+_GUARD_AND_KEEP_COMMIT_MODE = (
+    "SELECT set_config('transaction_timeout', %s, true),"
+    " set_config('jobrun.commit_mode', current_setting('synchronous_commit'), true)"
+)
+TRANSACTION_TIMEOUT_SINCE = 170000
+"""The server version with ``transaction_timeout`` (PostgreSQL 17)."""
 _PUT_BACK_COMMIT_MODE = (
     "SELECT set_config('synchronous_commit', current_setting('jobrun.commit_mode'), true)"
 )
@@ -88,6 +98,9 @@ class Exchange(Completion):
                 completed=None, started=[], claimed=[job_from_row(row) for row in alone]
             )
 
+        keep_commit_mode = completing is not None and bool(claim_args) and not limited
+        bound = [statement_timeout_setting(self._round_bound(ttl))]
+
         def round_trip(
             c: psycopg.Connection[Any], committing: list[bool]
         ) -> tuple[
@@ -100,6 +113,10 @@ class Exchange(Completion):
             claimed: Callable[[], Sequence[ClaimedRow]] = list
             with c.pipeline():
                 c.execute("BEGIN")
+                if c.info.server_version >= TRANSACTION_TIMEOUT_SINCE:
+                    c.execute(_GUARD_AND_KEEP_COMMIT_MODE if keep_commit_mode else _GUARD, bound)
+                elif keep_commit_mode:
+                    c.execute(_KEEP_COMMIT_MODE)
                 if completing is not None:
                     done = self.q.complete_jobs_deferred(c, **completing)
                 if starting is not None:
@@ -110,8 +127,6 @@ class Exchange(Completion):
                     )
                 else:
                     if claim_args:
-                        if completing is not None:
-                            c.execute(_KEEP_COMMIT_MODE)
                         claimed = self.q.claim_jobs_deferred(c, **claim_args)
                         if completing is not None:
                             c.execute(_PUT_BACK_COMMIT_MODE)
@@ -132,6 +147,21 @@ class Exchange(Completion):
             ],
             claimed=[job_from_row(row) for row in claimed_rows],
         )
+
+    def _round_bound(self, ttl: dt.timedelta) -> float:
+        """How long a round's transaction may last on the server: the call's
+        bound (its deadline, else ``call_timeout``), else the lease TTL.
+
+        The round's statements go out one by one, and a worker frozen between
+        them (stopped, its VM paused, its watchdog frozen with it) would hold
+        the rows it completes, starts and claims for as long as the freeze
+        lasts, where the reaper, which skips locked rows, cannot take them.
+        ``idle_in_transaction_session_timeout`` cannot end it: the server arms
+        that timer only at a Sync, and a pipeline sends its Sync with COMMIT.
+        ``transaction_timeout`` (PostgreSQL 17 and later) ends it whatever the
+        session waits for; on older servers the rows wait for the worker."""
+        seconds = self._left(self.call_timeout)
+        return ttl.total_seconds() if seconds is None else seconds
 
     def _start_args(self, owner: str, jobs: Sequence[Job]) -> dict[str, Any]:
         held_by, ids, tokens = one_owners_leases(jobs, "exchange", "start")

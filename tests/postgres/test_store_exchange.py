@@ -8,12 +8,16 @@ durable as ``complete_many``'s, its claim as cheap as a claim alone.
 
 from __future__ import annotations
 
+import datetime as dt
+import threading
+import time
 from typing import Any
 
 import pytest
 
-from jobrun.job.errors import ValidationError
+from jobrun.job.errors import OutcomeUnknown, TransientError, ValidationError
 from jobrun.job.model import State
+from jobrun.postgres.exchange import TRANSACTION_TIMEOUT_SINCE
 from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
 from tests.postgres.conftest import TTL, new_job
@@ -140,3 +144,71 @@ def test_unclaim_is_fenced_by_the_claims_token(store: Store, conn: Any) -> None:
     [fresh] = store.claim(OWNER, ["default"], 1, TTL, start=0)
     assert store.unclaim([stale]) == {}
     assert store.get(fresh.id).lease_token == fresh.lease_token
+
+
+@pytest.mark.parametrize("claims", [False, True], ids=["complete", "complete_and_claim"])
+def test_a_round_whose_worker_stops_talking_mid_transaction_lets_go_of_its_rows(
+    make_store: Any, claims: bool
+) -> None:
+    """The round's statements go out one by one. A worker frozen after its
+    completion statement (SIGSTOP, a VM pause; no watchdog of its own then,
+    hence no call_timeout here) would hold the rows it completed, and the
+    reaper skips locked rows: the server ends the silent transaction after
+    the round's bound (transaction_timeout: here the lease TTL, 1 s), so the expired leases are
+    reaped and nothing of the round is recorded."""
+    store = make_store(call_timeout=None)
+    with store.pool.connection() as c:
+        if c.info.server_version < TRANSACTION_TIMEOUT_SINCE:
+            pytest.skip("no transaction_timeout before PostgreSQL 17: the rows wait (documented)")
+    store.enqueue_batch([new_job() for _ in range(3)])
+    ttl = dt.timedelta(seconds=1)
+    jobs = store.claim(OWNER, ["default"], 2, ttl)
+    inside, wake = threading.Event(), threading.Event()
+
+    class FreezingAfterCompletions:
+        """The store's queries, but the worker freezes once its completion
+        statement is on the server."""
+
+        def __init__(self, queries: Any) -> None:
+            self._queries = queries
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._queries, name)
+
+        def complete_jobs_deferred(self, c: Any, **kwargs: Any) -> Any:
+            rows = self._queries.complete_jobs_deferred(c, **kwargs)
+            c.pgconn.flush()
+            inside.set()
+            wake.wait(30)
+            return rows
+
+    store.q = FreezingAfterCompletions(store.q)
+    outcome: list[object] = []
+
+    def round_trip() -> None:
+        try:
+            outcome.append(
+                store.exchange(OWNER, complete=jobs, queues=["default"], limit=int(claims), ttl=ttl)
+            )
+        except Exception as exc:  # what the woken round is told
+            outcome.append(exc)
+
+    thread = threading.Thread(target=round_trip)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        deadline = time.monotonic() + 15
+        reaped: set[Any] = set()
+        while reaped != {j.id for j in jobs}:
+            assert time.monotonic() < deadline, (
+                f"the quiet round still holds {reaped ^ {j.id for j in jobs}}"
+            )
+            reaped.update(store.reap_expired(store.now(), 10).requeued)
+            time.sleep(0.1)
+    finally:
+        wake.set()
+        thread.join(30)
+    (woken,) = outcome
+    assert isinstance(woken, (OutcomeUnknown, TransientError)), woken
+    assert {store.get(j.id).state for j in jobs} == {State.QUEUED}
+    assert store.get(jobs[0].id).attempts == 1  # the reaper's verdict, nothing of the round
