@@ -25,6 +25,7 @@ from tests.faults.harness import (
     TTL,
     Background,
     Reaper,
+    WorkerProc,
     Workers,
     parked,
     scalar,
@@ -49,6 +50,35 @@ def effects(conn: psycopg.Connection[Any], job: Job) -> list[tuple[Any, ...]]:
     return conn.execute(
         "SELECT attempt, pid FROM effects WHERE job_id = %s ORDER BY at", [job.id]
     ).fetchall()
+
+
+def woken_owner_changes_nothing(
+    store: Store,
+    conn: psycopg.Connection[Any],
+    job: Job,
+    stale: WorkerProc,
+    fresh: WorkerProc,
+    told: str,
+) -> None:
+    """The frozen owner of ``job``'s first attempt wakes after ``fresh`` ran
+    its second: its log says so (``told``, a pattern), and the job, its
+    events and its one effect (``fresh``'s) stay as they were."""
+    done = store.get(job.id)
+    events_before = kinds(store, job)
+    stale.cont()
+    wait_until(
+        lambda: re.search(told, stale.output(), re.I),
+        30,
+        lambda: f"the stale owner's log says /{told}/\n" + stale.output()[-2000:],
+    )
+    after = store.get(job.id)
+    assert (after.state, after.finished_at, after.attempts) == (
+        done.state,
+        done.finished_at,
+        done.attempts,
+    )
+    assert kinds(store, job) == events_before
+    assert effects(conn, job) == [(2, fresh.pid)]
 
 
 # -- 1. a worker killed mid-job and inside the complete transaction ------------------------
@@ -251,23 +281,8 @@ def test_a_frozen_owner_is_reaped_and_fenced_when_it_wakes_up(
     assert reaped == [job.id]
     fresh = workers.start(concurrency=1)
     wait_until(lambda: store.get(job.id).state is State.SUCCEEDED, 30, "the new owner finishes")
-    done = store.get(job.id)
-    events_before = kinds(store, job)
-    stale.cont()  # the old owner's handler returns and it tries to complete (or fail)
     # Its handler returns; its Complete (alone or in a batch) or Fail is refused.
-    wait_until(
-        lambda: re.search(r"lease lost|lost their lease", stale.output()),
-        30,
-        lambda: "the stale owner is told its lease is lost\n" + stale.output()[-2000:],
-    )
-    after = store.get(job.id)
-    assert (after.state, after.finished_at, after.attempts) == (
-        done.state,
-        done.finished_at,
-        done.attempts,
-    )
-    assert kinds(store, job) == events_before
-    assert effects(conn, job) == [(2, fresh.pid)]
+    woken_owner_changes_nothing(store, conn, job, stale, fresh, r"lease lost|lost their lease")
 
 
 def test_an_owner_frozen_inside_its_commit_lets_go_of_the_job_and_is_fenced(
@@ -305,22 +320,9 @@ def test_an_owner_frozen_inside_its_commit_lets_go_of_the_job_and_is_fenced(
             30,
             lambda: f"the job runs again: {store.get(job.id)}",
         )
-    done = store.get(job.id)
-    events_before = kinds(store, job)
-    stale.cont()
-    wait_until(
-        lambda: re.search(r"lease lost|lost their lease|outcome", stale.output(), re.I),
-        30,
-        lambda: "the stale owner hears its Complete did not land\n" + stale.output()[-2000:],
+    woken_owner_changes_nothing(
+        store, conn, job, stale, fresh, r"lease lost|lost their lease|outcome unknown"
     )
-    after = store.get(job.id)
-    assert (after.state, after.finished_at, after.attempts) == (
-        done.state,
-        done.finished_at,
-        done.attempts,
-    )
-    assert kinds(store, job) == events_before
-    assert effects(conn, job) == [(2, fresh.pid)]
 
 
 def test_a_stale_claim_is_fenced_even_when_the_same_worker_claimed_the_job_again(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from jobrun.postgres.exchange import TRANSACTION_TIMEOUT_SINCE
 from jobrun.postgres.pool import open_pool
 from jobrun.postgres.store import Store
 from tests.postgres.conftest import TTL, new_job
-from tests.postgres.test_store_leases import OWNER, expire
+from tests.postgres.test_store_leases import OWNER, expire, quiet_client, requeued_within
 
 
 def test_one_round_completes_starts_and_claims(store: Store) -> None:
@@ -183,31 +182,12 @@ def test_a_round_whose_worker_stops_talking_mid_transaction_lets_go_of_its_rows(
             return rows
 
     store.q = FreezingAfterCompletions(store.q)
-    outcome: list[object] = []
 
-    def round_trip() -> None:
-        try:
-            outcome.append(
-                store.exchange(OWNER, complete=jobs, queues=["default"], limit=int(claims), ttl=ttl)
-            )
-        except Exception as exc:  # what the woken round is told
-            outcome.append(exc)
+    def round_trip() -> object:
+        return store.exchange(OWNER, complete=jobs, queues=["default"], limit=int(claims), ttl=ttl)
 
-    thread = threading.Thread(target=round_trip)
-    thread.start()
-    try:
-        assert inside.wait(10)
-        deadline = time.monotonic() + 15
-        reaped: set[Any] = set()
-        while reaped != {j.id for j in jobs}:
-            assert time.monotonic() < deadline, (
-                f"the quiet round still holds {reaped ^ {j.id for j in jobs}}"
-            )
-            reaped.update(store.reap_expired(store.now(), 10).requeued)
-            time.sleep(0.1)
-    finally:
-        wake.set()
-        thread.join(30)
+    with quiet_client(round_trip, inside, wake) as outcome:
+        requeued_within(store, [j.id for j in jobs], 15)
     (woken,) = outcome
     assert isinstance(woken, (OutcomeUnknown, TransientError)), woken
     assert {store.get(j.id).state for j in jobs} == {State.QUEUED}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -39,6 +41,41 @@ def expire(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> None:
         "UPDATE jobrun.jobs SET lease_expires_at = now() - interval '1 minute' WHERE id = %s",
         [job_id],
     )
+
+
+@contextlib.contextmanager
+def quiet_client(
+    call: Callable[[], object], inside: threading.Event, wake: threading.Event
+) -> Iterator[list[object]]:
+    """Run ``call`` in a thread whose client goes quiet once ``inside`` is set
+    (it waits for ``wake``: a frozen worker) and yield, inside, the list that
+    gets what ``call`` returned or raised once the block ends and wakes it."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # what the woken client is told
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        yield outcome
+    finally:
+        wake.set()
+        thread.join(30)
+
+
+def requeued_within(store: Store, ids: list[uuid.UUID], seconds: float) -> None:
+    """Reap until every one of ``ids`` is requeued; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    reaped: set[uuid.UUID] = set()
+    while reaped != set(ids):
+        assert time.monotonic() < deadline, f"still held, not reaped: {set(ids) - reaped}"
+        reaped.update(store.reap_expired(store.now(), 10).requeued)
+        time.sleep(0.1)
 
 
 def event_kinds(store: Store, job_id: uuid.UUID) -> list[str]:
@@ -931,34 +968,19 @@ def test_a_complete_whose_client_stops_talking_lets_go_of_the_job_within_commit_
     store.enqueue(new_job())
     job = claim_one(store, ttl=dt.timedelta(seconds=1))
     inside, wake = threading.Event(), threading.Event()
-    outcome: list[object] = []
 
     def frozen(c: Any) -> None:
         c.execute("SELECT 1")
         inside.set()
         wake.wait(30)
 
-    def complete() -> None:
-        try:
-            if batched:
-                outcome.append(store.complete_many_tx([(job, frozen)]))
-            else:
-                outcome.append(store.complete(job, frozen))
-        except Exception as exc:  # what the woken Complete is told
-            outcome.append(exc)
+    def complete() -> object:
+        if batched:
+            return store.complete_many_tx([(job, frozen)])
+        return store.complete(job, frozen)
 
-    thread = threading.Thread(target=complete)
-    thread.start()
-    try:
-        assert inside.wait(10)
-        deadline = time.monotonic() + 15
-        while not (reaped := store.reap_expired(store.now(), 10).requeued):
-            assert time.monotonic() < deadline, "the quiet Complete still holds the job"
-            time.sleep(0.1)
-        assert reaped == [job.id]
-    finally:
-        wake.set()
-        thread.join(30)
+    with quiet_client(complete, inside, wake) as outcome:
+        requeued_within(store, [job.id], 15)
     assert store.get(job.id).state is State.QUEUED
     assert not store.effect_done(job)
     (woken,) = outcome  # its COMMIT met a session the server had ended
