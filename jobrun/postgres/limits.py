@@ -41,7 +41,14 @@ LIMITED_CLAIM_IDLE_SECONDS = 2.0
 while it holds the queue's limits row before the server ends the session
 (idle_in_transaction_session_timeout): the longest a frozen worker can hold
 up the other claims of a limited queue. The claim is rolled back, so nothing
-is leased to the frozen worker."""
+is leased to the frozen worker. The server arms that timer only at a Sync,
+and the claim is pipelined (its Sync leaves with COMMIT): a worker's round
+(``Exchange``) frozen between the lock and COMMIT is held to its
+``transaction_timeout`` instead (its call bound, PostgreSQL 17 and later);
+a bare ``Store.claim`` of a limited queue is not. A
+``transaction_timeout`` of these 2 s would also end the claims waiting
+behind it for the lock (the timer counts lock waits, and once set it cannot
+be shortened), so it is not used here."""
 _LIMITED_CLAIM_IDLE_TIMEOUT = (
     f"SET LOCAL idle_in_transaction_session_timeout = {int(LIMITED_CLAIM_IDLE_SECONDS * 1000)}"
 )
