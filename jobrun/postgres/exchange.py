@@ -43,17 +43,15 @@ from jobrun.postgres.limits import ClaimedRow
 from jobrun.postgres.plans import MAX_NOTIFY_QUEUE_USAGE, one_owners_leases
 from jobrun.postgres.sqlc import jobs as q
 
-_KEEP_COMMIT_MODE = (
-    "SELECT set_config('jobrun.commit_mode', current_setting('synchronous_commit'), true)"
-)
-_GUARD = "SELECT set_config('transaction_timeout', %s, true)"
+_KEEP = "set_config('jobrun.commit_mode', current_setting('synchronous_commit'), true)"
+_BOUND = "set_config('transaction_timeout', %s, true)"
+_KEEP_COMMIT_MODE = f"SELECT {_KEEP}"
+_GUARD = f"SELECT {_BOUND}"
 """The round's first statement from PostgreSQL 17 on: the server ends the
 session if the round's transaction outlives its bound (see
-:meth:`Exchange._round_bound`)."""
-_GUARD_AND_KEEP_COMMIT_MODE = (
-    "SELECT set_config('transaction_timeout', %s, true),"
-    " set_config('jobrun.commit_mode', current_setting('synchronous_commit'), true)"
-)
+:meth:`Exchange._round_bound`); with the commit mode kept when the round
+both completes and claims (one statement, not two)."""
+_GUARD_AND_KEEP_COMMIT_MODE = f"SELECT {_BOUND}, {_KEEP}"
 TRANSACTION_TIMEOUT_SINCE = 170000
 """The server version with ``transaction_timeout`` (PostgreSQL 17)."""
 _PUT_BACK_COMMIT_MODE = (
