@@ -13,11 +13,18 @@ whatever the batch sizes.
 The transaction commits synchronously when it completes jobs (a success is
 durable once COMMIT answers, as :meth:`Completion.complete_many` promises),
 asynchronously otherwise, like a claim alone (a claim or a start lost in a
-server crash is a job that never ran, and the fence keeps it safe). The
-claim statements switch ``synchronous_commit`` off for their transaction,
-so a round that completes jobs puts back the session's setting after its
-claim. A fault leaves all three undone, or (OutcomeUnknown) all three
-unknown: completing, starting and claiming again are each safe to repeat.
+server crash is a job that never ran, and the fence keeps it safe). A
+claim switches ``synchronous_commit`` off for its transaction unless it is
+told otherwise: a round that completes and claims names its claim to the
+database first (``jobrun_continue.to``), and such a claim keeps the
+session's setting; a limited claim is told by its ``commit_async``. A fault
+leaves all three undone, or (OutcomeUnknown) all three unknown: completing,
+starting and claiming again are each safe to repeat.
+
+The named claim serves the release too: a child the round's completions
+release, and that the claim would take, is leased to the claim by the
+release itself, one row version instead of a release and then a claim, and
+the claim returns it (a continuation lease, migration 0025).
 
 :meth:`Exchange.unclaim` gives a stopping worker's buffer back at once.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import datetime as dt
+import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,20 +51,38 @@ from jobrun.postgres.limits import ClaimedRow
 from jobrun.postgres.plans import MAX_NOTIFY_QUEUE_USAGE, one_owners_leases
 from jobrun.postgres.sqlc import jobs as q
 
-_KEEP = "set_config('jobrun.commit_mode', current_setting('synchronous_commit'), true)"
 _BOUND = "set_config('transaction_timeout', %s, true)"
-_KEEP_COMMIT_MODE = f"SELECT {_KEEP}"
+_CONTINUE = "set_config('jobrun_continue.to', %s, true)"
+_NAME_THE_CLAIM = f"SELECT {_CONTINUE}"
+"""The first statement of a round that completes and claims: its claim named
+for the release (a continuation lease) and for the claim itself, which then
+keeps the session's commit mode, so that the completions are durable once
+COMMIT answers (migration 0025)."""
 _GUARD = f"SELECT {_BOUND}"
 """The round's first statement from PostgreSQL 17 on: the server ends the
 session if the round's transaction outlives its bound (see
-:meth:`Exchange._round_bound`); with the commit mode kept when the round
-both completes and claims (one statement, not two)."""
-_GUARD_AND_KEEP_COMMIT_MODE = f"SELECT {_BOUND}, {_KEEP}"
+:meth:`Exchange._round_bound`); with the claim named when the round both
+completes and claims (one statement, not two)."""
+_GUARD_AND_NAME_THE_CLAIM = f"SELECT {_BOUND}, {_CONTINUE}"
 TRANSACTION_TIMEOUT_SINCE = 170000
 """The server version with ``transaction_timeout`` (PostgreSQL 17)."""
-_PUT_BACK_COMMIT_MODE = (
-    "SELECT set_config('synchronous_commit', current_setting('jobrun.commit_mode'), true)"
-)
+
+
+def _continuation(claim_args: Mapping[str, Any]) -> str:
+    """The round's claim as ``jobrun_continue.to`` names it (JSON): the
+    children its completions release that this claim would take are leased to
+    it at once, one row version instead of two (migration 0025)."""
+    return json.dumps(
+        {
+            "owner": claim_args["owner"],
+            "queues": claim_args["queues"],
+            "room": claim_args["max_jobs"],
+            "start": claim_args["start"],
+            "ttl": claim_args["ttl_seconds"],
+            "events": claim_args["write_events"],
+        },
+        separators=(",", ":"),
+    )
 
 
 class Exchange(Completion):
@@ -96,8 +122,9 @@ class Exchange(Completion):
                 completed=None, started=[], claimed=[job_from_row(row) for row in alone]
             )
 
-        keep_commit_mode = completing is not None and bool(claim_args) and not limited
-        bound = [statement_timeout_setting(self._round_bound(ttl))]
+        completes_and_claims = completing is not None and bool(claim_args) and not limited
+        bound = statement_timeout_setting(self._round_bound(ttl))
+        continuation = _continuation(claim_args) if completes_and_claims else ""
 
         def round_trip(
             c: psycopg.Connection[Any], committing: list[bool]
@@ -112,9 +139,12 @@ class Exchange(Completion):
             with c.pipeline():
                 c.execute("BEGIN")
                 if c.info.server_version >= TRANSACTION_TIMEOUT_SINCE:
-                    c.execute(_GUARD_AND_KEEP_COMMIT_MODE if keep_commit_mode else _GUARD, bound)
-                elif keep_commit_mode:
-                    c.execute(_KEEP_COMMIT_MODE)
+                    if completes_and_claims:
+                        c.execute(_GUARD_AND_NAME_THE_CLAIM, [bound, continuation])
+                    else:
+                        c.execute(_GUARD, [bound])
+                elif completes_and_claims:
+                    c.execute(_NAME_THE_CLAIM, [continuation])
                 if completing is not None:
                     done = self.q.complete_jobs_deferred(c, **completing)
                 if starting is not None:
@@ -126,8 +156,6 @@ class Exchange(Completion):
                 else:
                     if claim_args:
                         claimed = self.q.claim_jobs_deferred(c, **claim_args)
-                        if completing is not None:
-                            c.execute(_PUT_BACK_COMMIT_MODE)
                     committing[0] = True
                     c.execute("COMMIT")
                 return done(), started(), claimed()

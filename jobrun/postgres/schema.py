@@ -21,7 +21,7 @@ from jobrun.job.errors import ValidationError
 from jobrun.postgres.sqlc._schema import rebind
 
 DEFAULT_SCHEMA = "jobrun"
-SCHEMA_VERSION = 24
+SCHEMA_VERSION = 25
 """The schema version this code needs: the number of the last migration, which
 every migration from 0004 on writes into ``schema_version``."""
 SCHEMA_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -241,6 +241,7 @@ def test_a_database_migrated_by_jobrun_0_1_moves_into_the_schema_with_nothing_lo
         "0022.dependency_churn",
         "0023.release_trigger_new_rows",
         "0024.workflow_members",
+        "0025.continuation_lease",
     ]
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT id, payload FROM jobrun.jobs").fetchall() == before
