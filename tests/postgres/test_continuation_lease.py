@@ -10,7 +10,6 @@ had taken them from the queue.
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from typing import Any
 
@@ -18,9 +17,9 @@ import psycopg
 
 import jobrun
 from jobrun.job.model import Job, State
-from jobrun.job.workers import WorkerInfo
 from jobrun.postgres.store import Store
 from tests.postgres.conftest import TTL
+from tests.postgres.test_workers_registry import info
 
 OWNER = "w1"
 
@@ -156,24 +155,11 @@ def test_a_child_of_a_limited_queue_is_claimed_under_its_limits_not_continued(
     assert store.get(kid).state is State.QUEUED
 
 
-def _worker(worker_id: str, *types: str) -> WorkerInfo:
-    return WorkerInfo(
-        id=worker_id,
-        host="host",
-        pid=1,
-        version="1",
-        queues=("q",),
-        concurrency=4,
-        types=types,
-        lease_ttl=dt.timedelta(seconds=30),
-    )
-
-
 def test_a_child_whose_type_the_worker_does_not_know_is_left_for_a_worker_that_does(
     store: Store,
 ) -> None:
-    store.register_worker(_worker(OWNER, "step"))
-    store.register_worker(_worker("w2", "child"))
+    store.register_worker(info(OWNER, queues=("q",), types=("step",)))
+    store.register_worker(info("w2", queues=("q",), types=("child",)))
     parent, [kid] = _parent_with_children(store)
     answer = store.exchange(OWNER, complete=[parent], queues=["q"], limit=4, ttl=TTL)
     assert answer.claimed == []
