@@ -177,14 +177,19 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- without limits. Its body is the function jobrun.claim_jobs (migration
 -- 0021), which PL/pgSQL plans once per session with a generic plan kept on
 -- the index; planned afresh on every call, as it was before, the claim
--- spent as much server time planning as executing.
+-- spent as much server time planning as executing. In a worker's round that
+-- named its claim (jobrun_continue.to, migration 0025) it first returns the
+-- children the round's release leased to it (a continuation lease), counted
+-- in max_jobs and start.
 --
 -- The claim commits asynchronously (synchronous_commit off for this
 -- transaction only): if the server crashes before the claim reaches disk, the
 -- job simply was never claimed and runs again (at-least-once); a completion
 -- commits synchronously and flushes the WAL up to it, claim included, so no
 -- durable completion can rest on a lost claim, and the effect ledger still
--- keeps the transactional path exactly-once.
+-- keeps the transactional path exactly-once. A named claim keeps the
+-- session's setting instead: its round completes jobs in the same
+-- transaction.
 SELECT c.*,
        -- A job with parents (on_parent_failure set, migration 0016) gets
        -- their outcomes, read through the edges' primary key; a plain job

@@ -521,14 +521,19 @@ class AsyncQueries(QueriesBase):
         without limits. Its body is the function jobrun.claim_jobs (migration
         0021), which PL/pgSQL plans once per session with a generic plan kept on
         the index; planned afresh on every call, as it was before, the claim
-        spent as much server time planning as executing.
+        spent as much server time planning as executing. In a worker's round that
+        named its claim (jobrun_continue.to, migration 0025) it first returns the
+        children the round's release leased to it (a continuation lease), counted
+        in max_jobs and start.
 
         The claim commits asynchronously (synchronous_commit off for this
         transaction only): if the server crashes before the claim reaches disk, the
         job simply was never claimed and runs again (at-least-once); a completion
         commits synchronously and flushes the WAL up to it, claim included, so no
         durable completion can rest on a lost claim, and the effect ledger still
-        keeps the transactional path exactly-once.
+        keeps the transactional path exactly-once. A named claim keeps the
+        session's setting instead: its round completes jobs in the same
+        transaction.
         """
         async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as cur:
             await cur.execute(
@@ -611,14 +616,19 @@ class AsyncQueries(QueriesBase):
         without limits. Its body is the function jobrun.claim_jobs (migration
         0021), which PL/pgSQL plans once per session with a generic plan kept on
         the index; planned afresh on every call, as it was before, the claim
-        spent as much server time planning as executing.
+        spent as much server time planning as executing. In a worker's round that
+        named its claim (jobrun_continue.to, migration 0025) it first returns the
+        children the round's release leased to it (a continuation lease), counted
+        in max_jobs and start.
 
         The claim commits asynchronously (synchronous_commit off for this
         transaction only): if the server crashes before the claim reaches disk, the
         job simply was never claimed and runs again (at-least-once); a completion
         commits synchronously and flushes the WAL up to it, claim included, so no
         durable completion can rest on a lost claim, and the effect ledger still
-        keeps the transactional path exactly-once.
+        keeps the transactional path exactly-once. A named claim keeps the
+        session's setting instead: its round completes jobs in the same
+        transaction.
 
         Deferred: the statement is sent at once and its rows are read when
         the function returned is called (after what was sent meanwhile).
